@@ -1,0 +1,55 @@
+"""Typed errors of atlasc.
+
+Every error a user can cause is an `AtlasError`: a one-line message plus an optional hint. The CLI
+catches `AtlasError` at one boundary, prints `error: <message>` (and `hint: <hint>`) on stderr and
+exits with code 2; `--debug` shows the traceback instead. Anything else escaping is a bug in atlasc.
+"""
+
+from __future__ import annotations
+
+
+class AtlasError(Exception):
+    """Base class: a user-facing error with a one-line message and an optional hint."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ModelLoadError(AtlasError):
+    """The ONNX file is missing, malformed, truncated, or its external data cannot be read safely."""
+
+
+class UnsupportedModelError(AtlasError):
+    """The model uses ops (or op variants) atlasc cannot import. Lists every one of them at once."""
+
+    def __init__(self, unsupported: list[tuple[str, str, str]], hint: str | None = None):
+        # unsupported: (op_type with domain, opset, one node name) per distinct op
+        self.unsupported = unsupported
+        parts = [f"{op} (opset {opset}, e.g. node '{node}')" for op, opset, node in unsupported]
+        super().__init__(
+            f"unsupported ONNX op{'s' if len(parts) != 1 else ''}: " + ", ".join(parts),
+            hint or "open an issue with the model's exporter and these op names",
+        )
+
+
+class ShapeError(AtlasError):
+    """Shapes or dtypes do not fit an op's rule, or a symbolic dim cannot be resolved."""
+
+
+class InputError(AtlasError):
+    """Inputs given at run time do not match the graph's signature (names, dtypes, shapes)."""
+
+
+class VerificationError(AtlasError):
+    """The IR verifier found a malformed graph; the message names the node."""
+
+
+class UsageError(AtlasError):
+    """Bad command-line input (a missing file, a malformed option value)."""
