@@ -52,7 +52,7 @@ from torch import nn
 
 warnings.filterwarnings("ignore")
 
-from transformers import DynamicCache
+from transformers import DynamicCache  # noqa: E402  (after the torch setup above)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 0

@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 
 from atlasc.errors import ShapeError, UnsupportedModelError
 from atlasc.frontend.signature import detect_decoder
-from atlasc.frontend.symvals import Known, Undecidable, dims_array, symbolic_eval
+from atlasc.frontend.symvals import Known, Undecidable, symbolic_eval
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import INTS, dtype_of_numpy
 from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant

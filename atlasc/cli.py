@@ -1,0 +1,298 @@
+"""The `atlasc` command line: a thin Typer layer over the library.
+
+Commands raise typed `AtlasError`s; `main()` is the one error boundary: it prints `error: <message>`
+and `hint: <hint>` on stderr (one line each) and exits with code 2, or re-raises under `--debug`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from atlasc import __version__
+from atlasc.errors import AtlasError, UsageError
+
+app = typer.Typer(
+    name="atlasc",
+    help="Ahead-of-time compiler for transformer ONNX models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@dataclass
+class _State:
+    debug: bool = False
+    verbose: int = 0
+
+
+state = _State()
+
+
+def _out() -> Console:
+    # built per call so it follows sys.stdout / sys.stderr as they are now (tests capture them)
+    return Console(highlight=False, soft_wrap=True, markup=False)  # no markup: shapes look like [a, b]
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"atlasc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
+                                          callback=_version_callback, is_eager=True)] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
+                                         help="More output (repeat for even more).")] = 0,
+) -> None:
+    """atlasc: ahead-of-time compiler for transformer ONNX models."""
+    state.debug = debug
+    state.verbose = verbose
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+def _existing_file(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise UsageError(f"{what} not found: {path}")
+    if not path.is_file():
+        raise UsageError(f"{what} is not a file: {path}")
+    return path
+
+
+def _shape(shape) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to describe.", metavar="MODEL", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Describe an ONNX model: inputs and outputs with symbolic dims, op histogram, parameters,
+    unsupported ops and detected architecture hints."""
+    from atlasc.frontend.inspect import inspect_onnx
+
+    _existing_file(model, "model")
+    report = inspect_onnx(model)
+    if as_json:
+        print(json.dumps(report))
+        return
+    _print_inspect(report)
+
+
+def _print_inspect(r: dict[str, Any]) -> None:
+    out = _out()
+    producer = r['producer'] or 'unknown producer'
+    out.print(Text(f"{r['model']}", style="bold") + Text(f"  (graph '{r['graph_name']}', {producer}, "
+                                                         + ", ".join(f"{d} {v}" for d, v in r["opsets"].items()) + ")"))
+
+    io = Table(title="inputs / outputs", title_justify="left", show_edge=False)
+    io.add_column("")
+    io.add_column("name")
+    io.add_column("dtype")
+    io.add_column("shape")
+    for kind in ("inputs", "outputs"):
+        for v in r[kind]:
+            io.add_row(kind[:-4] or "in", v["name"], v["dtype"], _shape(v["shape"]))
+    out.print(io)
+
+    p = r["parameters"]
+    out.print(f"parameters: {p['count']:,} in {p['tensors']} tensors, {_bytes(p['bytes'])}"
+              f" (all constants: {_bytes(r['constant_bytes'])})")
+
+    h = {k: v for k, v in r["hints"].items() if v is not None}
+    out.print("architecture: " + ", ".join(f"{k}={_hint(v)}" for k, v in h.items()))
+
+    ops = r["ops"]
+    out.print(f"ONNX ops ({r['nodes']} nodes): " + ", ".join(f"{op} {n}" for op, n in ops.items()))
+    imp = r["import"]
+    if imp["ok"]:
+        line = f"imported: {imp['nodes']} IR nodes"
+        if imp.get("symbols"):
+            line += "; symbols: " + ", ".join(_symbol(k, v) for k, v in imp["symbols"].items())
+        out.print(line)
+        if state.verbose:
+            out.print("IR ops: " + ", ".join(f"{op} {n}" for op, n in imp["ops"].items()))
+    if r["unsupported_ops"]:
+        out.print(Text("unsupported ops:", style="bold red"))
+        for u in r["unsupported_ops"]:
+            out.print(f"  {u['op']} (opset {u['opset']}, e.g. node '{u['node']}')")
+    elif not imp["ok"]:
+        out.print(Text("import failed: ", style="bold red") + Text(str(imp["error"])))
+
+
+def _hint(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {x}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def _symbol(name: str, info: dict) -> str:
+    lo, hi = info.get("lower"), info.get("upper")
+    if lo is None and hi is None:
+        return name
+    return f"{lo if lo is not None else ''} <= {name}" + (f" <= {hi}" if hi is not None else "")
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def _load_inputs(path: Path) -> dict[str, Any]:
+    """One array per model input. Keys `in.<name>` (our fixtures) lose the prefix; `out.*` is ignored."""
+    import numpy as np
+
+    _existing_file(path, "inputs file")
+    hint = "pass an .npz written by numpy.savez, one array per model input"
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise UsageError(f"inputs file {path} holds one unnamed array, not an .npz of named arrays", hint)
+        with loaded:
+            arrays = {k: loaded[k] for k in loaded.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # not an npz, or a corrupt one
+        detail = "" if isinstance(e, ValueError) else f" ({e})"  # numpy's ValueError talks about pickles
+        raise UsageError(f"inputs file {path} is not a readable .npz{detail}", hint) from None
+    inputs: dict[str, Any] = {}
+    for key, arr in arrays.items():
+        if key.startswith("out."):
+            continue
+        name = key.removeprefix("in.")
+        if name in inputs:
+            raise UsageError(f"inputs file {path} holds input '{name}' twice (as '{name}' and 'in.{name}')")
+        inputs[name] = arr
+    return inputs
+
+
+@app.command()
+def run(
+    model: Annotated[Path, typer.Argument(help="An ONNX model (or, later, a .atlas artifact).", metavar="MODEL",
+                                                show_default=False)],
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="An .npz with one array per model input, "
+                                                "named as the input (an 'in.' prefix is accepted).")] = None,
+    out: Annotated[Path | None,
+                   typer.Option("--out", help="Write the outputs here (.npz, one array per output).")] = None,
+    device: Annotated[Device,
+                      typer.Option("--device", help="Where to run: cpu (numpy reference interpreter).")] = Device.cpu,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
+) -> None:
+    """Run a model on given inputs and save its outputs. With an ONNX model and --device cpu, the model is
+    imported and executed by the numpy reference interpreter."""
+    import numpy as np
+
+    _existing_file(model, "model")
+    if model.suffix == ".atlas":
+        raise UsageError("artifacts are not supported yet", "run the .onnx model with --device cpu")
+    if device is Device.gpu:
+        raise UsageError("--device gpu is not available yet", "use --device cpu")
+    if out is not None and not out.parent.is_dir():
+        raise UsageError(f"output folder does not exist: {out.parent}")
+
+    from atlasc.frontend import import_onnx
+    from atlasc.ir import interpret
+
+    feeds = _load_inputs(inputs) if inputs is not None else {}
+    t0 = time.perf_counter()
+    graph = import_onnx(model)
+    t1 = time.perf_counter()
+    results = interpret(graph, feeds)
+    t2 = time.perf_counter()
+
+    if out is not None:
+        with open(out, "wb") as f:
+            np.savez(f, **results)
+
+    if as_json:
+        summary = {"outputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()],
+                   "out": str(out) if out is not None else None}
+        print(json.dumps(summary))
+        return
+    if quiet:
+        return
+    table = Table(show_edge=False)
+    for col in ("output", "dtype", "shape", "min", "max", "mean"):
+        table.add_column(col, justify="right" if col in ("min", "max", "mean") else "left")
+    for name, arr in results.items():
+        table.add_row(name, str(arr.dtype), _shape(arr.shape), *_stats(arr))
+    console = _out()
+    console.print(table)
+    if out is not None:
+        console.print(f"wrote {out}")
+    if state.verbose:
+        console.print(f"import {t1 - t0:.3f} s, interpret {t2 - t1:.3f} s")
+
+
+def _stats(arr) -> tuple[str, str, str]:
+    import numpy as np
+
+    if arr.size == 0 or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        return "-", "-", "-"
+    a = arr.astype(np.float64)
+    return f"{a.min():.4g}", f"{a.max():.4g}", f"{a.mean():.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the error boundary
+
+
+def _report(e: AtlasError) -> None:
+    err = _err()
+    err.print(Text("error: ", style="bold red") + Text(e.message))
+    if e.hint:
+        err.print(Text("hint: ", style="bold") + Text(e.hint))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `atlasc` console script and `python -m atlasc`.
+
+    Exit codes: 0 success, 2 for any user error (AtlasError or a usage error from the parser).
+    """
+    state.debug = False
+    state.verbose = 0
+    try:
+        # standalone mode: typer prints its own usage errors and exits 2; AtlasError comes through
+        app(args=argv, prog_name="atlasc")
+    except AtlasError as e:
+        if state.debug:
+            raise
+        _report(e)
+        sys.exit(e.exit_code)

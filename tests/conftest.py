@@ -1,0 +1,85 @@
+"""Shared test fixtures: the bundled example models, and the `gpu` marker's skip rule."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "examples" / "fixtures"
+
+
+@functools.cache
+def _gpu_available() -> str | None:
+    """None when pycuda and a CUDA device are usable, else the reason they are not."""
+    try:
+        import pycuda.driver as cuda
+    except Exception as e:  # noqa: BLE001  (ImportError, or a broken CUDA install: skip either way)
+        return f"pycuda not importable: {e}"
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return "no CUDA device"
+    except Exception as e:  # noqa: BLE001  (any driver error means no usable GPU)
+        return f"CUDA not usable: {e}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_available()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+def load_manifest() -> list[dict]:
+    """The fixtures' manifest: one entry per model (name, arch, kind, cases, inputs, outputs ...)."""
+    path = FIXTURES / "manifest.json"
+    if not path.exists():
+        pytest.skip(f"no fixtures manifest at {path}")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    """examples/fixtures: `<name>.onnx` and `<name>.<case>.npz` (keys `in.<input>` / `out.<output>`)."""
+    return FIXTURES
+
+
+@pytest.fixture
+def manifest() -> list[dict]:
+    return load_manifest()
+
+
+class CliResult:
+    def __init__(self, code: int, stdout: str, stderr: str):
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, stdout={self.stdout!r}, stderr={self.stderr!r})"
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `atlasc ARGS...` in-process through `atlasc.cli.main` (the real error boundary)."""
+    from atlasc.cli import main
+
+    def invoke(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return invoke

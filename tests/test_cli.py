@@ -1,0 +1,161 @@
+"""The command line on the bundled fixtures, including exactly the README's commands."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+# fp32 tolerance of issue 2 (reference interpreter vs onnxruntime); fp16 outputs get 3e-2
+TOL = {np.dtype("float32"): {"atol": 1e-4, "rtol": 1e-3}, np.dtype("float16"): {"atol": 3e-2, "rtol": 3e-2}}
+
+
+def _readme_commands() -> list[str]:
+    """The `atlasc ...` lines inside fenced blocks of README.md."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.DOTALL)
+    return [line.strip() for b in blocks for line in b.splitlines() if line.strip().startswith("atlasc ")]
+
+
+def test_version(cli):
+    import atlasc
+
+    r = cli("--version")
+    assert r.code == 0
+    assert r.stdout.strip() == f"atlasc {atlasc.__version__}"
+
+
+def test_python_m_help():
+    p = subprocess.run([sys.executable, "-m", "atlasc", "--help"],
+                       capture_output=True, text=True, cwd=REPO, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "inspect" in p.stdout and "run" in p.stdout
+
+
+def test_usage_error_exit_2(cli):
+    r = cli("run", "x.onnx", "--device", "tpu")
+    assert r.code == 2
+    assert "Traceback" not in r.stderr
+
+
+def test_inspect_text(cli, fixtures_dir):
+    r = cli("inspect", fixtures_dir / "llama.onnx")
+    assert r.code == 0, r
+    for word in ("input_ids", "past_key_values.0.key", "logits", "parameters", "decoder", "MatMul"):
+        assert word in r.stdout
+
+
+def test_inspect_json_decoder_hints(cli, fixtures_dir, manifest):
+    for entry in manifest:
+        if entry["kind"] != "decoder":
+            continue
+        r = cli("inspect", "--json", fixtures_dir / f"{entry['name']}.onnx")
+        assert r.code == 0, r
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        h = report["hints"]
+        assert h["kind"] == "decoder", entry["name"]
+        assert h["layers"] == entry["num_layers"], entry["name"]
+        assert h["kv_heads"] == entry["num_kv_heads"], entry["name"]
+        assert h["head_dim"] == entry["head_dim"], entry["name"]
+        if "vocab_size" in entry:
+            assert h["vocab"] == entry["vocab_size"], entry["name"]
+        assert [v["name"] for v in report["inputs"]] == entry["inputs"]
+        assert [v["name"] for v in report["outputs"]] == entry["outputs"]
+        assert report["parameters"]["count"] > 0
+        assert report["unsupported_ops"] == []
+        assert report["import"]["ok"], report["import"]["error"]
+
+
+def test_inspect_json_encoder(cli, fixtures_dir, manifest):
+    for entry in manifest:
+        if entry["kind"] != "encoder":
+            continue
+        r = cli("inspect", "--json", fixtures_dir / f"{entry['name']}.onnx")
+        assert r.code == 0, r
+        h = json.loads(r.stdout.strip().splitlines()[-1])["hints"]
+        assert h["kind"] == "encoder", entry["name"]
+        assert h["norm"] is not None and "layernorm" in h["norm"], entry["name"]
+
+
+def _check_outputs(out_path: Path, case_path: Path):
+    expected = np.load(case_path)
+    got = np.load(out_path)
+    names = [k[4:] for k in expected.files if k.startswith("out.")]
+    assert sorted(got.files) == sorted(names)
+    for name in names:
+        want = expected[f"out.{name}"]
+        assert got[name].dtype == want.dtype, name
+        assert got[name].shape == want.shape, name
+        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64),
+                                   **TOL.get(want.dtype, {"atol": 0, "rtol": 0}), err_msg=name)
+
+
+def test_run_json(cli, fixtures_dir, tmp_path):
+    case = fixtures_dir / "llama.decode.npz"
+    out = tmp_path / "out.npz"
+    r = cli("run", fixtures_dir / "llama.onnx", "--device", "cpu", "--inputs", case, "--out", out, "--json")
+    assert r.code == 0, r
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["out"] == str(out)
+    assert summary["outputs"][0]["name"] == "logits"
+    _check_outputs(out, case)
+
+
+def test_run_plain_input_names(cli, fixtures_dir, tmp_path):
+    """An npz keyed by the input names themselves (no `in.` prefix), as the issue specifies."""
+    case = fixtures_dir / "llama.prefill.npz"
+    with np.load(case) as z:
+        plain = {k[3:]: z[k] for k in z.files if k.startswith("in.")}
+    inputs = tmp_path / "plain.npz"
+    np.savez(inputs, **plain)
+    out = tmp_path / "out.npz"
+    r = cli("run", fixtures_dir / "llama.onnx", "--inputs", inputs, "--out", out, "--quiet")
+    assert r.code == 0, r
+    assert r.stdout == ""
+    _check_outputs(out, case)
+
+
+def test_run_gpu_and_artifact_not_yet(cli, fixtures_dir, tmp_path):
+    r = cli("run", fixtures_dir / "llama.onnx", "--device", "gpu", "--inputs", fixtures_dir / "llama.prefill.npz")
+    assert r.code == 2 and r.stderr.startswith("error: ") and "gpu" in r.stderr
+    art = tmp_path / "m.atlas"
+    art.write_bytes(b"x")
+    r = cli("run", art)
+    assert r.code == 2 and "artifacts are not supported yet" in r.stderr
+
+
+def test_readme_commands(fixtures_dir, tmp_path):
+    """Run the README's `atlasc` commands exactly as written (through the installed console script
+    when there is one, else `python -m atlasc`), then check the run's output against the fixture."""
+    commands = _readme_commands()
+    assert any(c.startswith("atlasc inspect ") for c in commands), commands
+    assert any(c.startswith("atlasc run ") for c in commands), commands
+    script = Path(sys.executable).parent / "atlasc"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "atlasc"]
+    for command in commands:
+        argv = command.split()[1:]
+        p = subprocess.run([*prefix, *argv], capture_output=True, text=True, cwd=REPO, check=False)
+        assert p.returncode == 0, f"{command}\n{p.stdout}\n{p.stderr}"
+        if argv[0] == "run":
+            out = Path(argv[argv.index("--out") + 1])
+            case = REPO / argv[argv.index("--inputs") + 1]
+            _check_outputs(out, case)
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-fp16", "gpt2", "bert"])
+def test_run_every_case(cli, fixtures_dir, manifest, tmp_path, name):
+    entry = next((e for e in manifest if e["name"] == name), None)
+    if entry is None:
+        pytest.skip(f"no fixture {name}")
+    for case in entry["cases"]:
+        case_path = fixtures_dir / f"{name}.{case}.npz"
+        out = tmp_path / f"{case}.npz"
+        r = cli("run", fixtures_dir / f"{name}.onnx", "--inputs", case_path, "--out", out, "--quiet")
+        assert r.code == 0, r
+        _check_outputs(out, case_path)
