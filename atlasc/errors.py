@@ -53,3 +53,7 @@ class VerificationError(AtlasError):
 
 class UsageError(AtlasError):
     """Bad command-line input (a missing file, a malformed option value)."""
+
+
+class ArtifactError(AtlasError):
+    """An `.atlas` file cannot be written or read: not a zip, truncated, tampered, newer format, no cubin."""
