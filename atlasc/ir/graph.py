@@ -154,11 +154,15 @@ class Graph:
         return self
 
     def cleanup(self) -> Graph:
-        """Dead-code elimination: drop nodes none of whose outputs reach a graph output."""
+        """Dead-code elimination: drop nodes none of whose outputs reach a graph output.
+
+        Stateful nodes (KV-cache writes) are always kept: their effect outlives the graph."""
+        from atlasc.ir.ops import get
+
         live = {id(o) for o in self.outputs}
         keep = []
         for n in reversed(self.nodes):
-            if any(id(o) in live for o in n.outputs):
+            if get(n.op).stateful or any(id(o) in live for o in n.outputs):
                 keep.append(n)
                 live.update(id(i) for i in n.inputs if i is not None)
         self.nodes = list(reversed(keep))
@@ -174,6 +178,46 @@ class Graph:
             self.outputs = [new if o is old else o for o in self.outputs]
             if not new.is_constant and new not in self.inputs:
                 new.name = new_name
+
+    def clone(self, name: str | None = None) -> Graph:
+        """A copy with new Values and Nodes; constants (weights) are shared by reference."""
+        g = Graph(name or self.name)
+        g.symbols = dict(self.symbols)
+        g.metadata = dict(self.metadata)
+        vmap: dict[int, Value] = {}
+
+        def cp(v: Value | None) -> Value | None:
+            if v is None or v.is_constant:
+                return v
+            if id(v) not in vmap:
+                vmap[id(v)] = Value(v.name, v.dtype, v.shape)
+            return vmap[id(v)]
+
+        g.inputs = [cp(v) for v in self.inputs]
+        g.nodes = [Node(n.op, [cp(i) for i in n.inputs], [cp(o) for o in n.outputs], dict(n.attrs), n.name)
+                   for n in self.nodes]
+        g.outputs = [cp(v) for v in self.outputs]
+        return g
+
+    def substitute(self, mapping: dict) -> Graph:
+        """Replace symbols by dims everywhere (value shapes and dim attributes); drop them from symbols."""
+        from atlasc.ir.ops import get
+
+        def sub_attr(x):
+            if isinstance(x, (tuple, list)):
+                return type(x)(sub_attr(d) for d in x)
+            return S.substitute(x, mapping) if isinstance(x, S.Expr) else x
+
+        for v in self.all_values():
+            if not v.is_constant:
+                v.shape = tuple(S.substitute(d, mapping) for d in v.shape)
+        for n in self.nodes:
+            for key in get(n.op).dim_attrs:
+                if key in n.attrs:
+                    n.attrs[key] = sub_attr(n.attrs[key])
+        for s in mapping:
+            self.symbols.pop(s, None)
+        return self
 
     def all_values(self) -> Iterable[Value]:
         seen = set()

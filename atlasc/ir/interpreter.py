@@ -18,10 +18,13 @@ from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops import get
 
 
-def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
+def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray],
+                 symbols: Mapping[str, int] | None = None) -> dict[str, int]:
     """Check `inputs` against the graph's signature; return symbol -> int bound from their shapes.
 
-    Raises InputError naming the first offending input (missing, unknown, wrong dtype/rank/dim).
+    `symbols` pre-binds symbols no input shape carries (a decoder entry's `past_seq`: the cache
+    length is state, not an input). Raises InputError naming the first offending input (missing,
+    unknown, wrong dtype/rank/dim) or an unbound or out-of-bounds symbol.
     """
     names = [v.name for v in graph.inputs]
     missing = [n for n in names if n not in inputs]
@@ -34,7 +37,7 @@ def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, in
             parts.append("unknown " + ", ".join(unknown))
         raise InputError(f"inputs do not match the graph: {'; '.join(parts)}",
                          hint="expected inputs: " + ", ".join(names))
-    env: dict[str, int] = {}
+    env: dict[str, int] = dict(symbols or {})
     deferred = []
     for v in graph.inputs:
         arr = np.asarray(inputs[v.name])
@@ -57,6 +60,9 @@ def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, in
             raise InputError(f"input '{name}' dim {axis} ({d}) uses unbound symbol {e}") from None
         if expected != actual:
             raise InputError(f"input '{name}' dim {axis} is {actual}, expected {d} = {expected}")
+    unbound = [s for s in graph.symbols if s not in env]
+    if unbound:
+        raise InputError(f"symbol(s) {', '.join(unbound)} not bound by any input shape; pass them explicitly")
     for name, value in env.items():
         info = graph.symbols.get(name)
         if info is not None and (value < info.lower or (info.upper is not None and value > info.upper)):
@@ -81,10 +87,15 @@ def _eval_dims(x, env):
     return x
 
 
-def run_node(node: Node, args: list, env: Mapping[str, int]) -> list[np.ndarray]:
+def run_node(node: Node, args: list, env: Mapping[str, int], state: dict | None = None) -> list[np.ndarray]:
     """Execute one node with the reference and check its outputs' dtypes and shapes."""
     op = get(node.op)
-    outs = op.reference(args, eval_attrs(node, env))
+    if op.stateful:
+        if state is None:
+            raise InputError(f"node {node.name} ({node.op}) needs persistent state (a KV cache); none was given")
+        outs = op.reference(args, eval_attrs(node, env), state)
+    else:
+        outs = op.reference(args, eval_attrs(node, env))
     for out_value, arr in zip(node.outputs, outs):
         expected = tuple(S.evaluate(d, env) for d in out_value.shape)
         if arr.shape != expected or arr.dtype != to_numpy(out_value.dtype):
@@ -93,13 +104,16 @@ def run_node(node: Node, args: list, env: Mapping[str, int]) -> list[np.ndarray]
     return outs
 
 
-def interpret(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def interpret(graph: Graph, inputs: Mapping[str, np.ndarray], *, state: dict | None = None,
+              symbols: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Run `graph` on named numpy inputs; return {output name: array}.
 
-    Guarantees: outputs are exactly what the op references compute, in graph order; every
-    intermediate is checked against the dtype and shape the graph declares for it.
+    `state` holds persistent arrays stateful ops update in place (`{"kv_cache": array}`); `symbols`
+    binds symbols that no input shape carries. Guarantees: outputs are exactly what the op
+    references compute, in graph order; every intermediate is checked against the dtype and shape
+    the graph declares for it.
     """
-    env = bind_symbols(graph, inputs)
+    env = bind_symbols(graph, inputs, symbols)
     vals: dict[int, np.ndarray] = {id(v): np.asarray(inputs[v.name]) for v in graph.inputs}
     remaining = graph.use_counts()
     for node in graph.nodes:
@@ -111,7 +125,7 @@ def interpret(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 args.append(i.data)
             else:
                 args.append(vals[id(i)])
-        outs = run_node(node, args, env)
+        outs = run_node(node, args, env, state)
         for v, arr in zip(node.outputs, outs):
             vals[id(v)] = arr
         for i in node.inputs:  # free intermediates as soon as their last reader ran

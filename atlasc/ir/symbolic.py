@@ -263,7 +263,32 @@ def floordiv(a: Dim, b: Dim) -> Dim:
     q = exact_div(a, b)
     if q is not None:
         return q
+    # (a*c) // (b*c) == a // b for any c != 0 (and undefined for c == 0 either way): cancel the common
+    # factor, so Reshape's -1 on [batch, seq, h] -> [batch, seq, 3, -1] gives h // 3
+    c = _common_factor(a, b)
+    if c != 1:
+        a, b = exact_div(a, c), exact_div(b, c)
+        return floordiv(a, b)
     return _atom(Func("floordiv", (a, b)))
+
+
+def _common_factor(a: Dim, b: Dim) -> Dim:
+    """The largest monomial (positive integer content times common atoms) dividing every term of a and b."""
+    from math import gcd
+
+    terms = list(_terms(a).items()) + list(_terms(b).items())
+    content = 0
+    common = None
+    for mono, coeff in terms:
+        content = gcd(content, coeff)
+        if common is None:
+            common = list(mono)
+        else:
+            rest = list(mono)
+            common = [x for x in common if x in rest and (rest.remove(x) or True)]
+    if not content:
+        return 1
+    return dim(Expr({tuple(sorted(common or (), key=_atom_key)): content}))
 
 
 def mod(a: Dim, b: Dim) -> Dim:
@@ -332,12 +357,12 @@ def _atom_lower(atom, bounds) -> int | None:
         return max(known) if known else None
     if atom.kind == "min":
         return None if None in a else min(a)
-    if atom.kind == "floordiv":
-        if a[0] is None or a[0] < 0:
+    if atom.kind == "floordiv":  # a // b >= 0 needs a >= 0 and b >= 0 (b < 0 flips the sign)
+        if a[0] is None or a[0] < 0 or a[1] is None or a[1] < 0:
             return None
         return 0
-    if atom.kind == "mod":
-        return 0
+    if atom.kind == "mod":  # a % b lies in [0, b) for b > 0 whatever a's sign; in (b, 0] for b < 0
+        return 0 if a[1] is not None and a[1] >= 0 else None
     return None
 
 

@@ -42,7 +42,6 @@ _BINARY = {
     "Sub": np.subtract,
     "Mul": np.multiply,
     "Div": _div,
-    "Pow": _pow,
 }
 _COMPARE = {
     "Equal": np.equal,
@@ -125,6 +124,16 @@ for _name, _fn in _BINARY.items():
     register(_name, inputs=2, kind="elementwise", infer=_binary_infer(_name),
              reference=lambda ins, attrs, _fn=_fn: [_fn(ins[0], ins[1])], doc=f"ONNX {_name}")
 
+def _pow_infer(ins, attrs):
+    # ONNX Pow: base T, exponent T1 (any numeric type); the result has the base's type
+    if ins[1].dtype == "bool" or ins[0].dtype == "bool":
+        raise ShapeError("Pow: bool operands")
+    return [TensorType(ins[0].dtype, broadcast_shapes(ins[0].shape, ins[1].shape, context="Pow: "))]
+
+
+register("Pow", inputs=2, kind="elementwise", infer=_pow_infer,
+         reference=lambda ins, attrs: [_pow(ins[0], ins[1])], doc="ONNX Pow (exponent may have another type)")
+
 register("Mod", inputs=2, kind="elementwise", attrs={"fmod": Attr("int", 0)}, infer=_binary_infer("Mod"),
          reference=lambda ins, attrs: [_mod(ins[0], ins[1], attrs["fmod"])], doc="ONNX Mod")
 
@@ -161,9 +170,20 @@ for _name, _fn in _UNARY_ANY.items():
              reference=lambda ins, attrs, _fn=_fn: [np.asarray(_fn(ins[0])).astype(ins[0].dtype)],
              doc=f"ONNX {_name}")
 
-for _name, _fn in (("IsNaN", np.isnan), ("IsInf", np.isinf)):
-    register(_name, inputs=1, kind="elementwise", infer=_unary_infer(_name, out_dtype="bool"),
-             reference=lambda ins, attrs, _fn=_fn: [np.asarray(_fn(ins[0]))], doc=f"ONNX {_name}")
+register("IsNaN", inputs=1, kind="elementwise", infer=_unary_infer("IsNaN", out_dtype="bool"),
+         reference=lambda ins, attrs: [np.asarray(np.isnan(ins[0]))], doc="ONNX IsNaN")
+
+
+def _isinf_ref(ins, attrs):
+    x = ins[0]
+    pos = np.isposinf(x) if attrs["detect_positive"] else np.zeros(x.shape, bool)
+    neg = np.isneginf(x) if attrs["detect_negative"] else np.zeros(x.shape, bool)
+    return [np.asarray(pos | neg)]
+
+
+register("IsInf", inputs=1, kind="elementwise",
+         attrs={"detect_negative": Attr("int", 1), "detect_positive": Attr("int", 1)},
+         infer=_unary_infer("IsInf", out_dtype="bool"), reference=_isinf_ref, doc="ONNX IsInf")
 
 
 def _where_infer(ins, attrs):

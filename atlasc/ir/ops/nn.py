@@ -257,15 +257,18 @@ def _attention_ref(ins, attrs):
     group = q.shape[1] // k.shape[1]
     kf = np.repeat(k, group, axis=1).astype(np.float32)
     vf = np.repeat(v, group, axis=1).astype(np.float32)
-    scores = np.matmul(q.astype(np.float32), np.swapaxes(kf, -1, -2)) * np.float32(scale)
+    raw = np.matmul(q.astype(np.float32), np.swapaxes(kf, -1, -2)) * np.float32(scale)
+    capped = raw
     if attrs["softcap"] and attrs["softcap"] > 0:
-        scores = attrs["softcap"] * np.tanh(scores / attrs["softcap"])
-    scores = scores + bias
+        capped = attrs["softcap"] * np.tanh(raw / attrs["softcap"])
+    scores = capped + bias
     probs = _softmax(scores, -1)
     y = np.matmul(probs, vf).astype(dtype)
     if rank3:
         y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], sq, -1)
-    return [y, present_k.astype(dtype), present_v.astype(dtype), scores.astype(dtype)]
+    # qk_matmul_output: 0 the scaled Q.K^T, 1 after softcap, 2 after softcap + mask/causal bias, 3 the softmax
+    qk = {0: raw, 1: capped, 2: scores, 3: probs}[attrs["qk_matmul_output_mode"]]
+    return [y, present_k.astype(dtype), present_v.astype(dtype), qk.astype(dtype)]
 
 
 register("Attention", inputs=(3, 6), outputs=(1, 4), kind="opaque",

@@ -57,6 +57,7 @@ class OpDef:
     reference: Callable[[list, dict], list]
     doc: str = ""
     dim_attrs: tuple[str, ...] = field(default=())  # attrs that hold dims (evaluated before reference)
+    stateful: bool = False  # reference(ins, attrs, state) reads/writes persistent state (the KV cache)
 
     def fill_attrs(self, attrs: dict) -> dict:
         """attrs with defaults filled in; raises ShapeError on unknown or missing attributes."""
@@ -87,6 +88,7 @@ def register(
     infer: Callable,
     reference: Callable,
     doc: str = "",
+    stateful: bool = False,
 ) -> OpDef:
     """Declare an op. Each name may be registered once."""
     if name in OPS:
@@ -97,7 +99,7 @@ def register(
     ins = (inputs, inputs) if isinstance(inputs, int) else inputs
     outs = (outputs, outputs) if isinstance(outputs, int) else outputs
     dim_attrs = tuple(k for k, a in attrs.items() if a.kind in ("dims", "dim"))
-    op = OpDef(name, ins, outs, attrs, kind, infer, reference, doc, dim_attrs)
+    op = OpDef(name, ins, outs, attrs, kind, infer, reference, doc, dim_attrs, stateful)
     OPS[name] = op
     return op
 

@@ -93,13 +93,13 @@ register("Unsqueeze", inputs=1, kind="movement", attrs={"axes": Attr("ints")}, i
 
 def _flatten_infer(ins, attrs):
     shape = ins[0].shape
-    axis = attrs["axis"] % (len(shape) + 1) if attrs["axis"] < 0 else attrs["axis"]
+    axis = attrs["axis"] + len(shape) if attrs["axis"] < 0 else attrs["axis"]
     return [TensorType(ins[0].dtype, (S.product(shape[:axis]), S.product(shape[axis:])))]
 
 
 def _flatten_ref(ins, attrs):
     x = ins[0]
-    axis = attrs["axis"] % (x.ndim + 1) if attrs["axis"] < 0 else attrs["axis"]
+    axis = attrs["axis"] + x.ndim if attrs["axis"] < 0 else attrs["axis"]
     return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
 
 
@@ -192,8 +192,10 @@ register("Split", inputs=1, outputs=(1, -1), kind="movement", attrs={"axis": Att
 
 def _slice_len(start, end, step):
     if step > 0:
-        return S.floordiv(S.add(S.sub(end, start), step - 1), step) if step != 1 else S.sub(end, start)
-    return S.floordiv(S.add(S.sub(start, end), -step - 1), -step)
+        n = S.floordiv(S.add(S.sub(end, start), step - 1), step) if step != 1 else S.sub(end, start)
+    else:
+        n = S.floordiv(S.add(S.sub(start, end), -step - 1), -step)
+    return max(n, 0) if isinstance(n, int) else n  # start past end: empty, not negative
 
 
 def _slice_infer(ins, attrs):
@@ -241,18 +243,29 @@ register("Gather", inputs=2, kind="opaque", attrs={"axis": Attr("int", 0)}, infe
          reference=_gather_ref, doc="ONNX Gather (negative indices wrap)")
 
 
+_SCATTER_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
 def _scatternd_ref(ins, attrs):
     data, idx, upd = ins
     out = data.copy()
     idx = idx.reshape(-1, idx.shape[-1])
     upd = upd.reshape((idx.shape[0],) + out.shape[idx.shape[1]:])
+    combine = _SCATTER_REDUCE.get(attrs["reduction"])
     for i, ix in enumerate(idx):
-        out[tuple(ix)] = upd[i]
+        ix = tuple(ix)
+        out[ix] = upd[i] if combine is None else combine(out[ix], upd[i])
     return [out]
 
 
+def _scatternd_infer(ins, attrs):
+    if attrs["reduction"] not in ("none", *_SCATTER_REDUCE):
+        raise ShapeError(f"ScatterND: unknown reduction '{attrs['reduction']}'")
+    return [ins[0]]
+
+
 register("ScatterND", inputs=3, kind="opaque", attrs={"reduction": Attr("str", "none")},
-         infer=lambda ins, attrs: [ins[0]], reference=_scatternd_ref, doc="ONNX ScatterND (reduction none)")
+         infer=_scatternd_infer, reference=_scatternd_ref, doc="ONNX ScatterND (reduction none/add/mul/max/min)")
 
 # -- Trilu / CumSum --------------------------------------------------------------------------
 
@@ -292,6 +305,8 @@ def _range_infer(ins, attrs):
         n = max(int(np.ceil((limit - start) / delta)), 0)
     elif delta == 1:
         n = S.sub(limit, start)
+    elif isinstance(delta, int) and delta < 0:  # ceil((limit - start) / delta) for a negative delta
+        n = S.floordiv(S.add(S.sub(limit, start), delta + 1), delta)
     else:
         n = S.floordiv(S.add(S.sub(limit, start), delta - 1), delta)
     return [TensorType(attrs["dtype"], (n,))]

@@ -1,0 +1,54 @@
+"""A program: the entry-point graphs of one model, plus what they share (weights, KV cache, options).
+
+The pass manager threads a Program through every pass. Before the entry-points pass there is one
+entry, "main"; a decoder then has "prefill" and "decode", an encoder "forward". Constants are
+shared by reference between entries, so one weights image serves them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from atlasc.ir.graph import Graph
+from atlasc.ir.memory import MemoryPlan
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What `atlasc compile` was asked for (also read by passes)."""
+
+    archs: tuple[str, ...] = ("sm80", "sm90")
+    dtype: str = "auto"  # auto (the model's), fp32 or fp16
+    max_batch: int = 8
+    max_seq: int = 2048
+    fusion: bool = True
+    verify: bool = False
+
+
+@dataclass(frozen=True)
+class KVCacheInfo:
+    """The persistent cache `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_batch: int
+    max_seq: int
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.layers, 2, self.max_batch, self.kv_heads, self.max_seq, self.head_dim)
+
+
+@dataclass
+class Program:
+    entries: dict[str, Graph]
+    options: CompileOptions = field(default_factory=CompileOptions)
+    kind: str = "unknown"  # decoder | encoder | unknown
+    kv_cache: KVCacheInfo | None = None
+    roles: dict[str, str] = field(default_factory=dict)  # batch / seq / past -> symbol name
+    bounds: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbol -> upper bound
+    bindings: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbols fixed (decode: seq=1)
+    plans: dict[str, MemoryPlan] = field(default_factory=dict)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
