@@ -1,0 +1,126 @@
+// atlasc kernel library: shared definitions included once at the top of every generated module.
+//
+// Layout assumptions: a tensor is a View: a typed pointer into the arena, its run-time shape and its
+// element strides (row-major contiguous unless the memory plan says otherwise, e.g. a KV-cache view).
+// Every generated kernel takes one argument, the arena base; run-time dims (batch, seq, past ...)
+// are read from the int64 dims buffer inside the arena, so a captured CUDA graph replays any step.
+// Kernels loop grid-stride over their work, so any grid size is correct; the grid recorded in the
+// artifact is sized for the compile-time maxima.
+// Numerics: float16 values are computed in float32 and rounded once when stored.
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace atlas {
+
+__device__ __forceinline__ long long imax(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long imin(long long a, long long b) { return a < b ? a : b; }
+__device__ __forceinline__ long long floordiv(long long a, long long b) {
+  long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long floormod(long long a, long long b) { return a - floordiv(a, b) * b; }
+
+// -- conversions between storage and compute types ---------------------------------------------
+template <typename T> struct Compute { typedef T type; };
+template <> struct Compute<__half> { typedef float type; };
+
+template <typename T> __device__ __forceinline__ typename Compute<T>::type load(const T* p) { return *p; }
+template <> __device__ __forceinline__ float load<__half>(const __half* p) { return __half2float(*p); }
+
+template <typename T, typename C> __device__ __forceinline__ void store(T* p, C v) { *p = static_cast<T>(v); }
+template <> __device__ __forceinline__ void store<__half, float>(__half* p, float v) { *p = __float2half_rn(v); }
+template <> __device__ __forceinline__ void store<__half, double>(__half* p, double v) {
+  *p = __float2half_rn(static_cast<float>(v));
+}
+template <> __device__ __forceinline__ void store<__half, long long>(__half* p, long long v) {
+  *p = __float2half_rn(static_cast<float>(v));
+}
+template <> __device__ __forceinline__ void store<__half, int>(__half* p, int v) {
+  *p = __float2half_rn(static_cast<float>(v));
+}
+template <> __device__ __forceinline__ void store<__half, bool>(__half* p, bool v) { *p = __float2half_rn(v ? 1.f : 0.f); }
+
+// float -> integer casts truncate toward zero like numpy's astype after trunc; NaN/inf are undefined
+template <typename To, typename From> __device__ __forceinline__ To cast_to(From v) { return static_cast<To>(v); }
+template <> __device__ __forceinline__ bool cast_to<bool, float>(float v) { return v != 0.f; }
+template <> __device__ __forceinline__ bool cast_to<bool, double>(double v) { return v != 0.0; }
+
+// -- views --------------------------------------------------------------------------------------
+template <typename T, int R> struct View {
+  T* p;
+  long long shape[R];
+  long long stride[R];
+
+  __device__ __forceinline__ long long numel() const {
+    long long n = 1;
+#pragma unroll
+    for (int i = 0; i < R; ++i) n *= shape[i];
+    return n;
+  }
+  // element offset of the row-major flat index `flat` over this view's own shape
+  __device__ __forceinline__ long long offset_of_flat(long long flat) const {
+    long long off = 0;
+#pragma unroll
+    for (int i = R - 1; i >= 0; --i) {
+      long long c = flat % shape[i];
+      flat /= shape[i];
+      off += c * stride[i];
+    }
+    return off;
+  }
+  __device__ __forceinline__ T* at_flat(long long flat) const { return p + offset_of_flat(flat); }
+};
+
+// row-major coordinates of `flat` over `shape`
+template <int R> __device__ __forceinline__ void unravel(long long flat, const long long* shape, long long* coord) {
+#pragma unroll
+  for (int i = R - 1; i >= 0; --i) {
+    coord[i] = flat % shape[i];
+    flat /= shape[i];
+  }
+}
+
+__device__ __forceinline__ long long global_thread() { return (long long)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ long long global_threads() { return (long long)gridDim.x * blockDim.x; }
+
+// -- block reductions (blockDim.x a multiple of 32, at most 1024) ---------------------------------
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// every thread of the block gets the sum; `scratch` holds 32 floats of shared memory
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = (threadIdx.x < nwarps) ? scratch[threadIdx.x] : 0.f;
+  if (warp == 0) v = warp_sum(v);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = (threadIdx.x < nwarps) ? scratch[threadIdx.x] : -INFINITY;
+  if (warp == 0) v = warp_max(v);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+
+}  // namespace atlas

@@ -1,0 +1,176 @@
+"""Generate one CUDA translation unit for a compiled model.
+
+For every node of every entry point, a kernel family (one Python module + one `.cu` template per
+family, registered in `EMITTERS`) writes an `extern "C" __global__` wrapper that binds the node's
+tensors to arena addresses and calls the family's device code. The wrapper's only argument is the
+arena base pointer; shapes are C expressions over the dims buffer, so one kernel serves every
+run-time size within the compile-time maxima.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atlasc.codegen.cexpr import c_dim, c_type
+from atlasc.errors import AtlasError
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import Graph, Node, Value
+from atlasc.ir.memory import MemoryPlan
+
+HERE = Path(__file__).resolve().parent
+MAX_GRID = 65535  # grid-stride loops make any grid correct; this caps idle blocks for huge maxima
+
+
+class CodegenError(AtlasError):
+    """A node cannot be lowered to CUDA (no kernel for its op, or an unsupported variant)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of an entry point's schedule."""
+
+    node: str
+    op: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int = 0
+
+
+@dataclass
+class KernelCode:
+    """What a family emitter returns for one node."""
+
+    body: str  # statements inside the wrapper, after the tensor bindings
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int] = (256, 1, 1)
+    smem: int = 0
+    preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
+
+
+@dataclass
+class GeneratedModule:
+    source: str
+    launches: dict[str, list[Launch]] = field(default_factory=dict)
+
+
+class KernelContext:
+    """Per-node helpers for emitters: C expressions for dims and tensor views bound to the arena."""
+
+    def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None):
+        self.node = node
+        self.plan = plan
+        self.upper_bounds = upper
+        self.kernel = kernel
+        self.kv_cache = kv_cache
+        self.symbol_index = {s: i for i, s in enumerate(plan.symbols)}
+        self.lines: list[str] = []
+
+    def dim(self, d) -> str:
+        """C expression of dim d."""
+        return c_dim(d, self.symbol_index)
+
+    def upper(self, d) -> int:
+        """Compile-time upper bound of dim d (symbols at their maxima)."""
+        return max(S.evaluate(d, self.upper_bounds), 0)
+
+    def numel_upper(self, value: Value) -> int:
+        n = 1
+        for d in value.shape:
+            n *= self.upper(d)
+        return n
+
+    def address(self, value: Value) -> str:
+        return f"arena + {self.plan.placement(value).offset}LL"
+
+    def view(self, value: Value, name: str, rank: int | None = None) -> str:
+        """Declare `atlas::View<T, R> name` for value (rank-0 values become [1]); returns the name."""
+        shape = list(value.shape) or [1]
+        r = len(shape)
+        if rank is not None and rank != r:
+            raise CodegenError(f"{self.node.name}: expected rank {rank} for {value.name}, got {r}")
+        t = c_type(value.dtype)
+        placement = self.plan.placement(value)
+        dims = [self.dim(x) for x in shape]
+        if placement.strides is None:
+            strides = ["1LL"] * r
+            for i in range(r - 2, -1, -1):
+                strides[i] = f"{name}.shape[{i + 1}] * {name}.stride[{i + 1}]"
+        else:
+            strides = [self.dim(x) for x in (list(placement.strides) or [1])]
+        self.lines.append(f"  atlas::View<{t}, {r}> {name};")
+        self.lines.append(f"  {name}.p = reinterpret_cast<{t}*>({self.address(value)});")
+        for i, x in enumerate(dims):
+            self.lines.append(f"  {name}.shape[{i}] = {x};")
+        for i in range(r - 1, -1, -1):
+            self.lines.append(f"  {name}.stride[{i}] = {strides[i]};")
+        return name
+
+    def grid_for(self, work_items: int, block: int = 256) -> tuple[int, int, int]:
+        blocks = max(1, min(MAX_GRID, (work_items + block - 1) // block))
+        return (blocks, 1, 1)
+
+
+Emitter = Callable[[KernelContext, Node], KernelCode]
+EMITTERS: dict[str, Emitter] = {}
+
+
+def emitter(*ops: str):
+    """Register a family function as the emitter of `ops`."""
+
+    def deco(fn: Emitter) -> Emitter:
+        for op in ops:
+            if op in EMITTERS:
+                raise ValueError(f"two emitters for {op}")
+            EMITTERS[op] = fn
+        return fn
+
+    return deco
+
+
+def _load_families() -> list[str]:
+    """Import every family module (registering its emitters); return their .cu templates' text."""
+    from atlasc.codegen import families
+
+    return [(HERE / f"{name}.cu").read_text() for name in families.TEMPLATES]
+
+
+def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[str, dict[str, int]],
+                    kv_cache: dict | None = None) -> GeneratedModule:
+    """CUDA source for every node of every entry, and each entry's launch list in schedule order.
+
+    `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing).
+    Guarantees: deterministic text for the same inputs; one `extern "C"` kernel per node.
+    """
+    templates = _load_families()
+    parts = ["// generated by atlasc: do not edit", (HERE / "common.cuh").read_text(), *templates]
+    launches: dict[str, list[Launch]] = {}
+    unsupported = sorted({n.op for g, _ in entries.values() for n in g.nodes if n.op not in EMITTERS})
+    if unsupported:
+        raise CodegenError(f"no CUDA kernel for op(s): {', '.join(unsupported)}")
+    for entry, (graph, plan) in entries.items():
+        launches[entry] = []
+        for index, node in enumerate(graph.nodes):
+            kernel = f"{entry}_{index:04d}_{node.op}"
+            ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache)
+            code = EMITTERS[node.op](ctx, node)
+            parts.append(_wrapper(ctx, node, code))
+            launches[entry].append(Launch(node.name, node.op, kernel, code.grid, code.block, code.smem))
+    return GeneratedModule("\n".join(parts) + "\n", launches)
+
+
+def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
+    sig = ", ".join(f"{v.name}: {v.dtype}{S.shape_str(v.shape)}" for v in node.outputs)
+    threads = code.block[0] * code.block[1] * code.block[2]
+    return "\n".join([
+        code.preamble,
+        f"// {node.name}: {node.op} -> {sig}",
+        f'extern "C" __global__ void __launch_bounds__({threads}) {ctx.kernel}(unsigned char* __restrict__ arena) {{',
+        f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",
+        "  (void)d;",
+        *ctx.lines,
+        code.body,
+        "}",
+    ])

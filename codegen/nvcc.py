@@ -1,0 +1,136 @@
+"""nvcc driver: one cubin per target arch, built in parallel and cached by content hash.
+
+The command is a commented list of flags (each with its reason). The cache key covers the source,
+the arch, the nvcc version and the flags, so a cached cubin is exactly what nvcc would produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+from atlasc.errors import AtlasError
+
+SUPPORTED_ARCHS = ("sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
+
+
+class NvccNotFoundError(AtlasError):
+    """nvcc is not on PATH (or ATLAS_NVCC points nowhere)."""
+
+
+class NvccError(AtlasError):
+    """nvcc rejected the generated source; `.log` holds its output, `.source_path` the rendered file."""
+
+
+def parse_archs(text: str) -> tuple[str, ...]:
+    """'sm80,sm_90' -> ('sm80', 'sm90'); AtlasError naming the unknown ones."""
+    archs = []
+    for part in text.split(","):
+        a = part.strip().lower().replace("_", "")
+        if not a:
+            continue
+        if a not in SUPPORTED_ARCHS:
+            raise AtlasError(f"unsupported --arch '{part.strip()}'", hint=f"supported: {', '.join(SUPPORTED_ARCHS)}")
+        if a not in archs:
+            archs.append(a)
+    if not archs:
+        raise AtlasError("no target arch given", hint="e.g. --arch sm80,sm90")
+    return tuple(archs)
+
+
+def nvcc_path() -> str:
+    """The nvcc executable (ATLAS_NVCC overrides PATH)."""
+    path = os.environ.get("ATLAS_NVCC") or shutil.which("nvcc")
+    if not path or not Path(path).exists():
+        raise NvccNotFoundError("nvcc not found: atlasc needs the CUDA compiler to build kernels",
+                                hint="install the CUDA toolkit (or `pip install nvidia-cuda-nvcc`) and put nvcc "
+                                     "on PATH, or set ATLAS_NVCC")
+    return path
+
+
+@cache
+def nvcc_version(path: str) -> str:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def flags(arch: str) -> list[str]:
+    """The nvcc command line for one arch, minus the input and output paths."""
+    n = arch[2:]
+    return [
+        "-cubin",  # a device-only binary the runtime loads with cuModuleLoadData
+        "-O3",  # full device optimization
+        "-std=c++17",  # the kernel library uses C++17 (if constexpr, inline variables)
+        "-lineinfo",  # source lines in profiles, at no run-time cost
+        f"-gencode=arch=compute_{n},code=sm_{n}",  # machine code for exactly this arch
+        "-Xptxas=-warn-spills",  # register spills show up in the log
+        # no --use_fast_math: division, sqrt and exp stay IEEE so kernels match the numpy reference
+    ]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ATLAS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "atlasc")
+    return Path(root) / "cubin"
+
+
+def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = None,
+                   on_done=None) -> dict[str, bytes]:
+    """Compile `source` for each arch (in parallel); return arch -> cubin bytes.
+
+    Guarantees: identical inputs give identical bytes (served from the cache when present).
+    Raises NvccNotFoundError, or NvccError naming the rendered .cu file and carrying nvcc's log.
+    """
+    exe = nvcc_path()
+    version = nvcc_version(exe)
+
+    def one(arch: str) -> tuple[str, bytes]:
+        args = flags(arch)
+        key = hashlib.sha256("\0".join([source, arch, version, *args]).encode()).hexdigest()
+        cached = cache_dir() / f"{key}.cubin"
+        if cached.exists():
+            data = cached.read_bytes()
+        else:
+            data = _run_nvcc(exe, source, arch, args)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, cached)
+        if on_done is not None:
+            on_done(arch)
+        return arch, data
+
+    with ThreadPoolExecutor(max_workers=jobs or min(len(archs), os.cpu_count() or 1)) as pool:
+        return dict(pool.map(one, archs))
+
+
+def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="atlasc-nvcc-") as tmp:
+        src = Path(tmp) / "kernels.cu"
+        out = Path(tmp) / f"{arch}.cubin"
+        src.write_text(source)
+        proc = subprocess.run([exe, *args, str(src), "-o", str(out)], capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not out.exists():
+            kept = Path(tempfile.gettempdir()) / f"atlasc-failed-{hashlib.sha256(source.encode()).hexdigest()[:12]}.cu"
+            kept.write_text(source)
+            err = NvccError(f"nvcc failed for {arch} on {kept} (exit {proc.returncode}): "
+                            f"{_first_error(proc.stderr + proc.stdout)}",
+                            hint="this is a bug in atlasc's code generation; please report it with the .cu file")
+            err.log = proc.stderr + proc.stdout
+            err.source_path = str(kept)
+            raise err
+        return out.read_bytes()
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if "error" in line:
+            return line.strip()[:300]
+    return (log.strip().splitlines() or ["no output"])[0][:300]

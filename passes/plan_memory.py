@@ -1,0 +1,207 @@
+"""plan-memory: one arena for the whole program, offsets for every value of every entry.
+
+    | weights | kv_cache | io: dims buffer, each entry's inputs and outputs | activations |
+
+- weights: every constant of every entry (shared by reference), in first-use order, read-only;
+- kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output is a strided
+  view of its layer's key or value slot, not a buffer of its own;
+- io: the int64 dims buffer (symbol values), then each entry's inputs and outputs, never reused;
+- activations: every other value gets an interval [step defined, last step read] over its entry's
+  schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
+  whose intervals overlap). Entries never run at once, so they share the region.
+
+Sizes are evaluated at the symbols' compile-time maxima (with past + seq <= max_seq); every offset
+and size is a multiple of ALIGNMENT. Requires: entry-points, schedule. Guarantees (checked by
+`check_plan`): no two values live at the same step overlap, everything is aligned and inside its
+region, the activation region is at most the naive sum.
+"""
+
+from __future__ import annotations
+
+from atlasc.errors import ShapeError
+from atlasc.ir import symbolic as S
+from atlasc.ir.dtypes import itemsize
+from atlasc.ir.graph import Graph, Value
+from atlasc.ir.memory import ALIGNMENT, MemoryPlan, Placement, Region, align
+from atlasc.ir.program import Program
+from atlasc.passes.rewrite import RewriteStats
+
+
+def dim_upper(d, upper: dict[str, int], roles: dict[str, str], max_seq: int | None) -> int:
+    """An upper bound of dim d with symbols at their maxima and, for decoders, past + seq <= max_seq."""
+    naive = S.evaluate(d, upper)
+    past, seq = roles.get("past"), roles.get("seq")
+    if max_seq is None or not isinstance(d, S.Expr) or past not in upper:
+        return naive
+    syms = S.symbols_of(d)
+    if past not in syms:
+        return naive
+    # linear in past and seq, never both in one monomial: the maximum sits at a vertex of the simplex
+    for mono, _ in d.terms:
+        if not all(isinstance(a, str) for a in mono):
+            return naive
+        if mono.count(past) > 1 or mono.count(seq) > 1 or (past in mono and seq in mono):
+            return naive
+    seq_max = upper.get(seq, 1) if seq else 1
+    vertices = [{past: max_seq - seq_max, **({seq: seq_max} if seq in upper else {})},
+                {past: 0, **({seq: min(seq_max, max_seq)} if seq in upper else {})}]
+    best = max(S.evaluate(d, {**upper, **v}) for v in vertices)
+    return min(naive, best)
+
+
+def value_bytes(v: Value, upper, roles, max_seq) -> int:
+    n = 1
+    for d in v.shape:
+        n *= max(dim_upper(d, upper, roles, max_seq), 0)
+    return n * itemsize(v.dtype)
+
+
+def lifetimes(graph: Graph) -> dict[str, tuple[int, int]]:
+    """Activation name -> (defining step, last reading step) over the entry's schedule."""
+    live: dict[str, tuple[int, int]] = {}
+    for step, node in enumerate(graph.nodes):
+        for o in node.outputs:
+            live[o.name] = (step, step)
+        for i in node.inputs:
+            if i is not None and i.name in live:
+                live[i.name] = (live[i.name][0], step)
+    return live
+
+
+def best_fit(buffers: list[tuple[str, int, tuple[int, int]]]) -> tuple[dict[str, int], int]:
+    """Offsets for (name, size, interval) so that buffers alive together never overlap; returns (offsets, end)."""
+    placed: list[tuple[int, int, tuple[int, int]]] = []  # offset, size, interval
+    offsets: dict[str, int] = {}
+    order = sorted(buffers, key=lambda b: (-b[1], b[2][0], b[0]))
+    for name, size, (start, stop) in order:
+        busy = sorted((o, s) for o, s, (a, b) in placed if a <= stop and start <= b)
+        best, best_gap, cursor = None, None, 0
+        for off, sz in busy:
+            gap = off - cursor
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best, best_gap = cursor, gap
+            cursor = max(cursor, align(off + sz))
+        if best is None:
+            best = cursor
+        offsets[name] = best
+        placed.append((best, size, (start, stop)))
+    end = max((o + s for o, s, _ in placed), default=0)
+    return offsets, align(end)
+
+
+def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
+    stats = RewriteStats()
+    roles = program.roles
+    max_seq = program.options.max_seq if program.kind == "decoder" else None
+    symbols = tuple(sorted({s for g in program.entries.values() for s in g.symbols} |
+                           {s for b in program.bindings.values() for s in b}))
+    # -- weights ------------------------------------------------------------------------------
+    weights: dict[str, int] = {}
+    consts: dict[int, Value] = {}
+    cursor = 0
+    for graph in program.entries.values():
+        for c in graph.constants():
+            if id(c) in consts:
+                continue
+            if c.name in weights:
+                raise ShapeError(f"two different constants are named {c.name}")
+            consts[id(c)] = c
+            weights[c.name] = cursor
+            cursor = align(cursor + c.data.nbytes)
+    weights_bytes = cursor
+    # -- kv cache -----------------------------------------------------------------------------
+    kv = program.kv_cache
+    kv_offset = weights_bytes
+    kv_bytes = 0
+    if kv is not None:
+        n = 1
+        for x in kv.shape:
+            n *= x
+        kv_bytes = align(n * itemsize(kv.dtype))
+    # -- io -----------------------------------------------------------------------------------
+    io_offset = kv_offset + kv_bytes
+    dims_offset = io_offset
+    cursor = io_offset + align(8 * max(len(symbols), 1))
+    io: dict[str, dict[str, Placement]] = {}
+    for entry, graph in program.entries.items():
+        upper = program.bounds.get(entry, {})
+        io[entry] = {}
+        for v in [*graph.inputs, *graph.outputs]:
+            if v.name in io[entry] or v.is_constant:
+                continue
+            size = align(max(value_bytes(v, upper, roles, max_seq), 1))
+            io[entry][v.name] = Placement("io", cursor, size)
+            cursor += size
+    io_bytes = cursor - io_offset
+    act_offset = cursor
+    # -- activations (entries share the region) -------------------------------------------------
+    plans: dict[str, MemoryPlan] = {}
+    act_bytes = 0
+    for entry, graph in program.entries.items():
+        upper = program.bounds.get(entry, {})
+        live = lifetimes(graph)
+        buffers, placements = [], {}
+        for node in graph.nodes:
+            for o in node.outputs:
+                if o.name in io[entry]:
+                    continue
+                if node.op == "KVAppend":
+                    placements[o.name] = _kv_view(node, kv, kv_offset)
+                    continue
+                size = align(max(value_bytes(o, upper, roles, max_seq), 1))
+                buffers.append((o.name, size, live[o.name]))
+        offsets, end = best_fit(buffers)
+        for name, size, _ in buffers:
+            placements[name] = Placement("activations", act_offset + offsets[name], size)
+        for c in consts.values():
+            placements[c.name] = Placement("weights", weights[c.name], align(c.data.nbytes))
+        placements.update(io[entry])
+        naive = sum(size for _, size, _ in buffers)
+        plan = MemoryPlan(placements=placements, activation_peak=end, activation_naive=naive,
+                          dims_offset=dims_offset, symbols=symbols,
+                          lifetimes={name: interval for name, _, interval in buffers})
+        plans[entry] = plan
+        act_bytes = max(act_bytes, end)
+        stats.applied[f"{entry}: activation peak bytes"] = end
+        stats.applied[f"{entry}: activation naive bytes"] = naive
+    regions = {
+        "weights": Region("weights", 0, weights_bytes),
+        "kv_cache": Region("kv_cache", kv_offset, kv_bytes),
+        "io": Region("io", io_offset, io_bytes),
+        "activations": Region("activations", act_offset, act_bytes),
+    }
+    for plan in plans.values():
+        plan.regions = regions
+        plan.arena_bytes = act_offset + act_bytes
+    program.plans = plans
+    return program, stats
+
+
+def _kv_view(node, kv, kv_offset: int) -> Placement:
+    slot = (node.attrs["layer"] * 2 + ("key", "value").index(node.attrs["kind"]))
+    per_slot = kv.max_batch * kv.kv_heads * kv.max_seq * kv.head_dim
+    strides = (kv.kv_heads * kv.max_seq * kv.head_dim, kv.max_seq * kv.head_dim, kv.head_dim, 1)
+    return Placement("kv_cache", kv_offset + slot * per_slot * itemsize(kv.dtype),
+                     per_slot * itemsize(kv.dtype), strides)
+
+
+def check_plan(program: Program) -> list[str]:
+    """Every violated planner guarantee, as messages (empty when the plan is sound)."""
+    problems = []
+    for entry in program.entries:
+        plan = program.plans[entry]
+        for name, p in plan.placements.items():
+            if p.offset % ALIGNMENT:
+                problems.append(f"{entry}: {name} at unaligned offset {p.offset}")
+            region = plan.regions[p.region]
+            if p.offset < region.offset or p.offset + p.nbytes > region.offset + max(region.nbytes, p.nbytes) \
+                    and p.region != "kv_cache":
+                problems.append(f"{entry}: {name} lies outside region {p.region}")
+        acts = [(n, plan.placements[n], iv) for n, iv in plan.lifetimes.items()]
+        for i, (a, pa, (s1, e1)) in enumerate(acts):
+            for b, pb, (s2, e2) in acts[i + 1:]:
+                if s1 <= e2 and s2 <= e1 and pa.offset < pb.offset + pb.nbytes and pb.offset < pa.offset + pa.nbytes:
+                    problems.append(f"{entry}: {a} and {b} are live together and overlap")
+        if plan.activation_peak > plan.activation_naive and plan.activation_naive:
+            problems.append(f"{entry}: activation peak exceeds the naive sum")
+    return problems

@@ -1,0 +1,118 @@
+"""The GPU side of the runtime, kept small: a CUDA context, one arena, modules loaded from bytes,
+launches of argument-less kernels (each takes only the arena base pointer).
+
+pycuda is imported lazily so that importing atlasc.runtime never needs it; a missing pycuda is a
+one-line RuntimeUnavailableError suggesting `pip install 'atlasc[gpu]'`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlasc.errors import AtlasError
+
+
+class RuntimeUnavailableError(AtlasError):
+    """pycuda or a CUDA device is missing."""
+
+
+class DeviceOutOfMemoryError(AtlasError):
+    """The arena does not fit in the GPU's free memory."""
+
+
+class KernelLaunchError(AtlasError):
+    """A CUDA driver call failed; the message names the kernel and its node."""
+
+
+def _pycuda():
+    try:
+        import pycuda.driver as cuda
+    except ImportError:
+        raise RuntimeUnavailableError("pycuda is not installed: the GPU runtime needs it",
+                                      hint="pip install 'atlasc[gpu]'") from None
+    return cuda
+
+
+class Device:
+    """One CUDA device with a context made current on the calling thread."""
+
+    def __init__(self, ordinal: int = 0):
+        cuda = _pycuda()
+        self.cuda = cuda
+        try:
+            cuda.init()
+            if cuda.Device.count() == 0:
+                raise RuntimeUnavailableError("no CUDA device found")
+            self.device = cuda.Device(ordinal)
+            self.context = self.device.make_context()
+        except cuda.Error as e:
+            raise RuntimeUnavailableError(f"CUDA is not usable: {e}") from None
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm{major}{minor}"
+        self.name = self.device.name()
+        self.stream = cuda.Stream()
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.pop()
+            self.context.detach()
+            self.context = None
+
+    def free_memory(self) -> tuple[int, int]:
+        """(free, total) bytes."""
+        return self.cuda.mem_get_info()
+
+    def alloc_arena(self, nbytes: int):
+        """The one device allocation of a run: raises DeviceOutOfMemoryError with the numbers."""
+        free, total = self.free_memory()
+        if nbytes > free:
+            raise DeviceOutOfMemoryError(f"the model needs {nbytes / 2**30:.2f} GiB of device memory, "
+                                         f"the GPU has {free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB",
+                                         hint="compile with a smaller --max-batch / --max-seq, or quantize")
+        try:
+            return self.cuda.mem_alloc(max(nbytes, 1))
+        except self.cuda.MemoryError:
+            raise DeviceOutOfMemoryError(f"cudaMalloc of {nbytes} bytes failed") from None
+
+    def load_module(self, cubin: bytes):
+        return self.cuda.module_from_buffer(cubin)
+
+    def upload(self, arena, offset: int, data, stream=None) -> None:
+        buf = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if buf.size:
+            self.cuda.memcpy_htod_async(int(arena) + offset, buf, stream or self.stream)
+
+    def download(self, arena, offset: int, nbytes: int, stream=None) -> np.ndarray:
+        out = np.empty(nbytes, np.uint8)
+        if nbytes:
+            self.cuda.memcpy_dtoh_async(out, int(arena) + offset, stream or self.stream)
+        (stream or self.stream).synchronize()
+        return out
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+class KernelTable:
+    """The kernels of one module, prepared once (argument: the arena pointer)."""
+
+    def __init__(self, device: Device, module, names: list[str]):
+        self.device = device
+        self.funcs = {}
+        for name in names:
+            try:
+                f = module.get_function(name)
+            except device.cuda.LogicError:
+                raise KernelLaunchError(f"kernel {name} is missing from the cubin") from None
+            f.prepare("P")
+            self.funcs[name] = f
+
+    def launch(self, name: str, grid, block, smem: int, arena, stream=None, node: str = "") -> None:
+        try:
+            if smem > 48 * 1024:
+                self.funcs[name].set_attribute(
+                    self.device.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            self.funcs[name].prepared_async_call(tuple(grid), tuple(block), stream or self.device.stream,
+                                                 np.uintp(int(arena)), shared_size=smem)
+        except self.device.cuda.Error as e:
+            raise KernelLaunchError(f"launch of {name} (node {node}) failed: {e}") from None

@@ -1,0 +1,101 @@
+"""Run an IR graph's generated kernels on the GPU and compare with the reference interpreter.
+
+Used by the `gpu`-marked kernel tests. The memory plan here is the simplest one (every value its own
+buffer), so kernel bugs show up independently of the planner. Outputs are poisoned (0xFF bytes,
+NaN in floats) before the run so that unwritten elements fail the comparison.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from atlasc.codegen import generate_module
+from atlasc.codegen.nvcc import compile_cubins
+from atlasc.ir import interpret, symbolic as S
+from atlasc.ir.dtypes import to_numpy
+from atlasc.ir.interpreter import bind_symbols
+from atlasc.ir.memory import MemoryPlan, Placement, align
+
+
+def trivial_plan(graph, upper: dict[str, int], kv_cache: np.ndarray | None = None) -> tuple[MemoryPlan, int]:
+    """Every value (constants included) in its own aligned buffer sized at the symbols' maxima."""
+    plan = MemoryPlan(symbols=tuple(graph.symbols))
+    off = 0
+    plan.dims_offset = 0
+    off = align(8 * max(1, len(plan.symbols)))
+    kv_offset = None
+    if kv_cache is not None:
+        kv_offset = off
+        off = align(off + kv_cache.nbytes)
+    for v in graph.all_values():
+        if v.name in plan.placements:
+            continue
+        n = int(np.prod([S.evaluate(d, upper) for d in v.shape], dtype=np.int64)) * to_numpy(v.dtype).itemsize
+        plan.placements[v.name] = Placement("activations", off, n)
+        off = align(off + max(n, 1))
+    plan.arena_bytes = off
+    return plan, kv_offset
+
+
+@functools.cache
+def device():
+    from atlasc.runtime.device import Device
+
+    return Device()
+
+
+def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
+               state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
+               plan_fn=None) -> dict[str, np.ndarray]:
+    """Generate, compile and run `graph` on the GPU; return its outputs by name."""
+    from atlasc.runtime.device import KernelTable
+
+    dev = device()
+    env = bind_symbols(graph, inputs, symbols)
+    upper = upper or env
+    kv = None if state is None else state["kv_cache"]
+    plan, kv_offset = (plan_fn or trivial_plan)(graph, upper, kv)
+    kv_spec = None
+    if kv is not None:
+        kv_spec = {"offset": kv_offset, "layers": kv.shape[0], "max_batch": kv.shape[2], "kv_heads": kv.shape[3],
+                   "max_seq": kv.shape[4], "head_dim": kv.shape[5], "dtype": str(kv.dtype)}
+    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec)
+    cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
+    module = dev.load_module(cubin)
+    table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
+    arena = dev.alloc_arena(plan.arena_bytes)
+    dev.upload(arena, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison everything
+    dev.upload(arena, plan.dims_offset, np.array([env[s] for s in plan.symbols], np.int64))
+    if kv is not None:
+        dev.upload(arena, kv_offset, kv)
+    for c in graph.constants():
+        dev.upload(arena, plan.placement(c).offset, c.data)
+    for v in graph.inputs:
+        dev.upload(arena, plan.placement(v).offset, np.asarray(inputs[v.name]))
+    for launch in mod.launches["run"]:
+        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
+    dev.synchronize()
+    out = {}
+    for v in graph.outputs:
+        shape = tuple(S.evaluate(d, env) for d in v.shape)
+        dt = to_numpy(v.dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        out[v.name] = dev.download(arena, plan.placement(v).offset, n).view(dt).reshape(shape)
+    if kv is not None:
+        state["kv_cache"][...] = dev.download(arena, kv_offset, kv.nbytes).view(kv.dtype).reshape(kv.shape)
+    arena.free()
+    return out
+
+
+def check_against_reference(graph, inputs, rtol=1e-5, atol=1e-6, **kw):
+    """Run graph on the GPU and with `interpret`; assert every output matches."""
+    want = interpret(graph, inputs, state=kw.get("state_ref"), symbols=kw.get("symbols"))
+    kw.pop("state_ref", None)
+    got = run_on_gpu(graph, inputs, **kw)
+    for name, w in want.items():
+        g = got[name]
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, err_msg=name)
+    return got
