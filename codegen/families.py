@@ -6,3 +6,11 @@ TEMPLATES lists each family's `.cu` file (beside its Python), included in every 
 from atlasc.codegen import elementwise  # noqa: F401  (registers emitters)
 
 TEMPLATES = ["elementwise"]
+
+from atlasc.codegen import attention, matmul  # noqa: E402, F401  (registers emitters)
+
+TEMPLATES += ["matmul", "attention"]
+
+from atlasc.codegen import movement, reduce  # noqa: E402, F401  (registers emitters)
+
+TEMPLATES += ["reduce", "movement"]

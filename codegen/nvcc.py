@@ -112,11 +112,20 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
 
 
 def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="atlasc-nvcc-") as tmp:
-        src = Path(tmp) / "kernels.cu"
-        out = Path(tmp) / f"{arch}.cubin"
+    # -lineinfo records the build folder in the cubin: a folder named by the content hash keeps
+    # rebuilds byte-identical (a random temporary name would not)
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    tmp = Path(tempfile.gettempdir()) / f"atlasc-nvcc-{key}-{arch}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        src = tmp / "kernels.cu"
+        out = tmp / f"{arch}.cubin"
         src.write_text(source)
-        proc = subprocess.run([exe, *args, str(src), "-o", str(out)], capture_output=True, text=True, check=False)
+        os.utime(src, (315532800, 315532800))  # the line table records the file's mtime: pin it (1980-01-01)
+        # relative paths from inside the temp folder: -lineinfo records the file name, and a random
+        # folder name in the cubin would break byte-identical rebuilds
+        proc = subprocess.run([exe, *args, src.name, "-o", out.name], capture_output=True, text=True, check=False,
+                              cwd=tmp)
         if proc.returncode != 0 or not out.exists():
             kept = Path(tempfile.gettempdir()) / f"atlasc-failed-{hashlib.sha256(source.encode()).hexdigest()[:12]}.cu"
             kept.write_text(source)
@@ -126,7 +135,11 @@ def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
             err.log = proc.stderr + proc.stdout
             err.source_path = str(kept)
             raise err
-        return out.read_bytes()
+        data = out.read_bytes()
+        out.unlink()
+        return data
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _first_error(log: str) -> str:

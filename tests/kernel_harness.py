@@ -2,7 +2,8 @@
 
 Used by the `gpu`-marked kernel tests. The memory plan here is the simplest one (every value its own
 buffer), so kernel bugs show up independently of the planner. Outputs are poisoned (0xFF bytes,
-NaN in floats) before the run so that unwritten elements fail the comparison.
+NaN in floats) before the run so that unwritten elements fail the comparison. A `plan_fn` may give
+values strided placements (views): inputs are then scattered and outputs gathered through the strides.
 """
 
 from __future__ import annotations
@@ -39,6 +40,28 @@ def trivial_plan(graph, upper: dict[str, int], kv_cache: np.ndarray | None = Non
     return plan, kv_offset
 
 
+def _strides(placement: Placement, env) -> list[int]:
+    return [S.evaluate(s, env) for s in placement.strides]
+
+
+def _span(shape, strides) -> int:
+    """Elements from a strided view's first element to its last, inclusive (0 if empty)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def _upload(dev, arena, placement: Placement, data: np.ndarray, env) -> None:
+    """Upload data at placement, scattering through its element strides when it has them."""
+    if placement.strides is None:
+        dev.upload(arena, placement.offset, data)
+        return
+    strides = _strides(placement, env)
+    buf = np.zeros(_span(data.shape, strides), data.dtype)
+    np.lib.stride_tricks.as_strided(buf, data.shape, [s * data.itemsize for s in strides])[...] = data
+    dev.upload(arena, placement.offset, buf)
+
+
 @functools.cache
 def device():
     from atlasc.runtime.device import Device
@@ -71,9 +94,9 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     if kv is not None:
         dev.upload(arena, kv_offset, kv)
     for c in graph.constants():
-        dev.upload(arena, plan.placement(c).offset, c.data)
+        _upload(dev, arena, plan.placement(c), c.data, env)
     for v in graph.inputs:
-        dev.upload(arena, plan.placement(v).offset, np.asarray(inputs[v.name]))
+        _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
     for launch in mod.launches["run"]:
         table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
     dev.synchronize()
@@ -81,8 +104,14 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     for v in graph.outputs:
         shape = tuple(S.evaluate(d, env) for d in v.shape)
         dt = to_numpy(v.dtype)
+        placement = plan.placement(v)
+        if placement.strides is not None:  # a view (e.g. of the KV cache): gather through its strides
+            strides = _strides(placement, env)
+            raw = dev.download(arena, placement.offset, _span(shape, strides) * dt.itemsize).view(dt)
+            out[v.name] = np.lib.stride_tricks.as_strided(raw, shape, [s * dt.itemsize for s in strides]).copy()
+            continue
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        out[v.name] = dev.download(arena, plan.placement(v).offset, n).view(dt).reshape(shape)
+        out[v.name] = dev.download(arena, placement.offset, n).view(dt).reshape(shape)
     if kv is not None:
         state["kv_cache"][...] = dev.download(arena, kv_offset, kv.nbytes).view(kv.dtype).reshape(kv.shape)
     arena.free()

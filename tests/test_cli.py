@@ -121,13 +121,13 @@ def test_run_plain_input_names(cli, fixtures_dir, tmp_path):
     _check_outputs(out, case)
 
 
-def test_run_gpu_and_artifact_not_yet(cli, fixtures_dir, tmp_path):
+def test_run_gpu_needs_an_artifact_and_corrupt_artifacts_are_refused(cli, fixtures_dir, tmp_path):
     r = cli("run", fixtures_dir / "llama.onnx", "--device", "gpu", "--inputs", fixtures_dir / "llama.prefill.npz")
-    assert r.code == 2 and r.stderr.startswith("error: ") and "gpu" in r.stderr
+    assert r.code == 2 and r.stderr.startswith("error: ") and "compile first" in r.stderr
     art = tmp_path / "m.atlas"
     art.write_bytes(b"x")
-    r = cli("run", art)
-    assert r.code == 2 and "artifacts are not supported yet" in r.stderr
+    r = cli("run", art, "--prompt-ids", "1,2")
+    assert r.code == 2 and "not an .atlas file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_readme_commands(fixtures_dir, tmp_path):

@@ -50,7 +50,7 @@ RULES: dict[str, Rule] = {
     "atlasc.compiler": rule({"atlasc.frontend", "atlasc.ir", "atlasc.pipeline", "atlasc.passes", "atlasc.codegen",
                              "atlasc.artifact", "atlasc.errors"}, {"numpy", "yaml"}),
     # the command line sits on top of everything
-    "atlasc.cli": rule(ANY, {"typer", "rich", "click", "numpy"}),
+    "atlasc.cli": rule(ANY, {"typer", "rich", "click", "numpy", "yaml"}),
     "atlasc.__main__": rule({"atlasc.cli"}, set()),
 }
 

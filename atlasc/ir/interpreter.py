@@ -72,8 +72,13 @@ def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray],
 
 def eval_attrs(node: Node, env: Mapping[str, int]) -> dict:
     """The node's attributes with defaults filled and every symbolic dim evaluated with env."""
-    op = get(node.op)
-    attrs = op.fill_attrs(node.attrs)
+    return evaluate_attrs(node.op, node.attrs, env)
+
+
+def evaluate_attrs(op_name: str, attrs: dict, env: Mapping[str, int]) -> dict:
+    """Attributes of an `op_name` node with defaults filled and symbolic dims evaluated with env."""
+    op = get(op_name)
+    attrs = op.fill_attrs(attrs)
     for key in op.dim_attrs:
         attrs[key] = _eval_dims(attrs[key], env)
     return attrs

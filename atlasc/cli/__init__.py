@@ -95,14 +95,21 @@ def _shape(shape) -> str:
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="The ONNX model to describe.", metavar="MODEL", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="The ONNX model or .atlas artifact to describe.", metavar="MODEL",
+                                          show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Describe an ONNX model: inputs and outputs with symbolic dims, op histogram, parameters,
-    unsupported ops and detected architecture hints."""
+    """Describe an ONNX model (inputs and outputs with symbolic dims, op histogram, parameters,
+    unsupported ops, detected architecture hints) or a .atlas artifact (entry points, kernels per
+    arch, memory plan, checksums)."""
     from atlasc.frontend.inspect import inspect_onnx
 
     _existing_file(model, "model")
+    if model.suffix == ".atlas":
+        from atlasc.cli.artifact_cmd import inspect_artifact
+
+        inspect_artifact(model, as_json)
+        return
     report = inspect_onnx(model)
     if as_json:
         print(json.dumps(report))
@@ -204,28 +211,42 @@ def _load_inputs(path: Path) -> dict[str, Any]:
 
 @app.command()
 def run(
-    model: Annotated[Path, typer.Argument(help="An ONNX model (or, later, a .atlas artifact).", metavar="MODEL",
-                                                show_default=False)],
+    model: Annotated[Path, typer.Argument(help="An ONNX model or a .atlas artifact.", metavar="MODEL",
+                                          show_default=False)],
     inputs: Annotated[Path | None, typer.Option("--inputs", help="An .npz with one array per model input, "
                                                 "named as the input (an 'in.' prefix is accepted).")] = None,
     out: Annotated[Path | None,
                    typer.Option("--out", help="Write the outputs here (.npz, one array per output).")] = None,
     device: Annotated[Device,
                       typer.Option("--device", help="Where to run: cpu (numpy reference interpreter).")] = Device.cpu,
+    prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Decoder artifacts: prompt token ids, "
+                                                   "comma-separated; ';' separates the prompts of a batch.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = 16,
+    entry: Annotated[str | None, typer.Option("--entry", help="Artifacts with --inputs: the entry point to run "
+                                              "(default forward, or prefill).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
 ) -> None:
-    """Run a model on given inputs and save its outputs. With an ONNX model and --device cpu, the model is
-    imported and executed by the numpy reference interpreter."""
+    """Run a model. An ONNX model runs on the numpy reference interpreter (--device cpu) with --inputs.
+    A .atlas artifact generates from --prompt-ids (decoders: greedy, prefill then decode steps) or runs
+    one entry point on --inputs; --device cpu executes its schedule over a numpy arena laid out as its
+    memory plan says."""
     import numpy as np
 
     _existing_file(model, "model")
-    if model.suffix == ".atlas":
-        raise UsageError("artifacts are not supported yet", "run the .onnx model with --device cpu")
-    if device is Device.gpu:
-        raise UsageError("--device gpu is not available yet", "use --device cpu")
     if out is not None and not out.parent.is_dir():
         raise UsageError(f"output folder does not exist: {out.parent}")
+    if max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be at least 1")
+    if model.suffix == ".atlas":
+        from atlasc.cli.artifact_cmd import run_artifact
+
+        run_artifact(model, device=device.value, inputs=_load_inputs(inputs) if inputs is not None else None,
+                     prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, out_path=out, entry=entry, quiet=quiet,
+                     as_json=as_json)
+        return
+    if device is Device.gpu:
+        raise UsageError("--device gpu runs compiled artifacts", "compile first: atlasc compile MODEL -o m.atlas")
 
     from atlasc.frontend import import_onnx
     from atlasc.ir import interpret
@@ -296,3 +317,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _report(e)
         sys.exit(e.exit_code)
+
+
+# commands defined in their own modules register themselves on `app`
+from atlasc.cli import compile_cmd  # noqa: E402,F401

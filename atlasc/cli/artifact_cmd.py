@@ -1,0 +1,162 @@
+"""`atlasc inspect X.atlas` and `atlasc run X.atlas`: describing and executing artifacts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from atlasc.cli import _bytes, _out
+from atlasc.errors import UsageError
+
+
+def _dims(shape_json) -> str:
+    from atlasc.ir import symbolic as S
+
+    return "[" + ", ".join(str(S.from_json(d)) for d in shape_json) + "]"
+
+
+def inspect_artifact(path: Path, as_json: bool) -> None:
+    """Entry points, kernels per arch, the memory plan and member checksums of an artifact."""
+    from atlasc.artifact import open_artifact
+
+    with open_artifact(path) as art:
+        m = art.manifest
+        if as_json:
+            report = {
+                "artifact": str(path), "format_version": m.format_version, "atlasc_version": m.atlasc_version,
+                "source": {"name": m.source.name, "sha256": m.source.sha256}, "archs": list(m.archs),
+                "options": m.options,
+                "entries": {k: {"inputs": [i.name for i in e.inputs], "outputs": [o.name for o in e.outputs],
+                                "kernels": len(e.nodes), "bindings": e.bindings} for k, e in m.entries.items()},
+                "memory": {"arena_bytes": m.memory.arena_bytes,
+                           "regions": {k: {"offset": r.offset, "nbytes": r.nbytes}
+                                       for k, r in m.memory.regions.items()},
+                           "activation_peak": m.memory.activation_peak,
+                           "activation_naive": m.memory.activation_naive},
+                "kv_cache": None if m.kv_cache is None else {
+                    "layers": m.kv_cache.layers, "kv_heads": m.kv_cache.kv_heads, "head_dim": m.kv_cache.head_dim,
+                    "max_batch": m.kv_cache.max_batch, "max_seq": m.kv_cache.max_seq, "dtype": m.kv_cache.dtype},
+                "members": {k: {"sha256": v.sha256, "size": v.size} for k, v in m.members.items()},
+            }
+            print(json.dumps(report))
+            return
+        out = _out()
+        out.print(Text(str(path), style="bold") + Text(f"  (atlas format {m.format_version}, atlasc "
+                                                         f"{m.atlasc_version}, from {m.source.name} "
+                                                         f"sha256 {m.source.sha256[:12]}…)"))
+        out.print("options: " + ", ".join(f"{k}={v}" for k, v in m.options.items()))
+        entries = Table(title="entry points", title_justify="left", show_edge=False)
+        for col in ("entry", "inputs", "outputs", "kernels", "fixed"):
+            entries.add_column(col)
+        for name, e in m.entries.items():
+            entries.add_row(name, "\n".join(f"{i.name} {i.dtype}{_dims(i.shape)}" for i in e.inputs),
+                            "\n".join(f"{o.name} {o.dtype}{_dims(o.shape)}" for o in e.outputs), str(len(e.nodes)),
+                            ", ".join(f"{k}={v}" for k, v in e.bindings.items()) or "-")
+        out.print(entries)
+        kernels = Table(title="kernels per arch", title_justify="left", show_edge=False)
+        for col in ("arch", "cubin bytes", "kernels"):
+            kernels.add_column(col)
+        total = sum(len(e.nodes) for e in m.entries.values())
+        for arch in m.archs:
+            kernels.add_row(arch, str(m.members[f"cubin/{arch}.cubin"].size), str(total))
+        out.print(kernels)
+        mem = Table(title="memory plan", title_justify="left", show_edge=False)
+        for col in ("region", "offset", "bytes"):
+            mem.add_column(col, justify="left" if col == "region" else "right")
+        for name, r in m.memory.regions.items():
+            mem.add_row(name, str(r.offset), _bytes(r.nbytes))
+        mem.add_row("arena", "", _bytes(m.memory.arena_bytes))
+        mem.add_row("activations: planned peak / naive sum", "",
+                    f"{_bytes(m.memory.activation_peak)} / {_bytes(m.memory.activation_naive)}")
+        out.print(mem)
+        if m.kv_cache is not None:
+            kv = m.kv_cache
+            out.print(f"kv cache: [{kv.layers}, 2, {kv.max_batch}, {kv.kv_heads}, {kv.max_seq}, {kv.head_dim}] "
+                      f"{kv.dtype}")
+        sums = Table(title="members (sha256 verified)", title_justify="left", show_edge=False)
+        for col in ("member", "bytes", "sha256"):
+            sums.add_column(col)
+        for name, spec in m.members.items():
+            sums.add_row(name, str(spec.size), spec.sha256)
+        out.print(sums)
+
+
+def parse_ids(text: str) -> list[list[int]]:
+    """'1,2,3' -> [[1,2,3]]; '1,2;4,5,6' -> two prompts."""
+    prompts = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            prompts.append([int(x) for x in part.split(",") if x.strip()])
+        except ValueError:
+            raise UsageError(f"--prompt-ids must be comma-separated integers (';' between prompts): {text}") from None
+    if not prompts or any(not p for p in prompts):
+        raise UsageError("--prompt-ids needs at least one token per prompt")
+    return prompts
+
+
+def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: str | None, max_new_tokens: int,
+                 out_path: Path | None, entry: str | None, quiet: bool, as_json: bool) -> None:
+    """Execute an artifact: generation for decoders (--prompt-ids), one entry on --inputs otherwise."""
+    from atlasc.artifact import open_artifact
+
+    with open_artifact(path) as art:
+        model = _load_model(art, device)
+        m = art.manifest
+        if prompt_ids is not None:
+            from atlasc.runtime.generate import generate
+
+            prompts = parse_ids(prompt_ids)
+            t0 = time.perf_counter()
+            result = generate(model, prompts, max_new_tokens)
+            elapsed = time.perf_counter() - t0
+            if as_json:
+                print(json.dumps({"tokens": result.tokens if len(prompts) > 1 else result.tokens[0],
+                                  "device": device, "seconds": round(elapsed, 4)}))
+                return
+            if not quiet:
+                out = _out()
+                for p, toks in zip(prompts, result.tokens):
+                    out.print(" ".join(str(t) for t in p) + " | " + " ".join(str(t) for t in toks))
+                out.print(f"{sum(len(t) for t in result.tokens)} tokens in {elapsed:.3f} s on {device}")
+            return
+        if inputs is None:
+            raise UsageError("give --prompt-ids (decoders) or --inputs x.npz")
+        entry = entry or ("forward" if "forward" in m.entries else "prefill")
+        if entry not in m.entries:
+            raise UsageError(f"no entry point '{entry}'", hint="entries: " + ", ".join(m.entries))
+        symbols = {}
+        past = m.report.get("roles", {}).get("past")
+        if past and entry != "forward":
+            symbols[past] = 0
+        results = model.run(entry, inputs, symbols)
+        if out_path is not None:
+            with open(out_path, "wb") as f:
+                np.savez(f, **results)
+        if as_json:
+            print(json.dumps({"outputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)}
+                                          for k, v in results.items()],
+                              "out": str(out_path) if out_path else None}))
+        elif not quiet:
+            out = _out()
+            for k, v in results.items():
+                out.print(f"{k}: {v.dtype}{list(v.shape)}")
+            if out_path is not None:
+                out.print(f"wrote {out_path}")
+
+
+def _load_model(art, device: str):
+    if device == "cpu":
+        from atlasc.runtime.cpu import CpuModel
+
+        return CpuModel(art)
+    from atlasc.runtime.gpu import GpuModel
+
+    return GpuModel(art)

@@ -1,0 +1,129 @@
+"""`atlasc compile`: options (from flags and/or a build.yaml), rich progress, a report or --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from atlasc.cli import _bytes, _err, _existing_file, _out, app, state
+from atlasc.errors import UsageError
+
+CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion"}
+
+
+def _load_config(path: Path) -> dict:
+    import yaml
+
+    _existing_file(path, "config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of options")
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = set(data) - CONFIG_KEYS
+    if unknown:
+        raise UsageError(f"config file {path}: unknown option(s) {', '.join(sorted(unknown))}",
+                         hint=f"known: {', '.join(sorted(CONFIG_KEYS))}")
+    if isinstance(data.get("arch"), list):
+        data["arch"] = ",".join(str(a) for a in data["arch"])
+    return data
+
+
+@app.command("compile")
+def compile_command(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to compile.", metavar="MODEL", show_default=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the .atlas artifact.")],
+    arch: Annotated[str | None, typer.Option("--arch", help="Target GPU archs, comma-separated "
+                                             "(sm80, sm86, sm89, sm90, sm100, sm120). Default: sm80,sm90.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="auto (the model's), fp32 or fp16.")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Largest batch the artifact runs "
+                                                  "(sizes the KV cache and buffers). Default 8.")] = None,
+    max_seq: Annotated[int | None, typer.Option("--max-seq", help="Largest past + new tokens per sequence. "
+                                                "Default 2048.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A build.yaml holding these options "
+                                                "(flags given on the command line win).")] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Run the IR verifier after every pass.")] = False,
+    dump_ir: Annotated[Path | None, typer.Option("--dump-ir", help="Write the IR after each pass to "
+                                                 "DIR/NN-<pass>.txt.")] = None,
+    time_passes: Annotated[bool, typer.Option("--time-passes", help="Print each pass's time.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
+) -> None:
+    """Compile an ONNX model into one .atlas file: passes, static memory plan, CUDA per arch (nvcc).
+
+    A failed compile leaves no file behind. -v prints the rewrites each pass applied, -vv also the
+    candidates it declined and why.
+    """
+    from atlasc.codegen.nvcc import parse_archs
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+
+    _existing_file(model, "model")
+    if output.suffix != ".atlas":
+        raise UsageError(f"output must end in .atlas: {output}")
+    if not output.parent.is_dir():
+        raise UsageError(f"output folder does not exist: {output.parent}")
+    cfg = _load_config(config) if config else {}
+    arch = arch or cfg.get("arch") or "sm80,sm90"
+    dtype = (dtype or cfg.get("dtype") or "auto").lower()
+    if dtype not in ("auto", "fp32", "fp16"):
+        raise UsageError(f"--dtype must be auto, fp32 or fp16, not {dtype}")
+    max_batch = max_batch if max_batch is not None else int(cfg.get("max_batch", 8))
+    max_seq = max_seq if max_seq is not None else int(cfg.get("max_seq", 2048))
+    if max_batch < 1 or max_seq < 2:
+        raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
+    options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
+                             fusion=bool(cfg.get("fusion", True)), verify=verify)
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:
+        task = progress.add_task("compiling", total=None)
+
+        def on_progress(stage: str, detail: str) -> None:
+            progress.update(task, description=f"{stage}: {detail}")
+
+        result = compile_model(model, output, options, dump_ir=dump_ir, progress=on_progress)
+
+    if as_json:
+        print(json.dumps(result.summary()))
+        return
+    _print_report(result, time_passes)
+
+
+def _print_report(result, time_passes: bool) -> None:
+    out = _out()
+    s = result.summary()
+    out.print(f"wrote {result.path}  ({result.program.kind}; entries "
+              + ", ".join(f"{k}: {n} kernels" for k, n in s["entries"].items()) + f"; archs {', '.join(s['archs'])})")
+    mem = Table(title="memory plan", title_justify="left", show_edge=False)
+    for col in ("region", "bytes"):
+        mem.add_column(col, justify="right" if col == "bytes" else "left")
+    mem.add_row("arena", _bytes(s["arena_bytes"]))
+    mem.add_row("weights", _bytes(s["weights_bytes"]))
+    mem.add_row("kv cache", _bytes(s["kv_cache_bytes"]))
+    mem.add_row("activations (planned peak)", _bytes(s["activation_peak_bytes"]))
+    mem.add_row("activations (naive sum)", _bytes(s["activation_naive_bytes"]))
+    out.print(mem)
+    if state.verbose or time_passes:
+        table = Table(title="passes", title_justify="left", show_edge=False)
+        table.add_column("pass")
+        if time_passes:
+            table.add_column("ms", justify="right")
+        table.add_column("rewrites")
+        for r in result.pipeline.records:
+            row = [r.name] + ([f"{r.seconds * 1000:.1f}"] if time_passes else [])
+            row.append(", ".join(f"{k} x{v}" for k, v in r.applied.items()) or "-")
+            table.add_row(*row)
+        out.print(table)
+    if state.verbose >= 2:
+        for r in result.pipeline.records:
+            for where, why in r.declined.items():
+                out.print(f"  {r.name}: declined {where}: {why}")
+    if time_passes:
+        out.print("stages: " + ", ".join(f"{k} {v:.2f} s" for k, v in s["seconds"].items()))

@@ -1,0 +1,219 @@
+"""The compile driver: ONNX file -> IR -> passes -> CUDA -> cubins -> one `.atlas` file.
+
+`compile_model` is what `atlasc compile` calls. It reports progress through a callback (the CLI
+draws it with rich) and writes the artifact atomically: a failure anywhere leaves no file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from atlasc.artifact import (
+    EntrySpec,
+    IOSpec,
+    KVCacheSpec,
+    Manifest,
+    MemorySpec,
+    NodeSpec,
+    RegionSpec,
+    SourceInfo,
+    SymbolSpec,
+    ValueSpec,
+    WeightSpec,
+    write_artifact,
+)
+from atlasc.codegen import generate_module
+from atlasc.codegen.nvcc import compile_cubins
+from atlasc.errors import ShapeError
+from atlasc.frontend import import_onnx
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import Graph
+from atlasc.ir.memory import ALIGNMENT, MemoryPlan
+from atlasc.ir.program import CompileOptions, Program
+from atlasc.ir.serialize import encode_attrs
+from atlasc.passes.plan_memory import dim_upper
+from atlasc.pipeline import PipelineReport, run_pipeline
+
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class CompileResult:
+    path: Path
+    manifest: Manifest
+    program: Program
+    pipeline: PipelineReport
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """A JSON-able summary (the CLI's --json)."""
+        m = self.manifest
+        return {
+            "artifact": str(self.path),
+            "kind": self.program.kind,
+            "entries": {k: len(e.nodes) for k, e in m.entries.items()},
+            "archs": list(m.archs),
+            "arena_bytes": m.memory.arena_bytes,
+            "weights_bytes": m.memory.regions["weights"].nbytes,
+            "kv_cache_bytes": m.memory.regions["kv_cache"].nbytes,
+            "activation_peak_bytes": m.memory.activation_peak,
+            "activation_naive_bytes": m.memory.activation_naive,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def compile_model(model_path: str | Path, out_path: str | Path, options: CompileOptions, *,
+                  dump_ir: str | Path | None = None, progress: Progress | None = None) -> CompileResult:
+    """Compile an ONNX model into an artifact at out_path.
+
+    Guarantees: the artifact holds one cubin per requested arch, the weights image in arena order
+    and a manifest that describes every launch; same inputs and options give a byte-identical file;
+    on any error no file is left at out_path (an existing one is untouched).
+    """
+    say = progress or (lambda stage, detail: None)
+    model_path, out_path = Path(model_path), Path(out_path)
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    say("import", str(model_path))
+    graph = import_onnx(model_path)
+    seconds["import"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    program = Program({"main": graph}, options)
+    program, report = run_pipeline(program, verify_each=options.verify, dump_ir=dump_ir,
+                                   on_pass=lambda name: say("pass", name))
+    seconds["passes"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("codegen", f"{sum(len(g.nodes) for g in program.entries.values())} kernels")
+    module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
+                             _kv_dict(program))
+    seconds["codegen"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("nvcc", ", ".join(options.archs))
+    cubins = compile_cubins(module.source, options.archs, on_done=lambda arch: say("nvcc-done", arch))
+    seconds["nvcc"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("write", str(out_path))
+    manifest, weights = build_manifest(program, module, model_path, options, report)
+    members = {"kernels.cu": module.source.encode()}
+    members.update({f"cubin/{arch}.cubin": data for arch, data in cubins.items()})
+    manifest = write_artifact(out_path, manifest, members, weights)
+    seconds["write"] = time.perf_counter() - t
+    return CompileResult(out_path, manifest, program, report, seconds)
+
+
+def _kv_dict(program: Program) -> dict | None:
+    kv = program.kv_cache
+    if kv is None:
+        return None
+    plan = next(iter(program.plans.values()))
+    return {**asdict(kv), "offset": plan.regions["kv_cache"].offset}
+
+
+def _io(v, plan: MemoryPlan) -> IOSpec:
+    p = plan.placement(v)
+    return IOSpec(v.name, v.dtype, tuple(S.to_json(d) for d in v.shape), p.offset, p.nbytes)
+
+
+def build_manifest(program: Program, module, model_path: Path, options: CompileOptions,
+                   report: PipelineReport) -> tuple[Manifest, np.ndarray]:
+    """The manifest and the weights image (uint8, in arena order) for a planned, generated program."""
+    plans = program.plans
+    any_plan = next(iter(plans.values()))
+    regions = any_plan.regions
+    weights_img = np.zeros(regions["weights"].nbytes, np.uint8)
+    weight_specs: dict[str, WeightSpec] = {}
+    for graph in program.entries.values():
+        for c in graph.constants():
+            if c.name in weight_specs:
+                continue
+            p = plans[graph.name if graph.name in plans else next(iter(plans))].placement(c)
+            raw = np.ascontiguousarray(c.data).view(np.uint8).reshape(-1)
+            weights_img[p.offset:p.offset + raw.size] = raw
+            weight_specs[c.name] = WeightSpec(c.name, c.dtype, tuple(int(x) for x in c.data.shape), p.offset,
+                                              raw.size)
+    entries = {}
+    for name, graph in program.entries.items():
+        entries[name] = _entry_spec(name, graph, plans[name], module.launches[name], program.bindings.get(name, {}))
+    upper_all: dict[str, int] = {}
+    for bounds in program.bounds.values():
+        for s, u in bounds.items():
+            upper_all[s] = max(upper_all.get(s, 0), u)
+    lowers = {s: info.lower for g in program.entries.values() for s, info in g.symbols.items()}
+    symbols = tuple(SymbolSpec(s, lowers.get(s, 1), upper_all.get(s, 1)) for s in any_plan.symbols)
+    kv = program.kv_cache
+    kv_spec = None if kv is None else KVCacheSpec(kv.layers, kv.kv_heads, kv.head_dim, kv.max_batch, kv.max_seq,
+                                                  kv.dtype, regions["kv_cache"].offset)
+    memory = MemorySpec(ALIGNMENT, any_plan.arena_bytes,
+                        {k: RegionSpec(r.offset, r.nbytes) for k, r in regions.items()},
+                        any_plan.dims_offset, max(p.activation_peak for p in plans.values()),
+                        max(p.activation_naive for p in plans.values()))
+    compile_report = {
+        "kind": program.kind,
+        "roles": program.roles,
+        "decoder_io": _decoder_io(program),
+        "passes": [{"name": r.name, "applied": r.applied, "nodes": r.nodes_after} for r in report.records],
+    }
+    manifest = Manifest(
+        source=SourceInfo(model_path.name, sha256_file(model_path)),
+        options={"archs": list(options.archs), "dtype": options.dtype, "max_batch": options.max_batch,
+                 "max_seq": options.max_seq, "fusion": options.fusion},
+        archs=tuple(options.archs), symbols=symbols, memory=memory, kv_cache=kv_spec,
+        weights=tuple(weight_specs.values()), entries=entries, report=compile_report,
+    )
+    return manifest, weights_img
+
+
+def _decoder_io(program: Program) -> dict:
+    if program.kind != "decoder":
+        return {}
+    sig = program.entries["prefill"].metadata["decoder"]
+    logits = program.entries["prefill"].outputs[0].name
+    return {"input_ids": sig.input_ids, "attention_mask": sig.attention_mask, "position_ids": sig.position_ids,
+            "logits": logits}
+
+
+def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: dict) -> EntrySpec:
+    values = []
+    seen = set()
+    for v in graph.all_values():
+        if v.is_constant or v.name in seen:
+            continue
+        seen.add(v.name)
+        p = plan.placement(v)
+        strides = None if p.strides is None else tuple(S.to_json(d) for d in p.strides)
+        values.append(ValueSpec(v.name, v.dtype, tuple(S.to_json(d) for d in v.shape), p.offset, p.nbytes, strides))
+    by_node = {launch.node: launch for launch in launches}
+    nodes = []
+    for n in graph.nodes:
+        launch = by_node.get(n.name)
+        if launch is None:
+            raise ShapeError(f"node {n.name} has no kernel launch")
+        nodes.append(NodeSpec(n.name, n.op, tuple(None if i is None else i.name for i in n.inputs),
+                              tuple(o.name for o in n.outputs), encode_attrs(n.attrs), launch.kernel,
+                              tuple(launch.grid), tuple(launch.block), launch.smem))
+    return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
+                     dict(bindings), tuple(values), tuple(nodes))
+
+
+def upper_bound(d, program: Program, entry: str) -> int:
+    """Compile-time maximum of a dim in an entry (what buffers are sized for)."""
+    return dim_upper(d, program.bounds.get(entry, {}), program.roles,
+                     program.options.max_seq if program.kind == "decoder" else None)

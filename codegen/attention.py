@@ -1,0 +1,234 @@
+"""Attention (opset 23), RotaryEmbedding (opset 23) and KVAppend: device code in attention.cu.
+
+The emitters reduce every layout to rank-4 Views by strides alone: Attention's 3-D [B, S, H*D]
+tensors become [B, H, S, D] views (head stride D * elem stride), RotaryEmbedding's input and output
+become [B, S, H, D] views (a 4-D [B, H, S, D] input just permutes its strides), attention masks are
+right-aligned to [B, Hq, Sq, mask_len] with stride 0 on broadcast dims. KV-cache views (strided K/V
+inputs, KVAppend's `present`) therefore need no special case in the kernels.
+"""
+
+from __future__ import annotations
+
+from atlasc.codegen.cexpr import c_type
+from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext, emitter
+from atlasc.ir import symbolic as S
+from atlasc.ir.dtypes import to_numpy
+from atlasc.ir.graph import Node, Value
+from atlasc.ir.ops.kvcache import KINDS
+
+ATT_THREADS = 128
+FLOATS = ("float32", "float16")
+MAX_HEAD_DIM = 1024
+
+
+def _declare4(ctx: KernelContext, name: str, t: str, base: str, dims: list[tuple[str, str]]) -> str:
+    ctx.lines.append(f"  atlas::View<{t}, {len(dims)}> {name};")
+    ctx.lines.append(f"  {name}.p = {base};")
+    for i, (shape, stride) in enumerate(dims):
+        ctx.lines.append(f"  {name}.shape[{i}] = {shape}; {name}.stride[{i}] = {stride};")
+    return name
+
+
+def _bhsd(ctx: KernelContext, value: Value, name: str, heads: int | None) -> str:
+    """A [B, H, S, D] View of value: 4-D as is, 3-D [B, S, H*D] split by strides (heads given)."""
+    if len(value.shape) == 4:
+        return ctx.view(value, name)
+    if len(value.shape) != 3 or not heads:
+        raise CodegenError(f"{ctx.node.name}: {value.name} must be [B, H, S, D] or [B, S, H*D] with a head count")
+    src = ctx.view(value, f"{name}_3d")
+    t = c_type(value.dtype)
+    hd = f"({src}.shape[2] / {heads}LL)"
+    return _declare4(ctx, name, t, f"{src}.p", [
+        (f"{src}.shape[0]", f"{src}.stride[0]"),
+        (f"{heads}LL", f"{hd} * {src}.stride[2]"),
+        (f"{src}.shape[1]", f"{src}.stride[1]"),
+        (hd, f"{src}.stride[2]"),
+    ])
+
+
+def _placed(ctx: KernelContext, value: Value | None) -> bool:
+    return value is not None and value.name in ctx.plan.placements
+
+
+def _float_literal(x: float) -> str:
+    return f"{float(x)!r}f"
+
+
+@emitter("Attention")
+def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
+    ins = list(node.inputs) + [None] * (6 - len(node.inputs))
+    q_v, k_v, v_v, mask_v, pk_v, pv_v = ins[:6]
+    outs = list(node.outputs) + [None] * (4 - len(node.outputs))
+    y_v, presk_v, presv_v, qk_v = outs[:4]
+    attrs = node.attrs
+    dt = q_v.dtype
+    if dt not in FLOATS:
+        raise CodegenError(f"{node.name}: Attention on {dt} (supported: {', '.join(FLOATS)})")
+    if (pk_v is None) != (pv_v is None):
+        raise CodegenError(f"{node.name}: Attention needs both past_key and past_value, or neither")
+    t = c_type(dt)
+    rank3 = len(q_v.shape) == 3
+    hq = int(attrs.get("q_num_heads", 0) or 0) if rank3 else None
+    hk = int(attrs.get("kv_num_heads", 0) or 0) if rank3 else None
+    if rank3:
+        dv_dim = S.floordiv(v_v.shape[2], hk)
+        dk_dim = S.floordiv(k_v.shape[2], hk)
+    else:
+        dv_dim, dk_dim = v_v.shape[3], k_v.shape[3]
+    dk_up, dv_up = ctx.upper(dk_dim), ctx.upper(dv_dim)
+    if max(dk_up, dv_up) > MAX_HEAD_DIM:
+        raise CodegenError(f"{node.name}: Attention head dim up to {max(dk_up, dv_up)} exceeds {MAX_HEAD_DIM}")
+    acc = max(1, -(-dv_up // 32))
+
+    args = "args"
+    ctx.lines.append(f"  atlas::AttnArgs<{t}, {c_type(mask_v.dtype) if mask_v is not None else 'bool'}> {args};")
+    q = _bhsd(ctx, q_v, "q", hq)
+    k = _bhsd(ctx, k_v, "k", hk)
+    v = _bhsd(ctx, v_v, "v", hk)
+    y = _bhsd(ctx, y_v, "y", hq)
+    for field, name in (("q", q), ("k", k), ("v", v), ("y", y)):
+        ctx.lines.append(f"  {args}.{field} = {name};")
+    has_past = pk_v is not None
+    if has_past:
+        ctx.lines.append(f"  {args}.pk = {ctx.view(pk_v, 'pk', rank=4)};")
+        ctx.lines.append(f"  {args}.pv = {ctx.view(pv_v, 'pv', rank=4)};")
+        ctx.lines.append(f"  {args}.past = pk.shape[2];")
+    else:
+        ctx.lines.append(f"  {args}.pk = k; {args}.pv = v; {args}.past = 0;")
+    present = 0
+    for bit, (field, value) in enumerate((("present_k", presk_v), ("present_v", presv_v))):
+        if _placed(ctx, value):
+            present |= 1 << bit
+            ctx.lines.append(f"  {args}.{field} = {ctx.view(value, field, rank=4)};")
+        else:
+            ctx.lines.append(f"  {args}.{field} = y;")
+    qk_mode = -1
+    if _placed(ctx, qk_v):
+        qk_mode = int(attrs.get("qk_matmul_output_mode", 0) or 0)
+        if qk_mode not in (0, 1, 2, 3):
+            raise CodegenError(f"{node.name}: Attention qk_matmul_output_mode {qk_mode} (0..3 supported)")
+        ctx.lines.append(f"  {args}.qk = {ctx.view(qk_v, 'qk', rank=4)};")
+    else:
+        ctx.lines.append(f"  {args}.qk = y;")
+    has_mask = mask_v is not None
+    if has_mask:
+        if mask_v.dtype not in ("bool", dt):
+            raise CodegenError(f"{node.name}: Attention mask dtype {mask_v.dtype} (bool or {dt} supported)")
+        mr = len(mask_v.shape)
+        if not 1 <= mr <= 4:
+            raise CodegenError(f"{node.name}: Attention mask of rank {mr}")
+        msrc = ctx.view(mask_v, "mask_src")
+        mt = c_type(mask_v.dtype)
+        target = [f"{q}.shape[0]", f"{q}.shape[1]", f"{q}.shape[2]"]
+        dims = []
+        for i in range(3):
+            j = i - (4 - mr)
+            if j < 0 or mask_v.shape[j] == 1:
+                dims.append((target[i], "0LL"))
+            else:
+                dims.append((target[i], f"{msrc}.stride[{j}]"))
+        # the last dim never broadcasts: keys beyond its length are masked (padding, like the reference)
+        dims.append((f"{msrc}.shape[{mr - 1}]", f"{msrc}.stride[{mr - 1}]"))
+        ctx.lines.append(f"  {args}.mask = {_declare4(ctx, 'mask', mt, f'{msrc}.p', dims)};")
+    else:
+        ctx.lines.append(f"  {args}.mask.p = nullptr;")
+    ctx.lines.append(f"  {args}.scale = {_float_literal(attrs.get('scale', 0.0) or 0.0)};")
+    ctx.lines.append(f"  {args}.softcap = {_float_literal(attrs.get('softcap', 0.0) or 0.0)};")
+    mask_t = c_type(mask_v.dtype) if has_mask else "bool"
+    causal = bool(attrs.get("is_causal", 0))
+    tmpl = (f"{t}, {mask_t}, {acc}, {str(has_past).lower()}, {str(has_mask).lower()}, "
+            f"{str(causal).lower()}, {present}, {qk_mode}")
+    body = f"  atlas::attention_rows<{tmpl}>({args});"
+    rows = ctx.numel_upper(y_v) // max(1, dv_up)
+    smem = 4 * (((dk_up + 3) // 4) * 4 + (ATT_THREADS // 32) * (dv_up + 2))
+    return KernelCode(body, ctx.grid_for(rows, 1), (ATT_THREADS, 1, 1), smem)
+
+
+@emitter("RotaryEmbedding")
+def emit_rotary(ctx: KernelContext, node: Node) -> KernelCode:
+    x_v, cos_v, sin_v = node.inputs[:3]
+    pos_v = node.inputs[3] if len(node.inputs) > 3 else None
+    out_v = node.outputs[0]
+    attrs = node.attrs
+    if x_v.dtype not in FLOATS:
+        raise CodegenError(f"{node.name}: RotaryEmbedding on {x_v.dtype} (supported: {', '.join(FLOATS)})")
+    t = c_type(x_v.dtype)
+    ct = c_type(cos_v.dtype)
+    views = []
+    for value, name in ((x_v, "x"), (out_v, "out")):
+        if len(value.shape) == 4:  # [B, H, S, D] -> [B, S, H, D]
+            src = ctx.view(value, f"{name}_src")
+            dims = [(f"{src}.shape[{i}]", f"{src}.stride[{i}]") for i in (0, 2, 1, 3)]
+        elif len(value.shape) == 3:
+            heads = int(attrs.get("num_heads", 0) or 0)
+            if not heads:
+                raise CodegenError(f"{node.name}: rank-3 RotaryEmbedding needs num_heads")
+            src = ctx.view(value, f"{name}_src")
+            hd = f"({src}.shape[2] / {heads}LL)"
+            dims = [(f"{src}.shape[0]", f"{src}.stride[0]"), (f"{src}.shape[1]", f"{src}.stride[1]"),
+                    (f"{heads}LL", f"{hd} * {src}.stride[2]"), (hd, f"{src}.stride[2]")]
+        else:
+            raise CodegenError(f"{node.name}: RotaryEmbedding input must be rank 3 or 4")
+        views.append(_declare4(ctx, name, t, f"{src}.p", dims))
+    has_pos = pos_v is not None
+    for value, name in ((cos_v, "cs"), (sin_v, "sn")):
+        src = ctx.view(value, f"{name}_src")
+        if has_pos:
+            if len(value.shape) != 2:
+                raise CodegenError(f"{node.name}: cos/sin caches must be [max_pos, rot/2] with position_ids")
+            dims = [(f"{src}.shape[0]", f"{src}.stride[0]"), ("1LL", "0LL"), (f"{src}.shape[1]", f"{src}.stride[1]")]
+        else:
+            if len(value.shape) != 3:
+                raise CodegenError(f"{node.name}: cos/sin must be [B, S, rot/2] without position_ids")
+            dims = [(f"{src}.shape[{i}]", f"{src}.stride[{i}]") for i in range(3)]
+        _declare4(ctx, name, ct, f"{src}.p", dims)
+    if has_pos:
+        if pos_v.dtype != "int64":
+            raise CodegenError(f"{node.name}: position_ids must be int64, got {pos_v.dtype}")
+        ctx.view(pos_v, "pos", rank=2)
+    else:
+        ctx.lines.append("  atlas::View<long long, 2> pos; pos.p = nullptr;")
+    rot_attr = int(attrs.get("rotary_embedding_dim", 0) or 0)
+    rot = f"{rot_attr}LL" if rot_attr else "out.shape[3]"
+    interleaved = bool(attrs.get("interleaved", 0))
+    body = (f"  atlas::rotary<{t}, {ct}, {str(has_pos).lower()}, {str(interleaved).lower()}>"
+            f"(x, out, cs, sn, pos, {rot});")
+    return KernelCode(body, ctx.grid_for(ctx.numel_upper(out_v)))
+
+
+def kv_slot_offset(kv: dict, layer: int, kind: str) -> int:
+    """Arena byte offset of cache[layer, kind, 0, 0, 0, 0]."""
+    slot = kv["max_batch"] * kv["kv_heads"] * kv["max_seq"] * kv["head_dim"]
+    return kv["offset"] + (layer * 2 + KINDS.index(kind)) * slot * to_numpy(kv["dtype"]).itemsize
+
+
+@emitter("KVAppend")
+def emit_kv_append(ctx: KernelContext, node: Node) -> KernelCode:
+    x_v, out_v = node.inputs[0], node.outputs[0]
+    kv = ctx.kv_cache
+    if kv is None:
+        raise CodegenError(f"{node.name}: KVAppend without a KV cache in the module")
+    layer, kind = int(node.attrs["layer"]), node.attrs["kind"]
+    if kind not in KINDS or not 0 <= layer < kv["layers"]:
+        raise CodegenError(f"{node.name}: KVAppend layer {layer} kind {kind!r} outside the cache")
+    if x_v.dtype != kv["dtype"]:
+        raise CodegenError(f"{node.name}: KVAppend of {x_v.dtype} into a {kv['dtype']} cache")
+    for axis, key in ((1, "kv_heads"), (3, "head_dim")):
+        d = x_v.shape[axis]
+        if not S.is_symbolic(d) and int(d) != kv[key]:
+            raise CodegenError(f"{node.name}: KVAppend input dim {axis} is {d}, the cache's {key} is {kv[key]}")
+    placement = ctx.plan.placement(out_v)
+    want = kv_slot_offset(kv, layer, kind)
+    if placement.offset != want:
+        raise CodegenError(f"{node.name}: KVAppend output {out_v.name} must be placed on the cache slot "
+                           f"(offset {want}), found offset {placement.offset}")
+    strides = (kv["kv_heads"] * kv["max_seq"] * kv["head_dim"], kv["max_seq"] * kv["head_dim"], kv["head_dim"], 1)
+    if placement.strides is None or tuple(S.dim(s) for s in placement.strides) != tuple(S.dim(s) for s in strides):
+        raise CodegenError(f"{node.name}: KVAppend output {out_v.name} must be a cache view with strides "
+                           f"{strides}, found {placement.strides}")
+    t = c_type(x_v.dtype)
+    ctx.view(x_v, "x", rank=4)
+    ctx.view(out_v, "present", rank=4)
+    past = ctx.dim(node.attrs["past"])
+    body = f"  atlas::kv_append<{t}>(x, present, {past}, {kv['max_batch']}LL, {kv['max_seq']}LL);"
+    return KernelCode(body, ctx.grid_for(ctx.numel_upper(x_v)))

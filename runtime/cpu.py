@@ -1,0 +1,143 @@
+"""Run an artifact on the CPU: the launch schedule executed by the op table's numpy references over a
+numpy arena laid out exactly as the artifact's memory plan says.
+
+Every value is read from and written to its planned offset (KV-cache views with their strides), so
+a memory-plan bug corrupts results here just as it would on the GPU. This is the reference backend of
+`atlasc run --device cpu` and of the artifact tests; it shares the entry-point interface of the GPU
+runtime (`run`, `reset`), so the generation loop drives either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from atlasc.artifact import Artifact, EntrySpec
+from atlasc.errors import InputError
+from atlasc.ir import symbolic as S
+from atlasc.ir.interpreter import evaluate_attrs
+from atlasc.ir.ops import get
+from atlasc.ir.serialize import decode_attrs
+
+
+def bind_entry(entry: EntrySpec, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+               bounds: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """Symbol values for one call of `entry`: its bindings, the given symbols, and the inputs' shapes.
+
+    Raises InputError for missing/unknown inputs, wrong dtype or rank, inconsistent dims, or a symbol
+    outside the bounds the artifact was compiled for.
+    """
+    env = dict(entry.bindings)
+    env.update(symbols)
+    names = [i.name for i in entry.inputs]
+    missing = [n for n in names if n not in inputs]
+    unknown = [n for n in inputs if n not in names]
+    if missing or unknown:
+        raise InputError(f"inputs of entry '{entry.name}' do not match: "
+                         + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                                 f"unknown {', '.join(unknown)}" if unknown else "") if p),
+                         hint="expected: " + ", ".join(names))
+    deferred = []
+    for spec in entry.inputs:
+        arr = np.asarray(inputs[spec.name])
+        if arr.dtype != np.dtype(spec.dtype):
+            raise InputError(f"input '{spec.name}' has dtype {arr.dtype}, expected {spec.dtype}")
+        if arr.ndim != len(spec.shape):
+            raise InputError(f"input '{spec.name}' has rank {arr.ndim}, expected {len(spec.shape)}")
+        for axis, (dj, actual) in enumerate(zip(spec.shape, arr.shape)):
+            d = S.from_json(dj)
+            name = S.as_symbol(d)
+            if name is not None and name not in env:
+                env[name] = actual
+            else:
+                deferred.append((spec.name, axis, d, actual))
+    for name, axis, d, actual in deferred:
+        try:
+            want = S.evaluate(d, env)
+        except KeyError as e:
+            raise InputError(f"input '{name}' dim {axis} ({d}) needs symbol {e}") from None
+        if want != actual:
+            raise InputError(f"input '{name}' dim {axis} is {actual}, expected {d} = {want}")
+    for name, (lo, hi) in bounds.items():
+        if name in env and not lo <= env[name] <= hi:
+            raise InputError(f"{name} = {env[name]} is outside the compiled range [{lo}, {hi}]",
+                             hint="recompile with a larger --max-batch / --max-seq")
+    return env
+
+
+class CpuModel:
+    """An artifact loaded into a numpy arena."""
+
+    device = "cpu"
+
+    def __init__(self, artifact: Artifact):
+        m = artifact.manifest
+        self.manifest = m
+        self.arena = np.zeros(m.memory.arena_bytes, np.uint8)
+        w = artifact.weights_array()
+        self.arena[: w.size] = w
+        self.weights = {w.name: w for w in m.weights}
+        self.symbols = [s.name for s in m.symbols]
+        self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
+        self.nodes = {name: [(n, decode_attrs(n.op, n.attrs)) for n in e.nodes] for name, e in m.entries.items()}
+
+    # -- arena views --------------------------------------------------------------------------
+    def view(self, offset: int, dtype: str, shape: tuple, strides: tuple | None = None) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if strides is None:
+            n = int(np.prod(shape, dtype=np.int64))
+            return self.arena[offset: offset + n * dt.itemsize].view(dt).reshape(shape)
+        base = self.arena[offset:].view(np.uint8)
+        return np.lib.stride_tricks.as_strided(base.view(dt) if base.size % dt.itemsize == 0 else
+                                               base[: base.size - base.size % dt.itemsize].view(dt),
+                                               shape, tuple(s * dt.itemsize for s in strides))
+
+    def kv_cache(self) -> np.ndarray | None:
+        kv = self.manifest.kv_cache
+        if kv is None:
+            return None
+        shape = (kv.layers, 2, kv.max_batch, kv.kv_heads, kv.max_seq, kv.head_dim)
+        return self.view(kv.offset, kv.dtype, shape)
+
+    def reset(self) -> None:
+        """Forget the KV cache contents (a new generation starts)."""
+        cache = self.kv_cache()
+        if cache is not None:
+            cache[...] = 0
+
+    # -- execution ----------------------------------------------------------------------------
+    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Execute one entry point; returns its outputs (copies) by name."""
+        entry = self.manifest.entries.get(entry_name)
+        if entry is None:
+            raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
+        env = bind_entry(entry, inputs, symbols or {}, self.bounds)
+        dims = self.view(self.manifest.memory.dims_offset, "int64", (len(self.symbols),))
+        dims[:] = [env.get(s, 0) for s in self.symbols]
+        values = {v.name: v for v in entry.values}
+
+        def tensor(name: str) -> np.ndarray:
+            if name in self.weights:
+                w = self.weights[name]
+                return self.view(w.offset, w.dtype, w.shape)
+            v = values[name]
+            shape = tuple(S.evaluate(S.from_json(d), env) for d in v.shape)
+            strides = None if v.strides is None else tuple(S.evaluate(S.from_json(d), env) for d in v.strides)
+            return self.view(v.offset, v.dtype, shape, strides)
+
+        for spec in entry.inputs:
+            tensor(spec.name)[...] = inputs[spec.name]
+        state = {"kv_cache": self.kv_cache()}
+        for node, attrs in self.nodes[entry_name]:
+            op = get(node.op)
+            args = [None if i is None else tensor(i) for i in node.inputs]
+            attrs = evaluate_attrs(node.op, attrs, env)
+            outs = op.reference(args, attrs, state) if op.stateful else op.reference(args, attrs)
+            for name, arr in zip(node.outputs, outs):
+                dst = tensor(name)
+                if dst.shape != arr.shape:
+                    raise InputError(f"node {node.name}: output {name} is {arr.shape}, planned {dst.shape}")
+                np.copyto(dst, arr)
+        return {spec.name: tensor(spec.name).copy() for spec in entry.outputs}

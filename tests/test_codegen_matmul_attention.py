@@ -1,0 +1,360 @@
+"""MatMul / Gemm / Attention / RotaryEmbedding / KVAppend code generation (CPU: generate + nvcc).
+
+Every variant is generated and compiled for sm80 and sm90; many nodes share one module per test
+(nvcc costs about a second per module). The graphs are built by the `build_*` functions below, which
+the GPU tests (tests/test_kernels_matmul_attention_gpu.py) reuse for numeric checks. A snapshot test
+pins the wrapper code generated for a small MatMul + KVAppend graph.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atlasc.codegen import generate_module
+from atlasc.codegen.attention import kv_slot_offset
+from atlasc.codegen.generate import CodegenError
+from atlasc.ir import OPS, Graph, Node, SymbolInfo, Value, verify
+from atlasc.ir import symbolic as S
+from atlasc.ir.dtypes import to_numpy
+from atlasc.ir.memory import MemoryPlan, Placement, align
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+ARCHS = ("sm80", "sm90")
+
+
+# -- graph building ----------------------------------------------------------------------------
+
+
+class Builder:
+    """A test graph of independent nodes: inputs with symbolic dims, outputs inferred by the op table."""
+
+    def __init__(self, name: str, symbols: dict[str, tuple[int, int]]):
+        self.g = Graph(name)
+        self.g.symbols = {s: SymbolInfo(lo, hi) for s, (lo, hi) in symbols.items()}
+        self.upper = {s: hi for s, (_, hi) in symbols.items()}
+        self.gen: dict[str, callable] = {}  # input name -> custom generator(rng, shape)
+        self.n = 0
+
+    def input(self, name: str, dtype: str, shape, gen=None) -> Value:
+        v = Value(name, dtype, tuple(S.sym(d) if isinstance(d, str) else d for d in shape))
+        self.g.inputs.append(v)
+        if gen is not None:
+            self.gen[name] = gen
+        return v
+
+    def node(self, op: str, inputs: list, attrs: dict | None = None, outputs: int = 1, returned=None) -> list[Value]:
+        """Add `op`; its first `outputs` results become graph outputs (or those flagged in `returned`)."""
+        self.n += 1
+        opdef = OPS[op]
+        attrs = opdef.fill_attrs(dict(attrs or {}))
+        types = opdef.infer([None if i is None else _tt(i) for i in inputs], attrs)
+        outs = [Value(f"{op.lower()}{self.n}_out{k}", t.dtype, t.shape) for k, t in enumerate(types[:outputs])]
+        self.g.nodes.append(Node(op, list(inputs), outs, attrs, name=f"{op.lower()}{self.n}"))
+        for k, o in enumerate(outs):
+            if returned is None or returned[k]:
+                self.g.outputs.append(o)
+        return outs
+
+    def done(self) -> Graph:
+        verify(self.g)
+        return self.g
+
+    def inputs(self, rng, env: dict[str, int]) -> dict[str, np.ndarray]:
+        """Random inputs (never all zeros) at the run-time sizes env."""
+        feeds = {}
+        for v in self.g.inputs:
+            shape = tuple(S.evaluate(d, env) for d in v.shape)
+            if v.name in self.gen:
+                feeds[v.name] = self.gen[v.name](rng, shape)
+            elif v.dtype == "bool":
+                feeds[v.name] = rng.random(shape) < 0.7
+            elif v.dtype in ("int64", "int32"):
+                feeds[v.name] = rng.integers(-5, 6, shape).astype(to_numpy(v.dtype))
+            else:
+                feeds[v.name] = rng.uniform(-1.0, 1.0, shape).astype(to_numpy(v.dtype))
+        return feeds
+
+
+def _tt(v: Value):
+    from atlasc.ir import TensorType
+
+    return TensorType(v.dtype, v.shape)
+
+
+def build_matmul(dtype: str = "float32") -> Builder:
+    """MatMul 2-D, 3-D, 4-D with broadcast batch, 1-D operands; Gemm with transA/transB, alpha, beta, bias."""
+    b = Builder(f"matmul_{dtype}", {"m": (1, 70), "n": (1, 67), "k": (1, 260), "batch": (1, 3)})
+    mm = lambda x, y: b.node("MatMul", [x, y])  # noqa: E731
+    mm(b.input("a2", dtype, ("m", "k")), b.input("b2", dtype, ("k", "n")))
+    mm(b.input("a3", dtype, ("batch", "m", "k")), b.input("b3", dtype, ("batch", "k", "n")))
+    # batch broadcast: [batch, 1, m, k] @ [2, k, n] -> [batch, 2, m, n]
+    mm(b.input("a4", dtype, ("batch", 1, "m", "k")), b.input("b4", dtype, (2, "k", "n")))
+    mm(b.input("a4s", dtype, ("m", "k")), b.input("b4s", dtype, ("batch", 2, "k", "n")))
+    mm(b.input("v1", dtype, ("k",)), b.input("b1", dtype, ("batch", "k", "n")))  # 1-D lhs
+    mm(b.input("a1", dtype, ("batch", "m", "k")), b.input("w1", dtype, ("k",)))  # 1-D rhs
+    mm(b.input("x1", dtype, ("k",)), b.input("y1", dtype, ("k",)))  # dot -> scalar
+    # Gemm
+    for ta, tb, bias, alpha, beta in [(0, 0, None, 1.0, 1.0), (1, 0, "mn", 0.5, 2.0), (0, 1, "n", 1.5, 1.0),
+                                      (1, 1, "1", 1.0, -0.5), (0, 0, "m1", 1.0, 1.0)]:
+        i = b.n
+        ga = b.input(f"ga{i}", dtype, ("k", "m") if ta else ("m", "k"))
+        gb = b.input(f"gb{i}", dtype, ("n", "k") if tb else ("k", "n"))
+        ins = [ga, gb]
+        if bias is not None:
+            shape = {"mn": ("m", "n"), "n": ("n",), "1": (1,), "m1": ("m", 1)}[bias]
+            ins.append(b.input(f"gc{i}", dtype, shape))
+        b.node("Gemm", ins, {"transA": ta, "transB": tb, "alpha": alpha, "beta": beta})
+    return b
+
+
+def build_attention(dtype: str = "float32") -> Builder:
+    """Attention 4-D / 3-D, GQA, causal with past, bool / float / short masks, softcap, scale, outputs."""
+    b = Builder(f"attention_{dtype}", {"batch": (1, 2), "seq": (1, 9), "past_seq": (0, 12)})
+    D = 16
+    # 4-D GQA (4 q heads, 2 kv heads), causal with past, present outputs
+    q = b.input("q", dtype, ("batch", 4, "seq", D))
+    k = b.input("k", dtype, ("batch", 2, "seq", D))
+    v = b.input("v", dtype, ("batch", 2, "seq", D))
+    pk = b.input("pk", dtype, ("batch", 2, "past_seq", D))
+    pv = b.input("pv", dtype, ("batch", 2, "past_seq", D))
+    b.node("Attention", [q, k, v, None, pk, pv], {"is_causal": 1}, outputs=3)
+    # 4-D, bool mask [batch, 1, seq, total] broadcast over heads, no causal, Dv != Dk
+    v24 = b.input("v24", dtype, ("batch", 2, "seq", 24))
+    total = S.add(S.sym("past_seq"), S.sym("seq"))
+    bm = b.input("bmask", "bool", ("batch", 1, "seq", total))
+    b.node("Attention", [q, k, v24, bm, pk, b.input("pv24", dtype, ("batch", 2, "past_seq", 24))], outputs=1)
+    # float additive mask [seq, seq] (2-D), scale and softcap, no past
+    fm = b.input("fmask", dtype, ("seq", "seq"))
+    b.node("Attention", [q, k, v, fm], {"scale": 0.3, "softcap": 2.0}, outputs=1)
+    # a mask shorter than the keys (padded with -inf): [1, 1, 1, seq] against past + seq keys
+    sm = b.input("smask", "bool", (1, 1, 1, "seq"))
+    b.node("Attention", [q, k, v, sm, pk, pv], {"is_causal": 1}, outputs=1)
+    # 3-D [B, S, H*D] inputs: 6 q heads, 3 kv heads, causal with past
+    q3 = b.input("q3", dtype, ("batch", "seq", 6 * D))
+    k3 = b.input("k3", dtype, ("batch", "seq", 3 * D))
+    v3 = b.input("v3", dtype, ("batch", "seq", 3 * D))
+    pk3 = b.input("pk3", dtype, ("batch", 3, "past_seq", D))
+    pv3 = b.input("pv3", dtype, ("batch", 3, "past_seq", D))
+    b.node("Attention", [q3, k3, v3, None, pk3, pv3], {"is_causal": 1, "q_num_heads": 6, "kv_num_heads": 3},
+           outputs=3)
+    # qk outputs: every mode
+    for mode in range(4):
+        b.node("Attention", [q, k, v, fm], {"qk_matmul_output_mode": mode, "softcap": 1.5 if mode else 0.0,
+                                            "is_causal": 1}, outputs=4, returned=[True, False, False, True])
+    return b
+
+
+def build_rotary(dtype: str = "float32") -> Builder:
+    """RotaryEmbedding: 4-D / 3-D, position ids or per-token caches, interleaved, partial rotary."""
+    b = Builder(f"rotary_{dtype}", {"batch": (1, 3), "seq": (1, 11)})
+    max_pos, D = 32, 16
+    pos_gen = lambda rng, shape: rng.integers(0, max_pos, shape).astype(np.int64)  # noqa: E731
+    for i, (rank, interleaved, rot, with_pos) in enumerate([(4, 0, 0, True), (4, 1, 0, True), (3, 0, 8, True),
+                                                            (3, 1, 12, False), (4, 0, 8, False)]):
+        half = (rot or D) // 2
+        x = b.input(f"x{i}", dtype, ("batch", 3, "seq", D) if rank == 4 else ("batch", "seq", 3 * D))
+        if with_pos:
+            cos = b.input(f"cos{i}", dtype, (max_pos, half))
+            sin = b.input(f"sin{i}", dtype, (max_pos, half))
+            pos = b.input(f"pos{i}", "int64", ("batch", "seq"), gen=pos_gen)
+            ins = [x, cos, sin, pos]
+        else:
+            ins = [x, b.input(f"cos{i}", dtype, ("batch", "seq", half)),
+                   b.input(f"sin{i}", dtype, ("batch", "seq", half))]
+        b.node("RotaryEmbedding", ins, {"interleaved": interleaved, "rotary_embedding_dim": rot,
+                                        "num_heads": 3 if rank == 3 else 0})
+    return b
+
+
+KV = {"layers": 2, "max_batch": 2, "kv_heads": 2, "max_seq": 16, "head_dim": 8}
+
+
+def build_kv(dtype: str = "float32", attention: bool = True) -> Builder:
+    """KVAppend of keys (layer 1) and values (layer 0); optionally an Attention reading both cache views."""
+    b = Builder(f"kv_{dtype}", {"batch": (1, KV["max_batch"]), "seq": (1, 6), "past_seq": (0, 10)})
+    h, d = KV["kv_heads"], KV["head_dim"]
+    past = S.sym("past_seq")
+    kn = b.input("k_new", dtype, ("batch", h, "seq", d))
+    vn = b.input("v_new", dtype, ("batch", h, "seq", d))
+    (pk,) = b.node("KVAppend", [kn], {"layer": 1, "kind": "key", "past": past})
+    (pv,) = b.node("KVAppend", [vn], {"layer": 0, "kind": "value", "past": past})
+    if attention:
+        q = b.input("q", dtype, ("batch", 2 * h, "seq", d))
+        mask = b.input("mask", "bool", ("batch", 1, "seq", S.add(past, S.sym("seq"))))
+        b.node("Attention", [q, pk, pv, mask])
+    return b
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+def kv_spec(dtype: str, offset: int) -> dict:
+    return {**KV, "offset": offset, "dtype": dtype}
+
+
+def plan_for(graph: Graph, upper: dict[str, int], kv_cache: np.ndarray | None = None, *,
+             transposed=(), padded=()) -> tuple[MemoryPlan, int | None]:
+    """A trivial plan (every value its own buffer) with views: KVAppend outputs on their cache slot,
+    values named in `transposed` stored with their last two dims swapped, values named in `padded`
+    laid out as at their maximal shape (row strides of a cache view)."""
+    plan = MemoryPlan(symbols=tuple(graph.symbols))
+    off = align(8 * max(1, len(plan.symbols)))
+    kv_offset = None
+    if kv_cache is not None:
+        kv_offset = off
+        off = align(off + kv_cache.nbytes)
+    kv_out = {n.outputs[0].name: n for n in graph.nodes if n.op == "KVAppend"}
+    for v in graph.all_values():
+        if v.name in plan.placements:
+            continue
+        item = to_numpy(v.dtype).itemsize
+        up = [S.evaluate(d, upper) for d in v.shape]
+        n = int(np.prod(up, dtype=np.int64)) * item
+        if v.name in kv_out:
+            node = kv_out[v.name]
+            spec = kv_spec(str(kv_cache.dtype), kv_offset)
+            strides = (KV["kv_heads"] * KV["max_seq"] * KV["head_dim"], KV["max_seq"] * KV["head_dim"],
+                       KV["head_dim"], 1)
+            slot = kv_slot_offset(spec, node.attrs["layer"], node.attrs["kind"])
+            plan.placements[v.name] = Placement("kv_cache", slot, n, strides)
+            continue
+        strides = None
+        if v.name in transposed:
+            shape = list(v.shape)
+            swapped = shape[:-2] + [shape[-1], shape[-2]]
+            st = [S.dim(1)] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                st[i] = S.mul(st[i + 1], swapped[i + 1])
+            st[-2], st[-1] = st[-1], st[-2]
+            strides = tuple(st)
+        elif v.name in padded:
+            st = [1] * len(up)
+            for i in range(len(up) - 2, -1, -1):
+                st[i] = st[i + 1] * up[i + 1]
+            strides = tuple(st)
+        plan.placements[v.name] = Placement("activations", off, n, strides)
+        off = align(off + max(n, 1))
+    plan.arena_bytes = off
+    return plan, kv_offset
+
+
+def kv_state(dtype: str) -> np.ndarray:
+    shape = (KV["layers"], 2, KV["max_batch"], KV["kv_heads"], KV["max_seq"], KV["head_dim"])
+    return np.zeros(shape, to_numpy(dtype))
+
+
+def planned(builder: Builder, dtype: str = "float32", **plan_kw):
+    """(graph, plan, kv spec or None) for builder's graph."""
+    graph = builder.done()
+    kv = kv_state(dtype) if any(n.op == "KVAppend" for n in graph.nodes) else None
+    plan, kv_offset = plan_for(graph, builder.upper, kv, **plan_kw)
+    return graph, plan, (kv_spec(dtype, kv_offset) if kv is not None else None)
+
+
+def generate(*builders: Builder, dtype: str = "float32", plan_kw: dict | None = None):
+    """One module with an entry per builder (named by its graph); plan_kw: builder name -> plan_for options."""
+    entries, upper, spec = {}, {}, None
+    for b in builders:
+        graph, plan, kv = planned(b, dtype, **(plan_kw or {}).get(b.g.name, {}))
+        entries[b.g.name] = (graph, plan)
+        upper[b.g.name] = b.upper
+        spec = kv or spec
+    return generate_module(entries, upper, spec)
+
+
+def compile_or_skip(source: str):
+    from atlasc.codegen.nvcc import NvccNotFoundError, compile_cubins
+
+    try:
+        cubins = compile_cubins(source, ARCHS)
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    assert set(cubins) == set(ARCHS) and all(cubins.values())
+    return cubins
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_matmul_gemm_compile(dtype):
+    b = build_matmul(dtype)
+    mod = generate(b, dtype=dtype, plan_kw={b.g.name: {"transposed": {"a2", "b3", "ga8"}}})
+    launches = mod.launches[b.g.name]
+    assert len(launches) == 12
+    assert all(launch.block == (256, 1, 1) for launch in launches)
+    assert mod.source.count("atlas::matmul_tiled<") == 12
+    compile_or_skip(mod.source)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_rotary_kv_compile(dtype):
+    """Attention, RotaryEmbedding and KVAppend variants in one module per dtype (three entries)."""
+    att, rot, kv = build_attention(dtype), build_rotary(dtype), build_kv(dtype)
+    mod = generate(att, rot, kv, dtype=dtype,
+                   plan_kw={att.g.name: {"padded": {"k", "v"}}, rot.g.name: {"transposed": {"x0"}}})
+    assert mod.source.count("atlas::attention_rows<") == 10
+    assert mod.source.count("atlas::rotary<") == 5 and mod.source.count("atlas::kv_append<") == 2
+    compile_or_skip(mod.source)
+
+
+def test_attention_launch_shape():
+    b = build_attention("float16")
+    launch = generate(b, dtype="float16").launches[b.g.name][0]
+    # one block per (batch, q head, query row) at the maxima: 2 * 4 * 9
+    assert launch.grid == (72, 1, 1) and launch.block == (128, 1, 1)
+    assert launch.smem == 4 * (16 + 4 * (16 + 2))
+
+
+def test_kv_append_must_sit_on_the_cache():
+    b = build_kv("float32", attention=False)
+    graph, plan, spec = planned(b)
+    generate_module({"run": (graph, plan)}, {"run": b.upper}, spec)  # fine as planned
+    out = graph.nodes[0].outputs[0]
+    p = plan.placements[out.name]
+    plan.placements[out.name] = Placement(p.region, p.offset + 256, p.nbytes, p.strides)
+    with pytest.raises(CodegenError, match="cache slot"):
+        generate_module({"run": (graph, plan)}, {"run": b.upper}, spec)
+    plan.placements[out.name] = p
+    with pytest.raises(CodegenError, match="KV cache"):
+        generate_module({"run": (graph, plan)}, {"run": b.upper}, None)
+    with pytest.raises(CodegenError, match="float16 cache"):
+        generate_module({"run": (graph, plan)}, {"run": b.upper}, {**spec, "dtype": "float16"})
+
+
+def test_unsupported_variants_raise():
+    b = Builder("bad", {"n": (1, 4)})
+    x = b.input("x", "int32", ("n", 4, "n", 8))
+    b.node("Attention", [x, x, x])
+    graph, plan, _ = planned(b)
+    with pytest.raises(CodegenError, match="Attention on int32"):
+        generate_module({"run": (graph, plan)}, {"run": b.upper})
+
+
+def test_snapshot_matmul_kv_append():
+    """The wrappers generated for a MatMul + KVAppend graph equal tests/snapshots/matmul_kv_append.cu.
+
+    Only the part after the shared library text (common.cuh and every family's .cu) is pinned, so other
+    families' template edits do not churn it. To regenerate on purpose after a deliberate codegen
+    change: `ATLAS_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_codegen_matmul_attention.py -k snapshot`.
+    """
+    b = Builder("snap", {"m": (1, 64), "past_seq": (0, 8), "seq": (1, 8), "batch": (1, 2)})
+    b.node("MatMul", [b.input("a", "float16", ("m", 32)), b.input("w", "float16", (32, 48))])
+    b.node("KVAppend", [b.input("k", "float16", ("batch", 2, "seq", 8))],
+           {"layer": 1, "kind": "value", "past": S.sym("past_seq")})
+    mod = generate(b, dtype="float16")
+    from atlasc.codegen.generate import HERE, _load_families
+
+    prefix = "\n".join(["// generated by atlasc: do not edit", (HERE / "common.cuh").read_text(), *_load_families()])
+    assert mod.source.startswith(prefix)
+    text = mod.source[len(prefix):]
+    path = SNAPSHOTS / "matmul_kv_append.cu"
+    if os.environ.get("ATLAS_UPDATE_SNAPSHOTS") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing snapshot {path}: run with ATLAS_UPDATE_SNAPSHOTS=1 to create it"
+    assert text == path.read_text(), "generated code changed: if on purpose, rerun with ATLAS_UPDATE_SNAPSHOTS=1"

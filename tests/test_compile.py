@@ -1,0 +1,124 @@
+"""Every fixture compiles for sm80 and sm90 (real nvcc) and its artifact, executed on the CPU over a
+numpy arena laid out by the memory plan, reproduces onnxruntime.
+
+- decoders: each case (prefill with an empty past, a left-padded decode step, a chunk on top of a
+  past) through the matching entry point with the case's past loaded into the KV cache, logits and
+  cache compared; then greedy generation, 16 tokens, equal to onnxruntime's with past/present;
+- encoders: the forward entry on the case's inputs.
+Tolerances as in test_fixtures.py (fp32 atol 1e-4 / rtol 1e-3, fp16 3e-2).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from atlasc.artifact import open_artifact
+from atlasc.compiler import compile_model
+from atlasc.ir.program import CompileOptions
+from atlasc.runtime.cpu import CpuModel
+from atlasc.runtime.generate import generate
+
+from conftest import FIXTURES
+from ort_reference import ort_greedy
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+NAMES = [f["name"] for f in MANIFEST]
+DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
+TOL = {"fp32": {"atol": 1e-4, "rtol": 1e-3}, "fp16": {"atol": 3e-2, "rtol": 3e-2}}
+OPTIONS = CompileOptions(archs=("sm80", "sm90"), max_batch=4, max_seq=64)
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@functools.cache
+def _compiled(name: str, folder: str):
+    path = f"{folder}/{name}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, OPTIONS)
+    return path
+
+
+@pytest.fixture
+def artifact(build_dir):
+    def get(name: str):
+        return open_artifact(_compiled(name, str(build_dir)))
+
+    return get
+
+
+def entry_of(name: str) -> dict:
+    return next(f for f in MANIFEST if f["name"] == name)
+
+
+def load_case(name, case):
+    z = np.load(FIXTURES / f"{name}.{case}.npz")
+    return ({k[3:]: z[k] for k in z.files if k.startswith("in.")},
+            {k[4:]: z[k] for k in z.files if k.startswith("out.")})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compiles_for_sm80_and_sm90(name, artifact):
+    with artifact(name) as art:
+        m = art.manifest
+        assert m.archs == ("sm80", "sm90")
+        for arch in m.archs:
+            assert art.cubin(arch)[:4] == b"\x7fELF"
+        expected = {"prefill", "decode"} if entry_of(name)["kind"] == "decoder" else {"forward"}
+        assert set(m.entries) == expected
+        # every launch names a kernel the cubin defines
+        names = art.cubin("sm90")
+        for e in m.entries.values():
+            for node in e.nodes:
+                assert node.kernel.encode() in names
+
+
+@pytest.mark.parametrize("name,case", [(f["name"], c) for f in MANIFEST if f["kind"] == "decoder"
+                                       for c in f["cases"]])
+def test_decoder_cases_match_onnxruntime(name, case, artifact):
+    with artifact(name) as art:
+        model = CpuModel(art)
+        ins, want = load_case(name, case)
+        kv = art.manifest.kv_cache
+        past_len = ins["past_key_values.0.key"].shape[2]
+        b, s = ins["input_ids"].shape
+        model.reset()
+        cache = model.kv_cache()
+        for layer in range(kv.layers):
+            cache[layer, 0, :b, :, :past_len] = ins[f"past_key_values.{layer}.key"]
+            cache[layer, 1, :b, :, :past_len] = ins[f"past_key_values.{layer}.value"]
+        entry = "decode" if s == 1 else "prefill"
+        feed = {i.name: ins[i.name] for i in art.manifest.entries[entry].inputs}
+        out = model.run(entry, feed, {art.manifest.report["roles"]["past"]: past_len})
+        tol = TOL[entry_of(name)["dtype"]]
+        np.testing.assert_allclose(out["logits"].astype(np.float64), want["logits"].astype(np.float64), **tol)
+        for layer in range(kv.layers):
+            for k, kind in enumerate(("key", "value")):
+                np.testing.assert_allclose(cache[layer, k, :b, :, :past_len + s].astype(np.float64),
+                                           want[f"present.{layer}.{kind}"].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_tokens_match_onnxruntime(name, artifact):
+    prompts = [[5, 17, 42, 7, 99], [3, 8]]
+    want, _ = ort_greedy(FIXTURES / f"{name}.onnx", prompts, 16)
+    with artifact(name) as art:
+        got = generate(CpuModel(art), prompts, 16)
+    assert got.tokens == want
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in MANIFEST if f["kind"] == "encoder"])
+def test_encoder_forward_matches_onnxruntime(name, artifact):
+    with artifact(name) as art:
+        ins, want = load_case(name, "forward")
+        out = CpuModel(art).run("forward", ins)
+        for k, w in want.items():
+            np.testing.assert_allclose(out[k], w, **TOL["fp32"], err_msg=k)

@@ -1,0 +1,98 @@
+"""GPU numerics of MatMul / Gemm / Attention / RotaryEmbedding / KVAppend against the reference.
+
+Each test builds one graph of many independent nodes (the builders of test_codegen_matmul_attention),
+compiles it once (sized for the symbols' maxima) and runs it at two or more run-time sizes on fresh
+seeded random inputs, comparing every output with the numpy interpreter. Tolerances:
+- float32: rtol 1e-4, atol 1e-4 for matmuls (float32 accumulation in a different order than numpy's
+  over K up to 257), 1e-5 for the rest;
+- float16: both sides accumulate exactly-representable fp16 products in float32, but summation order
+  differs, so the final rounding to fp16 may land one fp16 ulp apart: at |y| up to ~8 (K = 257 products
+  of uniform [-1, 1] values) one ulp is 2^-7, hence atol 2e-2 for matmuls; attention / rotary outputs
+  are O(1) (one ulp ~1e-3; the rotary reference even rounds every fp16 intermediate), hence 3e-3.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from kernel_harness import check_against_reference
+from test_codegen_matmul_attention import (
+    build_attention,
+    build_kv,
+    build_matmul,
+    build_rotary,
+    kv_state,
+    plan_for,
+)
+
+pytestmark = pytest.mark.gpu
+
+TOL = {
+    "matmul": {"float32": (1e-4, 1e-4), "float16": (1e-3, 2e-2)},
+    "other": {"float32": (1e-4, 1e-5), "float16": (3e-3, 3e-3)},
+}
+
+
+def _run(builder, envs, dtype, kind, seed, plan_kw=None, **kw):
+    graph = builder.done()
+    rtol, atol = TOL[kind][dtype]
+    plan_fn = functools.partial(plan_for, **(plan_kw or {}))
+    rng = np.random.default_rng(seed)
+    for env in envs:
+        feeds = builder.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_matmul_gemm(dtype, transposed):
+    """2-D/3-D/4-D (broadcast batch), 1-D operands, Gemm variants; odd sizes off the 64 tile; K to 257."""
+    b = build_matmul(dtype)
+    envs = [{"m": 70, "n": 67, "k": 257, "batch": 3}, {"m": 1, "n": 3, "k": 33, "batch": 2},
+            {"m": 64, "n": 64, "k": 16, "batch": 1}]
+    plan_kw = {"transposed": {"a2", "b3", "a4", "ga8", "gb9"}} if transposed else {}
+    _run(b, envs, dtype, "matmul", 1, plan_kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("padded", [False, True], ids=["contiguous", "cache_strided_kv"])
+def test_attention(dtype, padded):
+    """4-D/3-D, GQA, causal + past, bool/float/short masks, softcap, scale, present and qk outputs;
+    zero past; K/V optionally laid out with cache-like row strides."""
+    b = build_attention(dtype)
+    envs = [{"batch": 2, "seq": 9, "past_seq": 12}, {"batch": 1, "seq": 3, "past_seq": 0},
+            {"batch": 2, "seq": 1, "past_seq": 7}]
+    plan_kw = {"padded": {"k", "v", "pk", "pv", "q3", "k3"}} if padded else {}
+    _run(b, envs, dtype, "other", 2, plan_kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rotary(dtype):
+    b = build_rotary(dtype)
+    envs = [{"batch": 3, "seq": 11}, {"batch": 1, "seq": 1}, {"batch": 2, "seq": 5}]
+    _run(b, envs, dtype, "other", 3, {"transposed": {"x0"}})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kv_append(dtype):
+    """KVAppend at past 0 and past > 0: the present views (gathered through their cache strides), an
+    Attention reading them, and the whole cache afterwards (new rows written, nothing else touched)."""
+    b = build_kv(dtype)
+    graph = b.done()
+    rtol, atol = TOL["other"][dtype]
+    rng = np.random.default_rng(4)
+    cache = rng.uniform(-1, 1, kv_state(dtype).shape).astype(kv_state(dtype).dtype)
+    for env in [{"batch": 2, "seq": 3, "past_seq": 0}, {"batch": 1, "seq": 4, "past_seq": 5},
+                {"batch": 2, "seq": 6, "past_seq": 10}]:
+        feeds = b.inputs(rng, env)
+        state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}
+        got = check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=plan_for,
+                                      state=state, state_ref=state_ref, symbols={"past_seq": env["past_seq"]})
+        np.testing.assert_array_equal(state["kv_cache"], state_ref["kv_cache"])
+        assert not np.array_equal(state["kv_cache"], cache)
+        p, s, n = env["past_seq"], env["seq"], env["batch"]
+        np.testing.assert_array_equal(state["kv_cache"][1, 0, :n, :, p:p + s], feeds["k_new"])
+        np.testing.assert_array_equal(got["kvappend1_out0"][:, :, p:], feeds["k_new"])
+        cache = state["kv_cache"]  # the next step appends to this cache
