@@ -13,57 +13,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from atlasc.artifact import Artifact, EntrySpec
+from atlasc.artifact import Artifact
 from atlasc.errors import InputError
 from atlasc.ir import symbolic as S
 from atlasc.ir.interpreter import evaluate_attrs
 from atlasc.ir.ops import get
 from atlasc.ir.serialize import decode_attrs
-
-
-def bind_entry(entry: EntrySpec, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
-               bounds: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-    """Symbol values for one call of `entry`: its bindings, the given symbols, and the inputs' shapes.
-
-    Raises InputError for missing/unknown inputs, wrong dtype or rank, inconsistent dims, or a symbol
-    outside the bounds the artifact was compiled for.
-    """
-    env = dict(entry.bindings)
-    env.update(symbols)
-    names = [i.name for i in entry.inputs]
-    missing = [n for n in names if n not in inputs]
-    unknown = [n for n in inputs if n not in names]
-    if missing or unknown:
-        raise InputError(f"inputs of entry '{entry.name}' do not match: "
-                         + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
-                                                 f"unknown {', '.join(unknown)}" if unknown else "") if p),
-                         hint="expected: " + ", ".join(names))
-    deferred = []
-    for spec in entry.inputs:
-        arr = np.asarray(inputs[spec.name])
-        if arr.dtype != np.dtype(spec.dtype):
-            raise InputError(f"input '{spec.name}' has dtype {arr.dtype}, expected {spec.dtype}")
-        if arr.ndim != len(spec.shape):
-            raise InputError(f"input '{spec.name}' has rank {arr.ndim}, expected {len(spec.shape)}")
-        for axis, (dj, actual) in enumerate(zip(spec.shape, arr.shape)):
-            d = S.from_json(dj)
-            name = S.as_symbol(d)
-            if name is not None and name not in env:
-                env[name] = actual
-            else:
-                deferred.append((spec.name, axis, d, actual))
-    for name, axis, d, actual in deferred:
-        try:
-            want = S.evaluate(d, env)
-        except KeyError as e:
-            raise InputError(f"input '{name}' dim {axis} ({d}) needs symbol {e}") from None
-        if want != actual:
-            raise InputError(f"input '{name}' dim {axis} is {actual}, expected {d} = {want}")
-    for name, (lo, hi) in bounds.items():
-        if name in env and not lo <= env[name] <= hi:
-            raise InputError(f"{name} = {env[name]} is outside the compiled range [{lo}, {hi}]",
-                             hint="recompile with a larger --max-batch / --max-seq")
-    return env
+from atlasc.runtime.bind import bind_entry
 
 
 class CpuModel:

@@ -10,6 +10,7 @@ Shapes: ids [B, S] (prefill) then [B, 1]; attention_mask [B, past + S]; position
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,17 @@ class GenerationResult:
     tokens: list[list[int]]  # generated ids per prompt (without the prompt)
     prefill_logits: np.ndarray | None = None  # [B, S, vocab] of the prefill, for tests
     step_logits: list[np.ndarray] = field(default_factory=list)  # [B, vocab] per decode step
+    prefill_seconds: float = 0.0
+    decode_seconds: list[float] = field(default_factory=list)  # wall time of each decode step
+
+    def timing(self) -> dict:
+        """prefill ms, median decode ms/step, generated tokens/s over the decode steps."""
+        steps = self.decode_seconds
+        batch = len(self.tokens)
+        med = float(np.median(steps)) if steps else 0.0
+        return {"prefill_ms": round(self.prefill_seconds * 1e3, 3), "decode_ms_per_step": round(med * 1e3, 3),
+                "decode_steps": len(steps),
+                "tokens_per_s": round(batch * len(steps) / sum(steps), 1) if steps else 0.0}
 
 
 def _roles(manifest) -> dict[str, str]:
@@ -65,9 +77,11 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
         ids[i, s - len(p):] = p
         mask[i, s - len(p):] = 1
     model.reset()
+    t0 = time.perf_counter()
     out = model.run("prefill", _feed(m, "prefill", roles, ids, mask, 0), {roles["past"]: 0})
     logits = out[roles["logits"]]
-    result = GenerationResult([[] for _ in range(b)], prefill_logits=logits)
+    result = GenerationResult([[] for _ in range(b)], prefill_logits=logits,
+                              prefill_seconds=time.perf_counter() - t0)
     done = np.zeros(b, bool)
     last = logits[:, -1, :]
     past = s
@@ -84,7 +98,9 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
             break
         mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)
         feed = _feed(m, "decode", roles, nxt.reshape(b, 1).astype(np.int64), mask, past)
+        t0 = time.perf_counter()
         out = model.run("decode", feed, {roles["past"]: past})
+        result.decode_seconds.append(time.perf_counter() - t0)
         last = out[roles["logits"]][:, -1, :]
         result.step_logits.append(last)
         past += 1

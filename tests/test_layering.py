@@ -44,7 +44,7 @@ RULES: dict[str, Rule] = {
     "atlasc.artifact": rule({"atlasc.errors"}, {"numpy", "yaml"}),
     "atlasc.runtime": rule({"atlasc.artifact", "atlasc.errors"}, {"numpy", "pycuda"}),
     # the CPU executor runs the op table's numpy references (atlasc.ir needs only numpy)
-    "atlasc.runtime.cpu": rule({"atlasc.artifact", "atlasc.ir", "atlasc.errors"}, {"numpy"}),
+    "atlasc.runtime.cpu": rule({"atlasc.artifact", "atlasc.ir", "atlasc.runtime", "atlasc.errors"}, {"numpy"}),
     "atlasc.pipeline": rule({"atlasc.ir", "atlasc.passes", "atlasc.errors"}, {"numpy"}),
     # the compile driver: ONNX file in, .atlas file out
     "atlasc.compiler": rule({"atlasc.frontend", "atlasc.ir", "atlasc.pipeline", "atlasc.passes", "atlasc.codegen",

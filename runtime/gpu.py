@@ -1,0 +1,125 @@
+"""Run an artifact on an NVIDIA GPU: one arena, weights uploaded once, prepared launches, CUDA graphs.
+
+Load: verify the artifact, pick the cubin for this GPU's arch (a clear error names the arches the
+artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
+free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
+arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
+device allocation happens after load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from atlasc.artifact import Artifact
+from atlasc.errors import InputError
+from atlasc.runtime.bind import bind_entry, output_shape
+from atlasc.runtime.device import Device, KernelTable
+
+
+class GpuModel:
+    """An artifact loaded on the GPU; same interface as CpuModel (`run`, `reset`, `manifest`)."""
+
+    device = "gpu"
+
+    def __init__(self, artifact: Artifact, *, device: Device | None = None, cuda_graphs: bool = True):
+        self.dev = device or Device()
+        m = artifact.manifest
+        self.manifest = m
+        cubin = artifact.cubin(self.dev.arch)
+        self.module = self.dev.load_module(cubin)
+        self.arena = self.dev.alloc_arena(m.memory.arena_bytes)
+        weights = artifact.weights_array()
+        t = time.perf_counter()
+        self.dev.upload(self.arena, 0, weights)
+        self.dev.synchronize()
+        self.upload_seconds = time.perf_counter() - t
+        self.symbols = [s.name for s in m.symbols]
+        self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
+        self.launches = {name: [(n.kernel, tuple(n.grid), tuple(n.block), n.smem, n.name) for n in e.nodes]
+                         for name, e in m.entries.items()}
+        kernels = sorted({k for ls in self.launches.values() for k, *_ in ls})
+        self.kernels = KernelTable(self.dev, self.module, kernels)
+        self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
+        self.cuda_graphs = cuda_graphs
+        self.graphs = {}
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Zero the KV cache (a new generation starts)."""
+        kv = self.manifest.kv_cache
+        if kv is not None:
+            region = self.manifest.memory.regions["kv_cache"]
+            self.dev.cuda.memset_d8_async(int(self.arena) + region.offset, 0, region.nbytes, self.dev.stream)
+            self.dev.synchronize()
+
+    def read_kv_cache(self) -> np.ndarray | None:
+        """A host copy of the whole cache [layers, 2, max_batch, kv_heads, max_seq, head_dim] (tests, debugging)."""
+        kv = self.manifest.kv_cache
+        if kv is None:
+            return None
+        dt = np.dtype(kv.dtype)
+        shape = (kv.layers, 2, kv.max_batch, kv.kv_heads, kv.max_seq, kv.head_dim)
+        n = int(np.prod(shape)) * dt.itemsize
+        return self.dev.download(self.arena, kv.offset, n).view(dt).reshape(shape)
+
+    def write_kv_cache(self, cache: np.ndarray) -> None:
+        """Overwrite the whole cache from a host array shaped like read_kv_cache()."""
+        kv = self.manifest.kv_cache
+        self.dev.upload(self.arena, kv.offset, np.ascontiguousarray(cache, dtype=np.dtype(kv.dtype)))
+        self.dev.synchronize()
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.close()
+        self.graphs.clear()
+        if self.arena is not None:
+            self.arena.free()
+            self.arena = None
+
+    # -- execution ------------------------------------------------------------------------------
+    def _launch_all(self, entry: str) -> None:
+        for kernel, grid, block, smem, node in self.launches[entry]:
+            self.kernels.launch(kernel, grid, block, smem, self.arena, node=node)
+
+    def enqueue(self, entry: str) -> None:
+        """Issue the entry's kernels on the stream (graph replay when enabled)."""
+        if not self.cuda_graphs:
+            self._launch_all(entry)
+            return
+        graph = self.graphs.get(entry)
+        if graph is None:
+            from atlasc.runtime.cudagraph import CapturedGraph
+
+            graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(entry))
+            self.graphs[entry] = graph
+        graph.launch()
+
+    def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
+        entry = self.manifest.entries.get(entry_name)
+        if entry is None:
+            raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
+        env = bind_entry(entry, inputs, symbols, self.bounds)
+        self.dims_host[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
+        self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, self.dims_host,
+                                        self.dev.stream)
+        for spec in entry.inputs:
+            self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
+        return env
+
+    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Execute one entry point; returns its outputs by name."""
+        env = self.write_inputs(entry_name, inputs, symbols or {})
+        self.enqueue(entry_name)
+        out = {}
+        for spec in self.manifest.entries[entry_name].outputs:
+            shape = output_shape(spec, env)
+            dt = np.dtype(spec.dtype)
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            out[spec.name] = self.dev.download(self.arena, spec.offset, n).view(dt).reshape(shape)
+        return out

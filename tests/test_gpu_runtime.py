@@ -1,0 +1,141 @@
+"""End to end on the GPU (marker `gpu`): every fixture compiled for this GPU and run by the PyCUDA
+runtime matches onnxruntime.
+
+- decoder cases (empty past, left-padded decode step, chunk on a past) through prefill/decode with
+  the past loaded into the device KV cache: logits and cache within the fixture tolerance;
+- greedy generation, 32 steps, batch 1 and 4, prefill lengths 1 and 17: tokens equal onnxruntime's;
+- CUDA graphs on and off give identical logits; the run allocates no device memory after load;
+- encoders: the forward outputs.
+Tolerances: fp32 atol 1e-4 / rtol 1e-3 (kernels accumulate in float32 in another order than numpy);
+fp16 3e-2, as in test_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from atlasc.artifact import open_artifact
+from atlasc.compiler import compile_model
+from atlasc.ir.program import CompileOptions
+from atlasc.runtime.generate import generate
+
+from conftest import FIXTURES
+from ort_reference import ort_greedy
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")]
+
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
+TOL = {"fp32": {"atol": 1e-4, "rtol": 1e-3}, "fp16": {"atol": 3e-2, "rtol": 3e-2}}
+
+
+@functools.cache
+def device():
+    from atlasc.runtime.device import Device
+
+    return Device()
+
+
+@functools.cache
+def artifact_path(name: str, folder: str) -> str:
+    path = f"{folder}/{name}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path,
+                  CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    return path
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("gpu-artifacts"))
+
+
+@functools.cache
+def _model(name: str, folder: str, graphs: bool):
+    from atlasc.runtime.gpu import GpuModel
+
+    art = open_artifact(artifact_path(name, folder))
+    return GpuModel(art, device=device(), cuda_graphs=graphs)
+
+
+def entry_of(name):
+    return next(f for f in MANIFEST if f["name"] == name)
+
+
+def load_case(name, case):
+    z = np.load(FIXTURES / f"{name}.{case}.npz")
+    return ({k[3:]: z[k] for k in z.files if k.startswith("in.")},
+            {k[4:]: z[k] for k in z.files if k.startswith("out.")})
+
+
+@pytest.mark.parametrize("name,case", [(f["name"], c) for f in MANIFEST if f["kind"] == "decoder"
+                                       for c in f["cases"]])
+def test_decoder_cases(name, case, build_dir):
+    model = _model(name, build_dir, True)
+    m = model.manifest
+    ins, want = load_case(name, case)
+    past_len = ins["past_key_values.0.key"].shape[2]
+    b, s = ins["input_ids"].shape
+    cache = np.zeros_like(model.read_kv_cache())
+    for layer in range(m.kv_cache.layers):
+        cache[layer, 0, :b, :, :past_len] = ins[f"past_key_values.{layer}.key"]
+        cache[layer, 1, :b, :, :past_len] = ins[f"past_key_values.{layer}.value"]
+    model.write_kv_cache(cache)
+    entry = "decode" if s == 1 else "prefill"
+    feed = {i.name: ins[i.name] for i in m.entries[entry].inputs}
+    out = model.run(entry, feed, {m.report["roles"]["past"]: past_len})
+    tol = TOL[entry_of(name)["dtype"]]
+    np.testing.assert_allclose(out["logits"].astype(np.float64), want["logits"].astype(np.float64), **tol)
+    cache = model.read_kv_cache()
+    for layer in range(m.kv_cache.layers):
+        for k, kind in enumerate(("key", "value")):
+            np.testing.assert_allclose(cache[layer, k, :b, :, :past_len + s].astype(np.float64),
+                                       want[f"present.{layer}.{kind}"].astype(np.float64), **tol)
+
+
+def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    # different lengths in a batch exercise left padding; the longest has `length` tokens
+    return [list(rng.integers(1, 200, size=max(1, length - 3 * i))) for i in range(batch)]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("batch,length", [(1, 1), (1, 17), (4, 1), (4, 17)])
+def test_greedy_32_steps_match_onnxruntime(name, batch, length, build_dir):
+    prompts = _prompts(batch, length, seed=batch * 100 + length)
+    want_tokens, want_logits = ort_greedy(FIXTURES / f"{name}.onnx", prompts, 32)
+    got = generate(_model(name, build_dir, True), prompts, 32)
+    assert got.tokens == want_tokens
+    tol = TOL[entry_of(name)["dtype"]]
+    np.testing.assert_allclose(got.prefill_logits[:, -1].astype(np.float64), want_logits[0].astype(np.float64),
+                               **tol)
+    for step, logits in enumerate(got.step_logits):
+        np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_cuda_graphs_equal_eager_and_no_allocation_after_load(name, build_dir):
+    prompts = _prompts(2, 9, seed=7)
+    eager = _model(name, build_dir, False)
+    graphed = _model(name, build_dir, True)
+    a = generate(eager, prompts, 8)
+    free_before = device().free_memory()[0]
+    b = generate(graphed, prompts, 8)
+    c = generate(graphed, prompts, 8)
+    free_after = device().free_memory()[0]
+    assert free_after == free_before
+    assert a.tokens == b.tokens == c.tokens
+    for x, y in zip(a.step_logits, b.step_logits):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in MANIFEST if f["kind"] == "encoder"])
+def test_encoder_forward(name, build_dir):
+    ins, want = load_case(name, "forward")
+    out = _model(name, build_dir, True).run("forward", ins)
+    for k, w in want.items():
+        np.testing.assert_allclose(out[k], w, **TOL["fp32"], err_msg=k)
