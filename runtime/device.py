@@ -7,6 +7,8 @@ one-line RuntimeUnavailableError suggesting `pip install 'atlasc[gpu]'`.
 
 from __future__ import annotations
 
+import atexit
+
 import numpy as np
 
 from atlasc.errors import AtlasError
@@ -51,9 +53,10 @@ class Device:
         self.arch = f"sm{major}{minor}"
         self.name = self.device.name()
         self.stream = cuda.Stream()
+        atexit.register(self.close)  # pycuda aborts at exit if a context is still on the stack
 
     def close(self) -> None:
-        if self.context is not None:
+        if getattr(self, "context", None) is not None:
             self.context.pop()
             self.context.detach()
             self.context = None
