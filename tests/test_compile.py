@@ -115,6 +115,16 @@ def test_greedy_tokens_match_onnxruntime(name, artifact):
     assert got.tokens == want
 
 
+@pytest.mark.parametrize("name", DECODERS)
+def test_stored_greedy_references_are_current(name):
+    """The GPU tests compare with examples/fixtures/<name>.greedy.npz: it must equal a live onnxruntime run."""
+    z = np.load(FIXTURES / f"{name}.greedy.npz")
+    prompts = [[int(t) for t in row if t >= 0] for row in z["b4_l17.prompts"]]
+    tokens, logits = ort_greedy(FIXTURES / f"{name}.onnx", prompts, 32)
+    assert tokens == z["b4_l17.tokens"].tolist()
+    np.testing.assert_allclose(np.stack(logits), z["b4_l17.logits"], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", [f["name"] for f in MANIFEST if f["kind"] == "encoder"])
 def test_encoder_forward_matches_onnxruntime(name, artifact):
     with artifact(name) as art:
