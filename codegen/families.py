@@ -14,3 +14,7 @@ TEMPLATES += ["matmul", "attention"]
 from atlasc.codegen import movement, reduce  # noqa: E402, F401  (registers emitters)
 
 TEMPLATES += ["reduce", "movement"]
+
+from atlasc.codegen import sampling  # noqa: E402, F401  (registers emitters)
+
+TEMPLATES += ["sampling"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from atlasc.errors import ShapeError
 from atlasc.ir import symbolic as S
-from atlasc.ir.graph import Graph, Node, SymbolInfo
+from atlasc.ir.graph import Graph, Node, SymbolInfo, Value
 from atlasc.ir.program import KVCacheInfo, Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -106,6 +106,7 @@ def entry_points(program: Program) -> tuple[Program, RewriteStats]:
     program.kv_cache = KVCacheInfo(info.layers, info.kv_heads, info.head_dim, opts.max_batch, opts.max_seq,
                                    info.dtype)
     program.roles = {"batch": batch, "seq": seq, "past": past}
+    _append_sampling(graph, stats)
     prefill = graph
     prefill.name = "prefill"
     decode = graph.clone("decode").substitute({seq: 1})
@@ -118,6 +119,25 @@ def entry_points(program: Program) -> tuple[Program, RewriteStats]:
     for name, g in program.entries.items():
         _set_symbol_bounds(g, program.bounds[name])
     return program, stats
+
+
+SAMPLE_PARAMS = "sample_params"  # float32[3]: temperature, top_p, unused
+SAMPLE_STATE = "sample_state"  # int64[3]: seed, step, top_k
+NEXT_TOKENS = "next_tokens"  # int64[batch]
+
+
+def _append_sampling(graph: Graph, stats: RewriteStats) -> None:
+    """Sample the next token on the device: logits -> Sample -> next_tokens (a new graph output)."""
+    logits = graph.outputs[0]
+    if len(logits.shape) != 3:
+        raise ShapeError(f"the decoder's first output {logits.name} is not [batch, seq, vocab] logits")
+    fparams = Value(SAMPLE_PARAMS, "float32", (3,))
+    iparams = Value(SAMPLE_STATE, "int64", (3,))
+    tokens = Value(NEXT_TOKENS, "int64", (logits.shape[0],))
+    graph.inputs += [fparams, iparams]
+    graph.nodes.append(Node("Sample", [logits, fparams, iparams], [tokens], name="sample_next_token"))
+    graph.outputs.append(tokens)
+    stats.applied["logits => Sample(logits) (next token on the device)"] = 1
 
 
 def _set_symbol_bounds(graph: Graph, upper: dict[str, int]) -> None:

@@ -63,9 +63,9 @@ class CpuModel:
             cache[...] = 0
 
     # -- execution ----------------------------------------------------------------------------
-    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None
-            ) -> dict[str, np.ndarray]:
-        """Execute one entry point; returns its outputs (copies) by name."""
+    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None,
+            outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """Execute one entry point; returns its outputs (copies) by name (only `outputs` if given)."""
         entry = self.manifest.entries.get(entry_name)
         if entry is None:
             raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
@@ -96,4 +96,5 @@ class CpuModel:
                 if dst.shape != arr.shape:
                     raise InputError(f"node {node.name}: output {name} is {arr.shape}, planned {dst.shape}")
                 np.copyto(dst, arr)
-        return {spec.name: tensor(spec.name).copy() for spec in entry.outputs}
+        return {spec.name: tensor(spec.name).copy() for spec in entry.outputs
+                if outputs is None or spec.name in outputs}

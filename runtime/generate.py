@@ -44,18 +44,29 @@ def _roles(manifest) -> dict[str, str]:
             "past": manifest.report.get("roles", {}).get("past")}
 
 
-def greedy(logits: np.ndarray, rng) -> np.ndarray:
-    """[B, vocab] -> [B] argmax (first index on ties)."""
-    return np.argmax(logits, axis=-1)
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen, on the device (see atlasc/ir/ops/sampling.py)."""
+
+    temperature: float = 0.0  # <= 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: int = 0
+
+    def inputs(self, step: int) -> dict[str, np.ndarray]:
+        return {"sample_params": np.array([self.temperature, self.top_p, 0.0], np.float32),
+                "sample_state": np.array([self.seed, step, self.top_k], np.int64)}
 
 
-def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             sampler: Callable = greedy, stop_tokens: Sequence[int] = (), seed: int = 0,
-             on_token: Callable[[int, list[int]], None] | None = None, pad_id: int = 0) -> GenerationResult:
-    """Generate up to max_new_tokens per prompt (stopping a sequence at a stop token).
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sampling: Sampling = Sampling(),
+             stop_tokens: Sequence[int] = (), on_token: Callable[[int, list[int]], None] | None = None,
+             pad_id: int = 0, keep_logits: bool = False) -> GenerationResult:
+    """Generate up to max_new_tokens per prompt (a sequence stops at a stop token).
 
-    Guarantees: with the greedy sampler the tokens equal those of a step-by-step evaluation of the
-    original ONNX graph with its past/present tensors (tests check this against onnxruntime).
+    Tokens are chosen on the device by the artifact's Sample kernel; only the token ids come back
+    each step (and the logits too with keep_logits). Guarantees: greedy tokens equal a step-by-step
+    evaluation of the original ONNX graph with its past/present tensors (tests check this against
+    onnxruntime); a given seed reproduces a sampled generation.
     """
     m = model.manifest
     if m.kv_cache is None or "prefill" not in m.entries:
@@ -67,26 +78,27 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     s = max(len(p) for p in prompts)
     kv = m.kv_cache
     if b > kv.max_batch:
-        raise InputError(f"{b} prompts exceed the compiled max batch {kv.max_batch}")
+        raise InputError(f"{b} prompts exceed the compiled max batch {kv.max_batch}",
+                         hint="recompile with a larger --max-batch")
     if s + max_new_tokens > kv.max_seq:
-        raise InputError(f"prompt {s} + {max_new_tokens} new tokens exceed the compiled max_seq {kv.max_seq}")
-    rng = np.random.default_rng(seed)
+        raise InputError(f"prompt {s} + {max_new_tokens} new tokens exceed the compiled max_seq {kv.max_seq}",
+                         hint="recompile with a larger --max-seq")
     ids = np.full((b, s), pad_id, np.int64)
     mask = np.zeros((b, s), np.int64)
     for i, p in enumerate(prompts):
         ids[i, s - len(p):] = p
         mask[i, s - len(p):] = 1
+    wanted = ("next_tokens", roles["logits"]) if keep_logits else ("next_tokens",)
     model.reset()
     t0 = time.perf_counter()
-    out = model.run("prefill", _feed(m, "prefill", roles, ids, mask, 0), {roles["past"]: 0})
-    logits = out[roles["logits"]]
-    result = GenerationResult([[] for _ in range(b)], prefill_logits=logits,
+    feed = {**_feed(m, "prefill", roles, ids, mask, 0), **sampling.inputs(0)}
+    out = model.run("prefill", feed, {roles["past"]: 0}, outputs=wanted)
+    result = GenerationResult([[] for _ in range(b)], prefill_logits=out.get(roles["logits"]),
                               prefill_seconds=time.perf_counter() - t0)
     done = np.zeros(b, bool)
-    last = logits[:, -1, :]
     past = s
     for step in range(max_new_tokens):
-        nxt = sampler(last.astype(np.float32), rng)
+        nxt = out["next_tokens"]
         for i in range(b):
             if not done[i]:
                 result.tokens[i].append(int(nxt[i]))
@@ -97,18 +109,19 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
         if done.all() or step == max_new_tokens - 1:
             break
         mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)
-        feed = _feed(m, "decode", roles, nxt.reshape(b, 1).astype(np.int64), mask, past)
+        feed = {**_feed(m, "decode", roles, nxt.reshape(b, 1).astype(np.int64), mask, past),
+                **sampling.inputs(step + 1)}
         t0 = time.perf_counter()
-        out = model.run("decode", feed, {roles["past"]: past})
+        out = model.run("decode", feed, {roles["past"]: past}, outputs=wanted)
         result.decode_seconds.append(time.perf_counter() - t0)
-        last = out[roles["logits"]][:, -1, :]
-        result.step_logits.append(last)
+        if keep_logits:
+            result.step_logits.append(out[roles["logits"]][:, -1, :])
         past += 1
     return result
 
 
 def _feed(manifest, entry: str, roles, ids, mask, past: int) -> dict[str, np.ndarray]:
-    names = {i.name for i in manifest.entries[entry].inputs}
+    names = {i.name for i in manifest.entries[entry].inputs} - {"sample_params", "sample_state"}
     feed = {roles["input_ids"]: ids}
     if roles["attention_mask"] and roles["attention_mask"] in names:
         feed[roles["attention_mask"]] = mask

@@ -111,13 +111,15 @@ class GpuModel:
             self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
         return env
 
-    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None
-            ) -> dict[str, np.ndarray]:
-        """Execute one entry point; returns its outputs by name."""
+    def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None,
+            outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """Execute one entry point; returns its outputs by name (only `outputs` if given: less to copy back)."""
         env = self.write_inputs(entry_name, inputs, symbols or {})
         self.enqueue(entry_name)
         out = {}
         for spec in self.manifest.entries[entry_name].outputs:
+            if outputs is not None and spec.name not in outputs:
+                continue
             shape = output_shape(spec, env)
             dt = np.dtype(spec.dtype)
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize

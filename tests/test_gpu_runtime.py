@@ -22,7 +22,7 @@ import pytest
 from atlasc.artifact import open_artifact
 from atlasc.compiler import compile_model
 from atlasc.ir.program import CompileOptions
-from atlasc.runtime.generate import generate
+from atlasc.runtime.generate import Sampling, generate
 
 from conftest import FIXTURES
 
@@ -85,7 +85,7 @@ def test_decoder_cases(name, case, build_dir):
         cache[layer, 1, :b, :, :past_len] = ins[f"past_key_values.{layer}.value"]
     model.write_kv_cache(cache)
     entry = "decode" if s == 1 else "prefill"
-    feed = {i.name: ins[i.name] for i in m.entries[entry].inputs}
+    feed = {i.name: ins[i.name] for i in m.entries[entry].inputs if i.name in ins} | Sampling().inputs(0)
     out = model.run(entry, feed, {m.report["roles"]["past"]: past_len})
     tol = TOL[entry_of(name)["dtype"]]
     np.testing.assert_allclose(out["logits"].astype(np.float64), want["logits"].astype(np.float64), **tol)
@@ -114,7 +114,7 @@ def stored_greedy(name: str, batch: int, length: int):
 @pytest.mark.parametrize("batch,length", [(1, 1), (1, 17), (4, 1), (4, 17)])
 def test_greedy_32_steps_match_onnxruntime(name, batch, length, build_dir):
     prompts, want_tokens, want_logits = stored_greedy(name, batch, length)
-    got = generate(_model(name, build_dir, True), prompts, 32)
+    got = generate(_model(name, build_dir, True), prompts, 32, keep_logits=True)
     assert got.tokens == want_tokens
     tol = TOL[entry_of(name)["dtype"]]
     np.testing.assert_allclose(got.prefill_logits[:, -1].astype(np.float64), want_logits[0].astype(np.float64),
@@ -128,10 +128,10 @@ def test_cuda_graphs_equal_eager_and_no_allocation_after_load(name, build_dir):
     prompts = _prompts(2, 9, seed=7)
     eager = _model(name, build_dir, False)
     graphed = _model(name, build_dir, True)
-    a = generate(eager, prompts, 8)
+    a = generate(eager, prompts, 8, keep_logits=True)
     free_before = device().free_memory()[0]
-    b = generate(graphed, prompts, 8)
-    c = generate(graphed, prompts, 8)
+    b = generate(graphed, prompts, 8, keep_logits=True)
+    c = generate(graphed, prompts, 8, keep_logits=True)
     free_after = device().free_memory()[0]
     assert free_after == free_before
     assert a.tokens == b.tokens == c.tokens

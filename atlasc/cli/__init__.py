@@ -217,13 +217,21 @@ def run(
                                                 "named as the input (an 'in.' prefix is accepted).")] = None,
     out: Annotated[Path | None,
                    typer.Option("--out", help="Write the outputs here (.npz, one array per output).")] = None,
-    device: Annotated[Device,
-                      typer.Option("--device", help="Where to run: cpu (numpy reference interpreter).")] = Device.cpu,
+    device: Annotated[Device, typer.Option("--device", help="Where to run: cpu (numpy reference; the only choice "
+                                           "for .onnx) or gpu (an artifact on the CUDA GPU).")] = Device.cpu,
     prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Decoder artifacts: prompt token ids, "
                                                    "comma-separated; ';' separates the prompts of a batch.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = 16,
     entry: Annotated[str | None, typer.Option("--entry", help="Artifacts with --inputs: the entry point to run "
                                               "(default forward, or prefill).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0: off).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set holding this much "
+                                         "probability (1: off).")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler (same seed, same tokens).")] = 0,
+    stop: Annotated[str | None, typer.Option("--stop", help="Stop token ids, comma-separated.")] = None,
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
+                                              help="Replay captured CUDA graphs (GPU; off for debugging).")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
 ) -> None:
@@ -241,9 +249,12 @@ def run(
     if model.suffix == ".atlas":
         from atlasc.cli.artifact_cmd import run_artifact
 
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise UsageError("--temperature must be >= 0, --top-k >= 0 and --top-p in (0, 1]")
         run_artifact(model, device=device.value, inputs=_load_inputs(inputs) if inputs is not None else None,
                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, out_path=out, entry=entry, quiet=quiet,
-                     as_json=as_json)
+                     as_json=as_json, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                     stop=stop, cuda_graphs=cuda_graphs)
         return
     if device is Device.gpu:
         raise UsageError("--device gpu runs compiled artifacts", "compile first: atlasc compile MODEL -o m.atlas")

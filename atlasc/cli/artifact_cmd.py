@@ -103,29 +103,43 @@ def parse_ids(text: str) -> list[list[int]]:
 
 
 def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: str | None, max_new_tokens: int,
-                 out_path: Path | None, entry: str | None, quiet: bool, as_json: bool) -> None:
+                 out_path: Path | None, entry: str | None, quiet: bool, as_json: bool, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: str | None = None,
+                 cuda_graphs: bool = True) -> None:
     """Execute an artifact: generation for decoders (--prompt-ids), one entry on --inputs otherwise."""
     from atlasc.artifact import open_artifact
 
     with open_artifact(path) as art:
-        model = _load_model(art, device)
+        model = _load_model(art, device, cuda_graphs)
         m = art.manifest
         if prompt_ids is not None:
-            from atlasc.runtime.generate import generate
+            from atlasc.runtime.generate import Sampling, generate
 
             prompts = parse_ids(prompt_ids)
+            stops = [int(s) for s in stop.split(",") if s.strip()] if stop else []
+            stream = not as_json and not quiet and len(prompts) == 1
+
+            def on_token(step: int, ids: list[int]) -> None:
+                print(ids[0], end=" ", flush=True)
+
             t0 = time.perf_counter()
-            result = generate(model, prompts, max_new_tokens)
+            result = generate(model, prompts, max_new_tokens, sampling=Sampling(temperature, top_k, top_p, seed),
+                              stop_tokens=stops, on_token=on_token if stream else None)
             elapsed = time.perf_counter() - t0
+            timing = result.timing()
             if as_json:
                 print(json.dumps({"tokens": result.tokens if len(prompts) > 1 else result.tokens[0],
-                                  "device": device, "seconds": round(elapsed, 4)}))
+                                  "device": device, "seconds": round(elapsed, 4), **timing}))
                 return
             if not quiet:
                 out = _out()
-                for p, toks in zip(prompts, result.tokens):
-                    out.print(" ".join(str(t) for t in p) + " | " + " ".join(str(t) for t in toks))
-                out.print(f"{sum(len(t) for t in result.tokens)} tokens in {elapsed:.3f} s on {device}")
+                if stream:
+                    print()
+                else:
+                    for p, toks in zip(prompts, result.tokens):
+                        out.print(" ".join(str(t) for t in p) + " | " + " ".join(str(t) for t in toks))
+                out.print(f"prefill {timing['prefill_ms']:.2f} ms, decode {timing['decode_ms_per_step']:.3f} ms/step, "
+                          f"{timing['tokens_per_s']:.1f} tokens/s ({device}, batch {len(prompts)})")
             return
         if inputs is None:
             raise UsageError("give --prompt-ids (decoders) or --inputs x.npz")
@@ -136,6 +150,10 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
         past = m.report.get("roles", {}).get("past")
         if past and entry != "forward":
             symbols[past] = 0
+        if entry != "forward":
+            from atlasc.runtime.generate import Sampling
+
+            inputs = {**Sampling().inputs(0), **inputs}
         results = model.run(entry, inputs, symbols)
         if out_path is not None:
             with open(out_path, "wb") as f:
@@ -152,11 +170,11 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
                 out.print(f"wrote {out_path}")
 
 
-def _load_model(art, device: str):
+def _load_model(art, device: str, cuda_graphs: bool = True):
     if device == "cpu":
         from atlasc.runtime.cpu import CpuModel
 
         return CpuModel(art)
     from atlasc.runtime.gpu import GpuModel
 
-    return GpuModel(art)
+    return GpuModel(art, cuda_graphs=cuda_graphs)

@@ -1,0 +1,80 @@
+"""`atlasc run --device gpu`: the CLI over the GPU runtime, and its one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REPO
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def atlasc(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "atlasc", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def llama_artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu-cli") / "llama.atlas"
+    r = atlasc("compile", FIXTURES / "llama.onnx", "-o", path, "--arch", "sm80,sm90", "--max-seq", "64",
+               "--max-batch", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+@needs_nvcc
+@pytest.mark.skipif(importlib.util.find_spec("pycuda") is not None, reason="pycuda is installed here")
+def test_gpu_without_pycuda_is_a_one_line_error(llama_artifact):
+    r = atlasc("run", llama_artifact, "--device", "gpu", "--prompt-ids", "1,2,3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "pycuda is not installed" in r.stderr and "atlasc[gpu]" in r.stderr
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_gpu_run_streams_greedy_tokens_equal_to_onnxruntime(llama_artifact):
+    z = np.load(FIXTURES / "llama.greedy.npz")
+    prompt = [int(t) for t in z["b1_l17.prompts"][0] if t >= 0]
+    want = z["b1_l17.tokens"][0].tolist()
+    r = atlasc("run", llama_artifact, "--device", "gpu", "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-new-tokens", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == want
+    assert result["decode_ms_per_step"] > 0 and result["tokens_per_s"] > 0
+    text = atlasc("run", llama_artifact, "--device", "gpu", "--prompt-ids", ",".join(map(str, prompt)),
+                  "--max-new-tokens", "32", "--no-cuda-graphs")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.split("\n")[0].split() == [str(t) for t in want]
+    assert "ms/step" in text.stdout and "tokens/s" in text.stdout
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_gpu_sampling_is_reproducible(llama_artifact):
+    args = ["run", llama_artifact, "--device", "gpu", "--prompt-ids", "5,6,7", "--max-new-tokens", "12",
+            "--temperature", "1.0", "--top-p", "0.9", "--json"]
+    a = json.loads(atlasc(*args, "--seed", "1").stdout.splitlines()[-1])["tokens"]
+    b = json.loads(atlasc(*args, "--seed", "1").stdout.splitlines()[-1])["tokens"]
+    c = json.loads(atlasc(*args, "--seed", "2").stdout.splitlines()[-1])["tokens"]
+    assert a == b and a != c
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_out_of_memory_at_load_is_a_one_line_error(tmp_path):
+    path = tmp_path / "huge.atlas"
+    r = atlasc("compile", FIXTURES / "gpt2.onnx", "-o", path, "--arch", "sm90", "--max-seq", "65536",
+               "--max-batch", "4096", "--json")
+    assert r.returncode == 0, r.stderr
+    r = atlasc("run", path, "--device", "gpu", "--prompt-ids", "1,2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "GiB of device memory" in r.stderr and "free" in r.stderr
