@@ -6,6 +6,7 @@ the arch, the nvcc version and the flags, so a cached cubin is exactly what nvcc
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -95,14 +96,18 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
         args = flags(arch)
         key = hashlib.sha256("\0".join([source, arch, version, *args]).encode()).hexdigest()
         cached = cache_dir() / f"{key}.cubin"
-        if cached.exists():
-            data = cached.read_bytes()
-        else:
-            data = _run_nvcc(exe, source, arch, args)
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, cached)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        # one build of a given source and arch at a time across processes: the build folder's name is
+        # fixed (see _run_nvcc), and the second process then finds the first one's cubin in the cache
+        with open(cached.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if cached.exists():
+                data = cached.read_bytes()
+            else:
+                data = _run_nvcc(exe, source, arch, args)
+                tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, cached)
         if on_done is not None:
             on_done(arch)
         return arch, data

@@ -12,6 +12,8 @@ nvcc --version | tail -2 | tee -a "$out/gpu.txt"
 
 select="${1:-}"
 args=(-m gpu -q -rfEs --durations=15 -p no:cacheprovider)
+# compiles dominate: run test files in parallel when pytest-xdist is there (it travels in .whl/)
+python3 -c "import xdist" 2>/dev/null && args+=(-n 8 --dist loadfile)
 [ -n "$select" ] && args+=(-k "$select")
 python3 -m pytest "${args[@]}" tests 2>&1 | tee "$out/pytest-gpu.log"
 status=${PIPESTATUS[0]}
