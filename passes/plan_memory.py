@@ -194,8 +194,7 @@ def check_plan(program: Program) -> list[str]:
             if p.offset % ALIGNMENT:
                 problems.append(f"{entry}: {name} at unaligned offset {p.offset}")
             region = plan.regions[p.region]
-            if p.offset < region.offset or p.offset + p.nbytes > region.offset + max(region.nbytes, p.nbytes) \
-                    and p.region != "kv_cache":
+            if p.offset < region.offset or p.offset + p.nbytes > region.offset + region.nbytes:
                 problems.append(f"{entry}: {name} lies outside region {p.region}")
         acts = [(n, plan.placements[n], iv) for n, iv in plan.lifetimes.items()]
         for i, (a, pa, (s1, e1)) in enumerate(acts):

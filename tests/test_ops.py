@@ -935,6 +935,27 @@ def test_dims_tensor(dtype, bindings):
     assert out["scal"].shape == () and out["scal"].dtype == np.dtype(dtype) and int(out["scal"]) == 3 * bv
 
 
+@covers("Sample")
+def test_sample_greedy_and_seeded():
+    """Sample is IR-only: greedy = first argmax of the last position; sampling is reproducible by seed.
+    tests/test_sampling.py checks its distribution; this keeps the op table's coverage complete."""
+    g = Graph("s")
+    g.symbols["b"] = SymbolInfo(1)
+    b = S.sym("b")
+    logits = Value("logits", "float32", (b, 2, 11))
+    fp, ip = Value("fp", "float32", (3,)), Value("ip", "int64", (3,))
+    out = Value("tok", "int64", (b,))
+    g.inputs = [logits, fp, ip]
+    g.nodes = [Node("Sample", [logits, fp, ip], [out])]
+    g.outputs = [out]
+    verify(g)
+    x = np.random.default_rng(11).normal(size=(3, 2, 11)).astype(np.float32)
+    greedy = interpret(g, {"logits": x, "fp": np.array([0, 1, 0], np.float32), "ip": np.zeros(3, np.int64)})
+    np.testing.assert_array_equal(greedy["tok"], x[:, -1].argmax(-1))
+    feed = {"logits": x, "fp": np.array([1.0, 0.9, 0], np.float32), "ip": np.array([5, 3, 0], np.int64)}
+    np.testing.assert_array_equal(interpret(g, feed)["tok"], interpret(g, feed)["tok"])
+
+
 @covers("KVAppend")
 @pytest.mark.parametrize("kind", ["key", "value"])
 @pytest.mark.parametrize("batch, seq, past", [(2, 3, 0), (1, 1, 5), (3, 2, 6)])

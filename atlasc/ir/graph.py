@@ -18,8 +18,6 @@ import numpy as np
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import DType, dtype_of_numpy
 
-_ids = itertools.count()
-
 
 @dataclass(eq=False)
 class Value:
@@ -64,7 +62,8 @@ class Node:
 
     def __post_init__(self):
         if not self.name:
-            self.name = f"{self.op}_{next(_ids)}"
+            # derived from the first output's (unique, SSA) name: deterministic across compiles
+            self.name = f"{self.op}:{self.outputs[0].name}" if self.outputs else self.op
 
     def __repr__(self) -> str:
         return f"Node({self.name}: {self.op})"
