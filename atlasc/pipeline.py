@@ -20,6 +20,10 @@ from atlasc.ir.verify import verify
 from atlasc.passes.canonicalize import canonicalize
 from atlasc.passes.dce import dce
 from atlasc.passes.entry_points import entry_points
+from atlasc.passes.fuse_attention import fuse_attention
+from atlasc.passes.fuse_rmsnorm import fuse_rmsnorm
+from atlasc.passes.fuse_elementwise import fuse_elementwise
+from atlasc.passes.fuse_linear import fuse_linear
 from atlasc.passes.plan_memory import plan_memory
 from atlasc.passes.rewrite import RewriteStats
 from atlasc.passes.schedule import schedule
@@ -30,6 +34,10 @@ PASSES: dict[str, PassFn] = {
     "canonicalize": canonicalize,
     "dce": dce,
     "entry-points": entry_points,
+    "fuse-rmsnorm": fuse_rmsnorm,
+    "fuse-attention": fuse_attention,
+    "fuse-elementwise": fuse_elementwise,
+    "fuse-linear": fuse_linear,
     "schedule": schedule,
     "plan-memory": plan_memory,
 }
@@ -38,10 +46,16 @@ PIPELINES: dict[str, list[str]] = {
     "default": [
         "canonicalize",
         "dce",
+        "fuse-linear",
+        "fuse-rmsnorm",
         "entry-points",
         # again: decode's seq = 1 turns some movement ops into no-ops
         "canonicalize",
         "dce",
+        # before fuse-elementwise, which would absorb the scale and NaN-guard ops the pattern reads
+        "fuse-attention",
+        "dce",
+        "fuse-elementwise",
         "schedule",
         "plan-memory",
     ],

@@ -18,3 +18,11 @@ TEMPLATES += ["reduce", "movement"]
 from atlasc.codegen import sampling  # noqa: E402, F401  (registers emitters)
 
 TEMPLATES += ["sampling"]
+
+from atlasc.codegen import fused  # noqa: E402, F401  (registers emitters)
+
+TEMPLATES += ["fused"]
+
+from atlasc.codegen import linear  # noqa: E402, F401  (registers emitters; linear.cu uses matmul.cu)
+
+TEMPLATES += ["linear"]

@@ -29,7 +29,7 @@ from onnx import numpy_helper as NH
 from onnx.reference import ReferenceEvaluator
 
 from atlasc.frontend import import_onnx
-from atlasc.ir import OPS, Graph, Node, SymbolInfo, Value, interpret, verify
+from atlasc.ir import OPS, Graph, Node, SymbolInfo, Value, constant, interpret, verify
 from atlasc.ir import symbolic as S
 
 F32, F16, I64, I32, BOOL = np.float32, np.float16, np.int64, np.int32, np.bool_
@@ -933,6 +933,46 @@ def test_dims_tensor(dtype, bindings):
     assert out["vec"].dtype == np.dtype(dtype) and out["vec"].shape == (6,)
     np.testing.assert_array_equal(out["vec"], want)
     assert out["scal"].shape == () and out["scal"].dtype == np.dtype(dtype) and int(out["scal"]) == 3 * bv
+
+
+@covers("FusedElementwise")
+def test_fused_elementwise():
+    """x * (1 / sqrt(ms + eps)) * w with a float16 store between steps; steps run their own references."""
+    rng = np.random.default_rng(5)
+    f32, f16 = np.float32, np.float16
+    prog = (("Add", (), (("in", 1), ("in", 2))), ("Sqrt", (), (("step", 0),)), ("Reciprocal", (), (("step", 1),)),
+            ("Mul", (), (("in", 0), ("step", 2))), ("Cast", (("to", "float16"),), (("step", 3),)),
+            ("Mul", (), (("step", 4), ("in", 3))))
+    g = Graph("fused")
+    ins = [Value("x", "float32", (2, 3, 8)), Value("ms", "float32", (2, 3, 1)), Value("eps", "float32", ()),
+           Value("w", "float16", (8,))]
+    y = Value("y", "float16", (2, 3, 8))
+    g.inputs, g.outputs = ins, [y]
+    g.nodes.append(Node("FusedElementwise", ins, [y],
+                        {"program": prog, "out_shape": (2, 3, 8), "out_dtype": "float16"}))
+    verify(g)
+    x, ms = rng.standard_normal((2, 3, 8)).astype(f32), rng.uniform(0.1, 2, (2, 3, 1)).astype(f32)
+    w, eps = rng.standard_normal(8).astype(f16), np.array(1e-6, f32)
+    want = (x * np.reciprocal(np.sqrt(ms + eps))).astype(f16) * w
+    np.testing.assert_array_equal(interpret(g, {"x": x, "ms": ms, "eps": eps, "w": w})["y"], want)
+
+
+@covers("Linear")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_linear(dtype):
+    """Linear(x, w[N, K], b) = x @ w.T + b, float16 accumulated in float32 and rounded once (like MatMul)."""
+    rng = np.random.default_rng(6)
+    g = Graph("linear")
+    x = Value("x", dtype, (2, 3, 16))
+    w = constant("w", rng.standard_normal((5, 16)).astype(dtype))
+    bias = constant("b", rng.standard_normal(5).astype(dtype))
+    y = Value("y", dtype, (2, 3, 5))
+    g.inputs, g.outputs = [x], [y]
+    g.nodes.append(Node("Linear", [x, w, bias], [y]))
+    verify(g)
+    xv = rng.standard_normal((2, 3, 16)).astype(dtype)
+    want = (xv.astype(np.float32) @ w.data.T.astype(np.float32) + bias.data.astype(np.float32)).astype(dtype)
+    np.testing.assert_array_equal(interpret(g, {"x": xv})["y"], want)
 
 
 @covers("Sample")

@@ -331,4 +331,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # commands defined in their own modules register themselves on `app`
-from atlasc.cli import compile_cmd  # noqa: E402,F401
+from atlasc.cli import bench_cmd, compile_cmd  # noqa: E402,F401

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -50,6 +51,8 @@ def compile_command(
     config: Annotated[Path | None, typer.Option("--config", help="A build.yaml holding these options "
                                                 "(flags given on the command line win).")] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Run the IR verifier after every pass.")] = False,
+    no_fusion: Annotated[bool, typer.Option("--no-fusion", help="Turn every fusion pass off (unfused kernels; "
+                                            "also ATLAS_FUSION_ENABLED=0).")] = False,
     dump_ir: Annotated[Path | None, typer.Option("--dump-ir", help="Write the IR after each pass to "
                                                  "DIR/NN-<pass>.txt.")] = None,
     time_passes: Annotated[bool, typer.Option("--time-passes", help="Print each pass's time.")] = False,
@@ -78,8 +81,9 @@ def compile_command(
     max_seq = max_seq if max_seq is not None else int(cfg.get("max_seq", 2048))
     if max_batch < 1 or max_seq < 2:
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
+    fusion = bool(cfg.get("fusion", True)) and not no_fusion and os.environ.get("ATLAS_FUSION_ENABLED", "1") != "0"
     options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
-                             fusion=bool(cfg.get("fusion", True)), verify=verify)
+                             fusion=fusion, verify=verify)
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:

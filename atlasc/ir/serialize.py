@@ -51,5 +51,13 @@ def decode_attrs(op: str, attrs: dict) -> dict:
         v = decode(v)
         if isinstance(v, list) and k in schema and schema[k].kind in ("ints", "dims"):
             v = tuple(v)
+        if k in schema and schema[k].kind == "steps":  # FusedElementwise's program: nested tuples
+            v = _deep_tuple(v)
         out[k] = v
     return out
+
+
+def _deep_tuple(x):
+    if isinstance(x, list):
+        return tuple(_deep_tuple(v) for v in x)
+    return x

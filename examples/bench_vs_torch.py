@@ -1,0 +1,127 @@
+"""atlasc next to Hugging Face transformers on the same Llama shapes and GPU, in one run.
+
+Builds the model (examples/build_llama.py: real shapes, seeded random fp16 weights), compiles it
+for this GPU, runs `atlasc bench`, then measures transformers' LlamaForCausalLM of the same config
+(random weights too: timing only) with eager generation and with the static cache, and prints one
+table with the ratios. The peers are measured here, never quoted.
+
+    python examples/bench_vs_torch.py --config llama-3.2-1b --batch 1,32 --prompt 128 --gen 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from build_llama import CONFIGS, build, save  # noqa: E402
+
+
+def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int) -> list[dict]:
+    from atlasc.artifact import open_artifact
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+    from atlasc.runtime.bench import bench, rows_as_dicts
+    from atlasc.runtime.device import Device
+    from atlasc.runtime.gpu import GpuModel
+
+    onnx_path = workdir / f"{cfg_name}.onnx"
+    t = time.perf_counter()
+    save(build(CONFIGS[cfg_name]), onnx_path)
+    print(f"[atlasc] built {onnx_path.name} in {time.perf_counter() - t:.1f} s", flush=True)
+    dev = Device()
+    art_path = workdir / f"{cfg_name}.atlas"
+    t = time.perf_counter()
+    result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
+                                                               max_seq=prompt + gen))
+    print(f"[atlasc] compiled in {time.perf_counter() - t:.1f} s: "
+          f"{ {k: len(e.nodes) for k, e in result.manifest.entries.items()} } kernels, stages {result.seconds}",
+          flush=True)
+    model = GpuModel(open_artifact(art_path), device=dev)
+    rows = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
+    model.close()
+    return rows
+
+
+def bench_torch(cfg_name: str, batches: list[int], prompt: int, gen: int, repeats: int) -> list[dict]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = CONFIGS[cfg_name]
+    config = LlamaConfig(hidden_size=c.hidden, intermediate_size=c.intermediate, num_hidden_layers=c.layers,
+                         num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, vocab_size=c.vocab,
+                         max_position_embeddings=prompt + gen + 8, rope_theta=c.rope_theta, rms_norm_eps=c.eps)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.float16).eval()
+    rows = []
+    for mode in ("eager", "static cache"):
+        for b in batches:
+            ids = torch.randint(1, c.vocab, (b, prompt), device="cuda")
+            mask = torch.ones_like(ids)
+            kwargs = {"max_new_tokens": gen, "min_new_tokens": gen, "do_sample": False, "pad_token_id": 0}
+            if mode == "static cache":
+                kwargs["cache_implementation"] = "static"
+            with torch.no_grad():
+                model.generate(ids, attention_mask=mask, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+                prefills, totals = [], []
+                for _ in range(repeats):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    model(ids, attention_mask=mask)
+                    torch.cuda.synchronize()
+                    prefills.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    model.generate(ids, attention_mask=mask, **kwargs)
+                    torch.cuda.synchronize()
+                    totals.append(time.perf_counter() - t0)
+            prefill = statistics.median(prefills)
+            step = (statistics.median(totals) - prefill) / max(gen - 1, 1)
+            rows.append({"mode": mode, "batch": b, "prefill_ms": round(prefill * 1e3, 3),
+                         "decode_ms_per_step": round(step * 1e3, 4), "tokens_per_s": round(b / step, 1),
+                         "peak_device_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
+            print(f"[torch] {mode} batch {b}: {rows[-1]}", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="llama-3.2-1b", choices=sorted(CONFIGS))
+    ap.add_argument("--batch", default="1,32")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write every row here")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
+        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats)
+    peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
+    print(f"\n{args.config}, fp16, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
+    print(f"{'engine':<22} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
+          f"{'GiB':>6} {'vs atlasc':>9}")
+    by_batch = {r["batch"]: r for r in ours}
+    for r in ours:
+        print(f"{'atlasc':<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} {r['decode_ms_per_step']:>9.3f} "
+              f"{r['tokens_per_s']:>10.1f} {r['roofline_pct']:>8.1f}% {r['peak_device_gib']:>6.2f} {'1.00x':>9}")
+    for r in peers:
+        ratio = by_batch[r["batch"]]["tokens_per_s"] / r["tokens_per_s"]
+        print(f"{'transformers ' + r['mode']:<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} "
+              f"{r['decode_ms_per_step']:>9.3f} {r['tokens_per_s']:>10.1f} {'':>9} {r['peak_device_gib']:>6.2f} "
+              f"{ratio:>8.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"atlasc": ours, "transformers": peers}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""fuse-attention: decomposed softmax attention => one `Attention` node (GQA, reads the KV cache).
+
+Matches (every exporter spelling: the chains between the marked values are recognized by what they
+compute, not by how they are written):
+
+    Q' = chain_q(Q)          (scalar scales, reshapes/transposes that cancel)
+    K' = chain_k(K)          (repeat_kv: Unsqueeze/Expand/Reshape, the transpose to [.., D, T], scales)
+    V' = chain_v(V)          (repeat_kv)
+    S  = MatMul(Q', K')  [* c]  [+ mask]
+    P  = Softmax(S, axis=-1) [-> Where(IsNaN(P), 0, P)]     (cast to float32 and back allowed around it)
+    O  = MatMul(P, V')
+    =>
+    O  = Attention(Q, K, V, mask){scale = c_q * c_k * c}    (kv head = head // (Hq / Hkv))
+
+A chain is accepted when it is made only of movement ops and multiplications/divisions by scalar
+constants, and when evaluating it on random data at two sets of symbol values equals the expected
+function (c * repeat_kv(K)^T for K, c * Q for Q, repeat_kv(V) for V). The repeat_kv copies of the
+cache then disappear: the fused kernel indexes the KV head directly. The mask subgraph stays as it is
+(an additive [B, 1, S, T] tensor, small at decode).
+
+Requires: entry-points (K and V are then the KV-cache views), canonicalize. Guarantees: outputs
+equal the decomposed graph's within float rounding (tests compare on every fixture).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import Graph, Node, SymbolInfo, Value
+from atlasc.ir.interpreter import interpret
+from atlasc.ir.program import Program
+from atlasc.passes.rewrite import Match, RewriteStats, Rule, apply_rules
+
+CHAIN_OPS = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Mul", "Div"}
+PROBE_SIZES = ((2, 3, 5, 7), (3, 5, 2, 11))  # symbol values of the two probes (distinct, so axes can't mix)
+
+
+def _scalar_const(v: Value | None) -> bool:
+    return v is not None and v.is_constant and v.data.size == 1
+
+
+def _chain(graph: Graph, value: Value, producers) -> tuple[Value, list[Node]]:
+    """Walk up single-input movement/scalar ops from value; return (source, nodes in order)."""
+    nodes = []
+    while True:
+        node = producers.get(id(value))
+        if node is None or node.op not in CHAIN_OPS:
+            break
+        if node.op in ("Mul", "Div"):
+            a, b = node.inputs
+            if not _scalar_const(b) or a.is_constant:
+                break
+        nodes.append(node)
+        value = node.inputs[0]
+    return value, list(reversed(nodes))
+
+
+def _probe(graph: Graph, source: Value, nodes: list[Node], out: Value, expected) -> float | None:
+    """The constant c with chain(x) == c * expected(x) on random x at two symbol settings, else None."""
+    syms = sorted(graph.symbols)
+    c_seen = None
+    for sizes in PROBE_SIZES:
+        env = {s: sizes[i % len(sizes)] + 4 * (i // len(sizes)) for i, s in enumerate(syms)}
+        sub = Graph("probe")
+        sub.symbols = {s: SymbolInfo(0, None) for s in syms}  # probe sizes may exceed the compiled maxima
+        sub.inputs = [source]
+        sub.nodes = nodes
+        sub.outputs = [out]
+        shape = tuple(S.evaluate(d, env) for d in source.shape)
+        x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32).astype(source.dtype)
+        try:
+            got = interpret(sub, {source.name: x}, symbols=env)
+        except Exception:  # noqa: BLE001 - any failure means "not this pattern"
+            return None
+        y = got[out.name].astype(np.float64)
+        e = expected(x.astype(np.float64))
+        if y.shape != e.shape:
+            return None
+        k = int(np.argmax(np.abs(e)))
+        if e.flat[k] == 0:
+            return None
+        c = y.flat[k] / e.flat[k]
+        if not np.allclose(y, c * e, rtol=1e-2, atol=1e-3 * np.abs(e).max()):
+            return None
+        if c_seen is not None and not np.isclose(c, c_seen, rtol=1e-3):
+            return None
+        c_seen = c
+    return c_seen
+
+
+def _repeat(x, group):
+    return np.repeat(x, group, axis=1)
+
+
+def _match(graph: Graph, node: Node):
+    """Anchor: O = MatMul(P, V'). Walk to the softmax, the scores and the three chains."""
+    producers = graph.producers()
+    p_val, v_prime = node.inputs
+    p_node = producers.get(id(p_val))
+    # optional nan guard Where(IsNaN(P), 0, P) and casts around the softmax
+    if p_node is not None and p_node.op == "Where":
+        cond = producers.get(id(p_node.inputs[0]))
+        if cond is None or cond.op != "IsNaN" or cond.inputs[0] is not p_node.inputs[2]:
+            return "Where before the MatMul is not a NaN guard"
+        p_val = p_node.inputs[2]
+        p_node = producers.get(id(p_val))
+    if p_node is not None and p_node.op == "Cast":
+        p_val = p_node.inputs[0]
+        p_node = producers.get(id(p_val))
+    if p_node is None or p_node.op != "Softmax":
+        return "the left operand is not a softmax"
+    if p_node.attrs["axis"] % len(p_val.shape) != len(p_val.shape) - 1:
+        return "softmax is not over the last axis"
+    s_val = p_node.inputs[0]
+    s_node = producers.get(id(s_val))
+    if s_node is not None and s_node.op == "Cast":
+        s_val = s_node.inputs[0]
+        s_node = producers.get(id(s_val))
+    mask = None
+    if s_node is not None and s_node.op == "Add":
+        a, b = s_node.inputs
+        pa = producers.get(id(a))
+        scores_first = pa is not None and (pa.op == "MatMul" or
+                                           (pa.op in ("Mul", "Div") and _scalar_const(pa.inputs[1])))
+        s_val, mask = (a, b) if scores_first else (b, a)
+        s_node = producers.get(id(s_val))
+    c_extra = 1.0
+    if s_node is not None and s_node.op in ("Mul", "Div") and _scalar_const(s_node.inputs[1]):
+        c = float(s_node.inputs[1].data.reshape(-1)[0])
+        c_extra = c if s_node.op == "Mul" else 1.0 / c
+        s_val = s_node.inputs[0]
+        s_node = producers.get(id(s_val))
+    if s_node is None or s_node.op != "MatMul":
+        return "the scores are not a MatMul"
+    q_prime, k_prime = s_node.inputs
+    if len(q_prime.shape) != 4 or len(k_prime.shape) != 4 or len(v_prime.shape) != 4:
+        return "not 4-D attention"
+    q_src, q_nodes = _chain(graph, q_prime, producers)
+    k_src, k_nodes = _chain(graph, k_prime, producers)
+    v_src, v_nodes = _chain(graph, v_prime, producers)
+    if any(len(x.shape) != 4 for x in (q_src, k_src, v_src)):
+        return "a chain source is not [batch, heads, seq, head_dim]"
+    hq, hk = q_src.shape[1], k_src.shape[1]
+    if not isinstance(hq, int) or not isinstance(hk, int) or hq % hk or v_src.shape[1] != hk:
+        return f"head counts {hq} / {hk} do not group"
+    group = hq // hk
+    cq = _probe(graph, q_src, q_nodes, q_prime, lambda x: x)
+    ck = _probe(graph, k_src, k_nodes, k_prime, lambda x: np.swapaxes(_repeat(x, group), -1, -2))
+    cv = _probe(graph, v_src, v_nodes, v_prime, lambda x: _repeat(x, group))
+    if cq is None or ck is None or cv is None:
+        which = [n for n, c in (("Q", cq), ("K", ck), ("V", cv)) if c is None]
+        return f"the {'/'.join(which)} chain is not a repeat_kv/transpose/scale of a [B, H, S, D] tensor"
+    if not np.isclose(cv, 1.0, rtol=1e-3):
+        return "V is scaled"
+    d = q_src.shape[3]
+    scale = float(cq * ck * c_extra)
+    if mask is not None and mask.dtype not in ("float32", "float16", "bool"):
+        return f"mask dtype {mask.dtype}"
+    out = node.outputs[0]
+    new = Value(out.name + "__attn", out.dtype, out.shape)
+    inputs = [q_src, k_src, v_src] + ([mask] if mask is not None else [])
+    if not isinstance(d, int):
+        return "head_dim is not static"
+    return Match(out, new, [Node("Attention", inputs, [new], {"scale": scale}, name=f"attention:{out.name}")])
+
+
+RULES = [Rule("MatMul(Softmax(MatMul(Q, K^T) * c + mask), V) => Attention(Q, K, V, mask)", ("MatMul",), _match)]
+
+
+def fuse_attention(program: Program) -> tuple[Program, RewriteStats]:
+    """Fuse every decomposed attention of every entry (a no-op with fusion disabled)."""
+    stats = RewriteStats()
+    if not program.options.fusion:
+        return program, stats
+    for name, graph in program.entries.items():
+        program.entries[name] = apply_rules(graph, RULES, stats)
+    return program, stats

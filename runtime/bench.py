@@ -1,0 +1,185 @@
+"""Benchmark and profile a decoder artifact on the GPU.
+
+`bench`: for each batch size, prefill a prompt of random tokens and decode `gen` tokens, several
+times; medians of prefill ms and decode ms/step, tokens/s, and the bandwidth roofline: the bytes a
+decode step must read (every weight once, except embedding tables of which only the looked-up rows
+are read, plus the KV cache up to the current length) over the bandwidth (4.30 TB/s measured on the
+H200 by a device-to-device copy, or --bandwidth).
+
+`profile`: one decode step launched kernel by kernel (no CUDA graph) with CUDA events around each
+launch: time, bytes moved and FLOPs per kernel (from the manifest's shapes at that step's sizes).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from atlasc.artifact.dims import evaluate_dim
+from atlasc.runtime.generate import Sampling, generate
+
+H200_BANDWIDTH = 4.30e12  # bytes/s, device-to-device copy measured on the H200 (shared/gpu/README.md)
+
+
+@dataclass
+class BenchRow:
+    batch: int
+    prompt: int
+    gen: int
+    prefill_ms: float
+    decode_ms_per_step: float
+    tokens_per_s: float
+    bytes_per_step: int
+    roofline_ms: float
+    roofline_pct: float
+    peak_device_gib: float
+
+
+def _gathered_tables(manifest) -> dict[str, int]:
+    """Weights read only through Gather's data input (embedding tables): name -> bytes of one row."""
+    weights = {w.name: w for w in manifest.weights}
+    used_other, gathered = set(), {}
+    for e in manifest.entries.values():
+        for n in e.nodes:
+            for k, i in enumerate(n.inputs):
+                if i in weights:
+                    if n.op == "Gather" and k == 0 and n.attrs.get("axis", 0) == 0:
+                        w = weights[i]
+                        gathered[i] = w.nbytes // max(w.shape[0], 1)
+                    else:
+                        used_other.add(i)
+    return {k: v for k, v in gathered.items() if k not in used_other}
+
+
+def decode_bytes(manifest, batch: int, context: int) -> int:
+    """Bytes one decode step must read: weights once (embedding rows only) + the KV cache so far."""
+    tables = _gathered_tables(manifest)
+    total = sum(w.nbytes for w in manifest.weights if w.name not in tables)
+    total += sum(row * batch for row in tables.values())
+    kv = manifest.kv_cache
+    if kv is not None:
+        total += 2 * kv.layers * batch * kv.kv_heads * context * kv.head_dim * np.dtype(kv.dtype).itemsize
+    return total
+
+
+def bench(model, batches, prompt: int, gen: int, repeats: int = 3, bandwidth: float = H200_BANDWIDTH,
+          seed: int = 0) -> list[BenchRow]:
+    """Median timings per batch size (see the module docstring)."""
+    m = model.manifest
+    vocab = int(m.entries["prefill"].outputs[0].shape[-1])
+    rng = np.random.default_rng(seed)
+    rows = []
+    for b in batches:
+        prompts = [list(rng.integers(1, vocab, size=prompt)) for _ in range(b)]
+        generate(model, prompts, min(gen, 4))  # warm up: graph capture, caches
+        prefill, steps = [], []
+        for _ in range(repeats):
+            r = generate(model, prompts, gen, sampling=Sampling())
+            prefill.append(r.prefill_seconds)
+            steps += r.decode_seconds
+        step = statistics.median(steps) if steps else float("nan")
+        nbytes = decode_bytes(m, b, prompt + gen // 2)
+        roof = nbytes / bandwidth
+        free, total = model.dev.free_memory()
+        rows.append(BenchRow(b, prompt, gen, round(statistics.median(prefill) * 1e3, 3), round(step * 1e3, 4),
+                             round(b / step, 1), nbytes, round(roof * 1e3, 4), round(100 * roof / step, 1),
+                             round((total - free) / 2**30, 2)))
+    return rows
+
+
+@dataclass
+class KernelRow:
+    kernel: str
+    op: str
+    node: str
+    us: float
+    bytes: int
+    flops: int
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / (self.us * 1e-6) / 1e9 if self.us else 0.0
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.us * 1e-6) / 1e12 if self.us else 0.0
+
+
+def _numel(shape_json, env) -> int:
+    n = 1
+    for d in shape_json:
+        n *= evaluate_dim(d, env)
+    return n
+
+
+def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", repeats: int = 20) -> list[KernelRow]:
+    """Median per-kernel time of one step of `entry` at (batch, context), kernels launched one by one."""
+    m = model.manifest
+    e = m.entries[entry]
+    roles = m.report.get("roles", {})
+    seq = 1 if entry == "decode" else context
+    past = context - seq if entry == "decode" else 0
+    env = {roles.get("batch", "batch"): batch, roles.get("past", "past_seq"): past, **e.bindings}
+    if entry != "decode":
+        env[roles.get("seq", "seq")] = seq
+    feeds = {}
+    for spec in e.inputs:
+        shape = tuple(evaluate_dim(d, env) for d in spec.shape)
+        if spec.name == "sample_params":
+            feeds[spec.name] = np.array([0, 1, 0], np.float32)
+        elif spec.name == "sample_state":
+            feeds[spec.name] = np.zeros(3, np.int64)
+        elif spec.dtype == "int64":
+            feeds[spec.name] = np.ones(shape, np.int64)
+        else:
+            feeds[spec.name] = np.zeros(shape, np.dtype(spec.dtype))
+    model.write_inputs(entry, feeds, {roles.get("past", "past_seq"): past})
+    cuda = model.dev.cuda
+    values = {v.name: v for v in e.values}
+    weights = {w.name: w for w in m.weights}
+
+    def nbytes(name):
+        if name in weights:
+            return weights[name].nbytes
+        v = values[name]
+        return _numel(v.shape, env) * np.dtype(v.dtype).itemsize
+
+    times = {n.kernel: [] for n in e.nodes}
+    for _ in range(repeats):
+        for n in e.nodes:
+            start, end = cuda.Event(), cuda.Event()
+            start.record(model.dev.stream)
+            model.kernels.launch(n.kernel, tuple(n.grid), tuple(n.block), n.smem, model.arena, node=n.name)
+            end.record(model.dev.stream)
+            end.synchronize()
+            times[n.kernel].append(end.time_since(start) * 1e3)
+    rows = []
+    for n in e.nodes:
+        moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
+        if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
+            moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])
+        rows.append(KernelRow(n.kernel, n.op, n.name, statistics.median(times[n.kernel]), moved,
+                              _flops(n, values, weights, env)))
+    return sorted(rows, key=lambda r: -r.us)
+
+
+def _flops(n, values, weights, env) -> int:
+    def shape(name):
+        if name in weights:
+            return tuple(weights[name].shape)
+        return tuple(evaluate_dim(d, env) for d in values[name].shape)
+
+    out = shape(n.outputs[0])
+    if n.op in ("MatMul", "Linear", "Gemm"):
+        k = shape(n.inputs[0])[-1]
+        return 2 * int(np.prod(out)) * k
+    if n.op == "Attention":
+        q, kk = shape(n.inputs[0]), shape(n.inputs[1])
+        return 4 * int(np.prod(q)) * kk[-2]
+    return int(np.prod(out))
+
+
+def rows_as_dicts(rows) -> list[dict]:
+    return [asdict(r) for r in rows]

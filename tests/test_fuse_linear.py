@@ -1,0 +1,248 @@
+"""fuse-linear (MatMul / Gemm by a constant weight => Linear) and its CUDA kernels (CPU side).
+
+Equivalence: the reference interpreter on every fixture case before and after the pass. Tolerances
+relative to the unfused graph: float32 rtol = atol = 1e-5 (only the BLAS summation order of
+x @ W versus x @ (W^T)^T differs); float16 1e-3 of max |y| (the fused bias add rounds once where
+the unfused graph rounds twice, and one flipped fp16 rounding, 2^-11 relative, may propagate).
+The kernels are generated for a graph of Linear variants and compiled with nvcc for sm80 and sm90.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from atlasc.frontend import import_onnx
+from atlasc.ir import Graph, Node, SymbolInfo, Value, interpret, verify
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import constant
+from atlasc.ir.program import Program
+from atlasc.pipeline import run_pipeline
+from atlasc.passes.fuse_linear import fuse_linear
+
+from conftest import FIXTURES
+
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+CASES = [(f["name"], case, f["dtype"]) for f in MANIFEST for case in f["cases"]]
+RULE_MM = "MatMul(x, W) [+ b] => Linear(x, W^T, b)"
+RULE_GEMM = "Gemm(x, W, c) => Linear(x, W^T, c)"
+
+
+@functools.cache
+def _programs(name: str):
+    """(unfused, fused) main graphs and the fused pass's stats for fixture `name`."""
+    before, _ = run_pipeline(Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}), ["canonicalize", "dce"],
+                             verify_each=True)
+    after, report = run_pipeline(Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}),
+                                 ["canonicalize", "dce", "fuse-linear"], verify_each=True)
+    return before.entries["main"], after.entries["main"], report.records[-1]
+
+
+def _case(name: str, case: str) -> dict:
+    z = np.load(FIXTURES / f"{name}.{case}.npz")
+    return {k[3:]: z[k] for k in z.files if k.startswith("in.")}
+
+
+@pytest.mark.parametrize("name,case,dtype", CASES)
+def test_fixture_equivalence(name, case, dtype):
+    before, after, _ = _programs(name)
+    ins = _case(name, case)
+    want = interpret(before, ins)
+    got = interpret(after, ins)
+    assert set(got) == set(want)
+    for key, w in want.items():
+        g = got[key]
+        assert g.dtype == w.dtype and g.shape == w.shape, key
+        w64, g64 = w.astype(np.float64), g.astype(np.float64)
+        if dtype == "fp16":
+            scale = max(float(np.max(np.abs(w64))), 1.0) if w64.size else 1.0
+            np.testing.assert_allclose(g64, w64, rtol=0, atol=1e-3 * scale, err_msg=key)
+        else:
+            np.testing.assert_allclose(g64, w64, rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in MANIFEST])
+def test_fixture_counts(name):
+    """Every MatMul / Gemm by a constant weight becomes a Linear; activation x activation ones stay."""
+    before, after, record = _programs(name)
+    const_mm = [n for n in before.nodes if n.op in ("MatMul", "Gemm") and n.inputs[1].is_constant]
+    linears = [n for n in after.nodes if n.op == "Linear"]
+    assert len(linears) == len(const_mm) > 0
+    assert not [n for n in after.nodes if n.op in ("MatMul", "Gemm") and n.inputs[1].is_constant]
+    assert sum(record.applied.values()) == len(const_mm)
+    for n in linears:
+        w = n.inputs[1]
+        assert w.is_constant and w.data.flags.c_contiguous and w.shape[1] == n.inputs[0].shape[-1]
+
+
+def test_fixture_biases_absorbed():
+    """qwen2's q/k/v biases and gpt2's Gemm biases end up inside the Linear."""
+    for name, expected in [("qwen2", 6), ("gpt2", 8)]:
+        before, after, _ = _programs(name)
+        with_bias = [n for n in after.nodes if n.op == "Linear" and len(n.inputs) == 3]
+        assert len(with_bias) == expected, name
+        assert len([n for n in after.nodes if n.op == "Add"]) == \
+            len([n for n in before.nodes if n.op == "Add"]) - (expected if name == "qwen2" else 0)
+
+
+def test_tied_embedding_read_not_copied():
+    """gpt2-fp16's lm_head weight is a folded Transpose of the embedding: Linear reads the embedding."""
+    _, after, _ = _programs("gpt2-fp16")
+    emb = next(n.inputs[0] for n in after.nodes if n.op == "Gather" and n.inputs[0].name.endswith("wte.weight"))
+    head = [n for n in after.nodes if n.op == "Linear" and n.inputs[1].shape[0] == emb.shape[0]]
+    assert head and head[0].inputs[1] is emb
+
+
+# -- declines and the shared-weight cache --------------------------------------------------------
+
+
+def _graph(dtype="float32", m=3):
+    """A graph with input x [m, 6] (m an int, or a symbol name bounded by [1, 8])."""
+    g = Graph("t")
+    if isinstance(m, str):
+        g.symbols = {m: SymbolInfo(1, 8)}
+        m = S.sym(m)
+    x = Value("x", dtype, (m, 6))
+    g.inputs.append(x)
+    return g, x
+
+
+def _node(g, op, ins, shape, dtype="float32", attrs=None, name=None, output=True):
+    out = Value(name or f"{op.lower()}{len(g.nodes)}", dtype, shape)
+    g.nodes.append(Node(op, ins, [out], attrs or {}))
+    if output:
+        g.outputs.append(out)
+    return out
+
+
+def _run(g):
+    verify(g)
+    rng = np.random.default_rng(0)
+    ins = {v.name: rng.uniform(-1, 1, tuple(S.evaluate(d, {"m": 3}) for d in v.shape)).astype(np.dtype(v.dtype))
+           for v in g.inputs}
+    want = interpret(g, ins)
+    p, stats = fuse_linear(Program({"main": g}))
+    verify(p.entries["main"])
+    got = interpret(p.entries["main"], ins)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    return p.entries["main"], stats
+
+
+def test_declines_explain_themselves():
+    g, x = _graph(m="m")
+    rng = np.random.default_rng(1)
+    w_in = Value("w_in", "float32", (6, 4))
+    g.inputs.append(w_in)
+    _node(g, "MatMul", [x, w_in], (x.shape[0], 4))  # weight not constant
+    w3 = constant("w3", rng.standard_normal((2, 6, 4)).astype(np.float32))
+    _node(g, "MatMul", [x, w3], (2, S.sym("m"), 4))  # 3-D weight
+    w = constant("w", rng.standard_normal((6, 4)).astype(np.float32))
+    g2, x2 = _graph()
+    c = constant("c_mn", rng.standard_normal((3, 4)).astype(np.float32))
+    _node(g2, "Gemm", [x2, w, c], (3, 4), attrs={"transB": 0})  # bias varies along M
+    _node(g2, "Gemm", [x2, w], (3, 4), attrs={"alpha": 0.5})  # alpha
+    _node(g, "MatMul", [x, w], (x.shape[0], 4))  # fused: the declines are per node
+    out, stats = _run(g)
+    out2, stats2 = _run(g2)
+    assert [n.op for n in out.nodes] == ["MatMul", "MatMul", "Linear"]
+    assert not [n for n in out2.nodes if n.op == "Linear"]
+    reasons = " | ".join([*stats.declined.values(), *stats2.declined.values()])
+    for text in ("not a constant", "rank 3", "varies along rows", "alpha != 1"):
+        assert text in reasons, (text, reasons)
+
+
+def test_dtype_mismatch_declined():
+    g, x = _graph("float16")
+    w = constant("w", np.ones((6, 4), np.float32))
+    g.nodes.append(Node("MatMul", [x, w], [Value("y", "float32", (3, 4))]))
+    _, stats = fuse_linear(Program({"main": g}))  # (the graph is ill-typed on purpose: never verified)
+    assert any("x is float16, the weight float32" in r for r in stats.declined.values())
+
+
+def test_shared_weight_transposed_once_and_bias_forms():
+    g, x = _graph()
+    rng = np.random.default_rng(2)
+    w = constant("w", rng.standard_normal((6, 4)).astype(np.float32))
+    b = constant("b", rng.standard_normal((1, 1, 4)).astype(np.float32))
+    y1 = _node(g, "MatMul", [x, w], (x.shape[0], 4), output=False)
+    _node(g, "Add", [y1, b], (1, x.shape[0], 4))  # bias adds a dim: not absorbed (shape changes)
+    y2 = _node(g, "MatMul", [x, w], (x.shape[0], 4), output=False)
+    b2 = constant("b2", rng.standard_normal((1, 4)).astype(np.float32))
+    _node(g, "Add", [y2, b2], (x.shape[0], 4))  # absorbed as a [4] bias
+    wt = constant("wt", rng.standard_normal((4, 6)).astype(np.float32))
+    _node(g, "Gemm", [x, wt, constant("c1", np.float32([0.5]))], (x.shape[0], 4), attrs={"transB": 1})
+    out, stats = _run(g)
+    lin = [n for n in out.nodes if n.op == "Linear"]
+    assert len(lin) == 3
+    assert lin[0].inputs[1] is lin[1].inputs[1]  # one transposed copy of w
+    assert lin[2].inputs[1] is wt  # transB=1: used as is
+    assert [len(n.inputs) for n in lin] == [2, 3, 3]
+    assert all(n.inputs[2].shape == (4,) for n in lin[1:])
+
+
+def test_fusion_off_does_nothing():
+    g, x = _graph()
+    _node(g, "MatMul", [x, constant("w", np.ones((6, 4), np.float32))], (x.shape[0], 4))
+    p = Program({"main": g})
+    p = replace(p, options=replace(p.options, fusion=False))
+    p, stats = fuse_linear(p)
+    assert [n.op for n in p.entries["main"].nodes] == ["MatMul"] and not stats.applied
+
+
+# -- kernels: generation + nvcc (sm80, sm90) -------------------------------------------------------
+
+LIN_K = (64, 72, 4096)
+LIN_N = (8, 1000, 4096)
+
+
+def _weight(scale_k: int):
+    """Weights scaled by 1/sqrt(K) so that |y| stays O(1) and tolerances mean the same at every K."""
+    return lambda rng, shape: (rng.uniform(-1.0, 1.0, shape) / np.sqrt(scale_k)).astype(np.float32)
+
+
+def build_linear(dtype: str, m_max: int = 100, ks=LIN_K, ns=LIN_N):
+    """Linear nodes for every K x N, with and without bias, plus a 3-D x (row-padded by plan_for's
+    `padded` layout), a 1-D x, and a 2-D x that plan_for's `transposed` layout stores K-major."""
+    from test_codegen_matmul_attention import Builder
+
+    b = Builder(f"linear_{dtype}_{m_max}", {"m": (1, m_max), "s": (1, max(1, m_max // 4))})
+    cast = (lambda g: (lambda rng, shape: g(rng, shape).astype(np.dtype(dtype))))
+    xs = {k: b.input(f"x{k}", dtype, ("m", k)) for k in ks}
+    for k in ks:
+        for n in ns:
+            w = b.input(f"w{k}_{n}", dtype, (n, k), gen=cast(_weight(k)))
+            bias = b.input(f"b{k}_{n}", dtype, (n,))
+            b.node("Linear", [xs[k], w])
+            b.node("Linear", [xs[k], w, bias])
+    k, n = ks[-1], ns[-1]
+    w = b.input("w3d", dtype, (n, k), gen=cast(_weight(k)))
+    b.node("Linear", [b.input("x3d", dtype, (2, "s", k)), w, b.input("b3d", dtype, (n,))])
+    b.node("Linear", [b.input("x1d", dtype, (k,)), w])
+    k2 = ks[1] if len(ks) > 1 else ks[0]
+    wt = b.input("wt", dtype, (ns[min(1, len(ns) - 1)], k2), gen=cast(_weight(k2)))
+    b.node("Linear", [b.input("xt", dtype, ("m", k2)), wt])
+    return b
+
+
+STRIDED_PLAN = {"padded": {"x3d"}, "transposed": {"xt"}}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_linear_kernels_compile():
+    """Decode-sized (m <= 4: GEMV variants only) and prefill-sized (m <= 100: + tiled) graphs, fp32 and
+    fp16, with strided x; one module, compiled for sm80 and sm90, no register spills."""
+    from test_codegen_matmul_attention import compile_or_skip, generate
+
+    builders = [build_linear(dt, m, ks=(72, 4096), ns=(8,)) for dt in ("float32", "float16") for m in (4, 100)]
+    plan_kw = {bl.g.name: STRIDED_PLAN for bl in builders}
+    mod = generate(*builders, plan_kw=plan_kw)
+    assert "linear_tiled" in mod.source and "atlas::linear_gemv<__half, 2, 32, " in mod.source
+    small = [k for k in mod.source.split('extern "C"') if "void __launch_bounds__(256) linear_float16_4_" in k]
+    assert small and all("linear_tiled" not in k and ", 8, " not in k for k in small)  # only MT 1, 2, 4
+    compile_or_skip(mod.source)

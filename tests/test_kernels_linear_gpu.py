@@ -1,0 +1,47 @@
+"""GPU numerics of the Linear kernels (linear.cu) against the reference interpreter.
+
+One graph per dtype (tests/test_fuse_linear.build_linear: K in {64, 72, 4096} x N in {8, 1000, 4096},
+with and without bias, a 3-D x with padded rows, a 1-D x, a K-major x), compiled once for m <= 100
+(GEMV variants MT 1..32 and the tiled path) and run at M in {1, 3, 32, 33, 100}: M <= 32 takes the
+GEMV, M > 32 the tiled path. Weights are scaled by 1/sqrt(K), so |y| is O(1). Tolerances:
+- float32: rtol 1e-4, atol 1e-5 (float32 accumulation in another order than numpy's, K up to 4096:
+  errors ~1e-6 at |y| ~ 1);
+- float16: rtol 2e-2, atol 2e-3 (both sides accumulate in float32 and round once; a different
+  summation order may flip that rounding: one fp16 ulp at |y| < 2 is <= 2^-10 ~ 1e-3).
+A second, decode-sized graph (m <= 4) checks the kernel without the tiled path at M in {1, 2, 4}.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from kernel_harness import check_against_reference
+from test_codegen_matmul_attention import plan_for
+from test_fuse_linear import STRIDED_PLAN, build_linear
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3)}
+
+
+def _run(builder, ms, dtype, seed):
+    graph = builder.done()
+    rtol, atol = TOL[dtype]
+    plan_fn = functools.partial(plan_for, **STRIDED_PLAN)
+    rng = np.random.default_rng(seed)
+    for m in ms:
+        env = {"m": m, "s": max(1, min(m // 4 + 1, builder.upper["s"]))}
+        feeds = builder.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_linear_prefill_sized(dtype):
+    _run(build_linear(dtype, 100), [1, 3, 32, 33, 100], dtype, seed=11)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_linear_decode_sized(dtype):
+    _run(build_linear(dtype, 4, ks=(72, 4096), ns=(1000, 4096)), [1, 2, 4], dtype, seed=12)
