@@ -29,7 +29,7 @@ from atlasc.artifact import (
     write_artifact,
 )
 from atlasc.codegen import generate_module
-from atlasc.codegen.nvcc import compile_cubins
+from atlasc.codegen.nvcc import compile_module
 from atlasc.errors import ShapeError
 from atlasc.frontend import import_onnx
 from atlasc.ir import symbolic as S
@@ -106,7 +106,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
 
     t = time.perf_counter()
     say("nvcc", ", ".join(options.archs))
-    cubins = compile_cubins(module.source, options.archs, on_done=lambda arch: say("nvcc-done", arch))
+    cubins = compile_module(module, options.archs, on_done=lambda arch: say("nvcc-done", arch))
     seconds["nvcc"] = time.perf_counter() - t
 
     t = time.perf_counter()

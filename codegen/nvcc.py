@@ -82,6 +82,74 @@ def cache_dir() -> Path:
     return Path(root) / "cubin"
 
 
+def chunk_threshold() -> int:
+    """Modules with more kernels than this are compiled in parallel chunks and linked (ATLAS_NVCC_CHUNK)."""
+    return int(os.environ.get("ATLAS_NVCC_CHUNK", "400"))
+
+
+def compile_module(module, archs: tuple[str, ...], *, on_done=None) -> dict[str, bytes]:
+    """Compile a GeneratedModule: one nvcc per arch, or, for big modules, nvcc on chunks of kernels in
+    parallel (relocatable device code) linked by nvlink into one cubin per arch.
+
+    nvcc compiles one translation unit on one core; a 32-layer model has thousands of kernels, so
+    chunking is what lets a build use every core of the machine.
+    """
+    kernels = getattr(module, "kernels", None)
+    if not kernels or len(kernels) <= chunk_threshold():
+        return compile_cubins(module.source, archs, on_done=on_done)
+    size = max(1, chunk_threshold() // 4)
+    chunks = [module.prelude + "\n" + "\n".join(kernels[i:i + size]) + "\n" for i in range(0, len(kernels), size)]
+    return compile_chunked(module.source, chunks, archs, on_done=on_done)
+
+
+def compile_chunked(source: str, chunks: list[str], archs: tuple[str, ...], *, on_done=None) -> dict[str, bytes]:
+    """Each chunk compiled with -rdc for every arch in parallel, then linked per arch; cached as a whole."""
+    exe = nvcc_path()
+    version = nvcc_version(exe)
+    link = shutil.which("nvlink") or str(Path(exe).with_name("nvlink"))
+    result = {}
+    pending = []
+    for arch in archs:
+        args = flags(arch) + ["-rdc=true"]
+        key = hashlib.sha256("\0".join([source, arch, version, "chunked", *args]).encode()).hexdigest()
+        cached = cache_dir() / f"{key}.cubin"
+        if cached.exists():
+            result[arch] = cached.read_bytes()
+            if on_done is not None:
+                on_done(arch)
+        else:
+            pending.append((arch, args, cached))
+    if not pending:
+        return result
+    jobs = [(arch, args, chunk) for arch, args, _ in pending for chunk in chunks]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        objects = list(pool.map(lambda job: _run_nvcc(exe, job[2], job[0], job[1]), jobs))
+    for arch, _, cached in pending:
+        parts = [o for (a, _, _), o in zip(jobs, objects) if a == arch]
+        with tempfile.TemporaryDirectory(prefix="atlasc-nvlink-") as tmp:
+            names = []
+            for i, data in enumerate(parts):
+                name = f"part{i:04d}.cubin"
+                (Path(tmp) / name).write_bytes(data)
+                names.append(name)
+            proc = subprocess.run([link, f"-arch=sm_{arch[2:]}", *names, "-o", "linked.cubin"], capture_output=True,
+                                  text=True, check=False, cwd=tmp)
+            if proc.returncode != 0:
+                err = NvccError(f"nvlink failed for {arch}: {_first_error(proc.stderr + proc.stdout)}",
+                                hint="this is a bug in atlasc's code generation; please report it")
+                err.log = proc.stderr + proc.stdout
+                raise err
+            data = (Path(tmp) / "linked.cubin").read_bytes()
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        part = cached.with_suffix(f".{os.getpid()}.tmp")
+        part.write_bytes(data)
+        os.replace(part, cached)
+        result[arch] = data
+        if on_done is not None:
+            on_done(arch)
+    return {arch: result[arch] for arch in archs}
+
+
 def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = None,
                    on_done=None) -> dict[str, bytes]:
     """Compile `source` for each arch (in parallel); return arch -> cubin bytes.

