@@ -78,3 +78,19 @@ def test_out_of_memory_at_load_is_a_one_line_error(tmp_path):
     r = atlasc("run", path, "--device", "gpu", "--prompt-ids", "1,2")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "GiB of device memory" in r.stderr and "free" in r.stderr
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_readme_gpu_commands():
+    """The README's compile line, then its GPU lines, exactly as written."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    lines = [ln.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL) for ln in b.splitlines()]
+    compile_line = next(ln for ln in lines if ln.startswith("atlasc compile "))
+    gpu_lines = [ln for ln in lines if ln.startswith("atlasc ") and ("--device gpu" in ln or " bench " in ln)]
+    assert gpu_lines
+    for line in [compile_line, *gpu_lines]:
+        r = atlasc(*line.split()[1:])
+        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
