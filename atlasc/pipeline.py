@@ -22,6 +22,7 @@ from atlasc.passes.dce import dce
 from atlasc.passes.entry_points import entry_points
 from atlasc.passes.fuse_attention import fuse_attention
 from atlasc.passes.fuse_rmsnorm import fuse_rmsnorm
+from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
 from atlasc.passes.plan_memory import plan_memory
@@ -38,6 +39,7 @@ PASSES: dict[str, PassFn] = {
     "fuse-attention": fuse_attention,
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
+    "merge-linear": merge_linear,
     "schedule": schedule,
     "plan-memory": plan_memory,
 }
@@ -47,6 +49,7 @@ PIPELINES: dict[str, list[str]] = {
         "canonicalize",
         "dce",
         "fuse-linear",
+        "merge-linear",
         "fuse-rmsnorm",
         "entry-points",
         # again: decode's seq = 1 turns some movement ops into no-ops

@@ -73,6 +73,8 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
         assert counted["RMSNormalization"] == 2 * layers + 1, counted
         assert counted["Attention"] == layers, counted
         assert counted["Softmax"] == 0
+        # one linear layer per projection group: qkv, o, gate/up, down per layer, and the lm head
+        assert counted["Linear"] == 4 * layers + 1 and counted["MatMul"] == 0, counted
         # no repeat_kv copies of the cache left: only the fused attention reads the KV-cache views
         graph = program.entries[entry]
         for kv in (n for n in graph.nodes if n.op == "KVAppend"):
