@@ -296,7 +296,7 @@ def test_check_plan_catches_a_value_overrunning_its_region():
     assert any(name in p and "outside" in p for p in pm.check_plan(program))
 
 
-def _fake_cubins(source, archs, *, jobs=None, on_done=None):
+def _fake_cubins(module, archs, *, on_done=None):
     # the CPU executor never reads cubins: skip nvcc, this test is about the memory plan
     return {arch: b"\x7fELF" + arch.encode() for arch in archs}
 
@@ -319,7 +319,7 @@ def _run_prefill(path):
 
 
 def test_wrong_plan_corrupts_the_arena_executor(tmp_path, monkeypatch):
-    monkeypatch.setattr(compiler_mod, "compile_cubins", _fake_cubins)
+    monkeypatch.setattr(compiler_mod, "compile_module", _fake_cubins)
     options = CompileOptions(archs=("sm80",), max_batch=2, max_seq=32, verify=True)
 
     good = compile_model(FIXTURES / "llama.onnx", tmp_path / "good.atlas", options)
