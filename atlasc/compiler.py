@@ -91,6 +91,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     say("import", str(model_path))
     graph = import_onnx(model_path)
     seconds["import"] = time.perf_counter() - t
+    _check_dtype(graph, options.dtype)
 
     t = time.perf_counter()
     program = Program({"main": graph}, options)
@@ -117,6 +118,27 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)
+
+
+def model_float_dtype(graph) -> str | None:
+    """The float dtype holding most of the model's weight bytes (None for a model without float weights)."""
+    sizes: dict[str, int] = {}
+    for c in graph.constants():
+        if c.dtype in ("float32", "float16"):
+            sizes[c.dtype] = sizes.get(c.dtype, 0) + c.data.nbytes
+    return max(sizes, key=sizes.get) if sizes else None
+
+
+def _check_dtype(graph, requested: str) -> None:
+    """--dtype fp32/fp16 must match the export: converting a model's precision is not implemented."""
+    if requested == "auto":
+        return
+    want = {"fp32": "float32", "fp16": "float16"}[requested]
+    have = model_float_dtype(graph)
+    if have is not None and have != want:
+        raise ShapeError(f"--dtype {requested} asked for, but the model's weights are {have}: atlasc compiles a "
+                         "model in the precision it was exported in",
+                         hint="export the model in the precision you want, or use --dtype auto")
 
 
 def _kv_dict(program: Program) -> dict | None:

@@ -375,3 +375,11 @@ def test_newer_format_version(cli, gpt2, tmp_path):
                 data = json.dumps(manifest).encode()
             zout.writestr(info.filename, data)
     _bad_artifact_error(cli, bad, "format version 99", "newer")
+
+
+def test_dtype_must_match_the_export(tmp_path):
+    """--dtype auto takes the export's precision; asking for another one is a one-line error, no file."""
+    out = tmp_path / "x.atlas"
+    r = atlasc("compile", FIXTURES / "gpt2.onnx", "-o", out, "--arch", "sm80", "--dtype", "fp16")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "float32" in r.stderr and not out.exists()

@@ -43,7 +43,8 @@ def compile_command(
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the .atlas artifact.")],
     arch: Annotated[str | None, typer.Option("--arch", help="Target GPU archs, comma-separated "
                                              "(sm80, sm86, sm89, sm90, sm100, sm120). Default: sm80,sm90.")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="auto (the model's), fp32 or fp16.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="auto (the export's precision), or fp32 / fp16 to "
+                                              "insist on it (no conversion).")] = None,
     max_batch: Annotated[int | None, typer.Option("--max-batch", help="Largest batch the artifact runs "
                                                   "(sizes the KV cache and buffers). Default 8.")] = None,
     max_seq: Annotated[int | None, typer.Option("--max-seq", help="Largest past + new tokens per sequence. "
