@@ -65,6 +65,7 @@ class CompileResult:
             "activation_peak_bytes": m.memory.activation_peak,
             "activation_naive_bytes": m.memory.activation_naive,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            **({"quantization": m.report["quantization"]} if "quantization" in m.report else {}),
         }
 
 
@@ -193,10 +194,14 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
         "decoder_io": _decoder_io(program),
         "passes": [{"name": r.name, "applied": r.applied, "nodes": r.nodes_after} for r in report.records],
     }
+    if program.quantization:
+        compile_report["quantization"] = program.quantization
     manifest = Manifest(
         source=SourceInfo(model_path.name, sha256_file(model_path)),
         options={"archs": list(options.archs), "dtype": options.dtype, "max_batch": options.max_batch,
-                 "max_seq": options.max_seq, "fusion": options.fusion},
+                 "max_seq": options.max_seq, "fusion": options.fusion,
+                 **({"quant": options.quant, "group_size": options.group_size, "quant_skip": list(options.quant_skip)}
+                    if options.quant != "none" else {})},
         archs=tuple(options.archs), symbols=symbols, memory=memory, kv_cache=kv_spec,
         weights=tuple(weight_specs.values()), entries=entries, report=compile_report,
     )

@@ -26,6 +26,7 @@ from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
 from atlasc.passes.plan_memory import plan_memory
+from atlasc.passes.quantize import quantize
 from atlasc.passes.rewrite import RewriteStats
 from atlasc.passes.schedule import schedule
 
@@ -40,6 +41,7 @@ PASSES: dict[str, PassFn] = {
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
     "merge-linear": merge_linear,
+    "quantize": quantize,
     "schedule": schedule,
     "plan-memory": plan_memory,
 }
@@ -50,6 +52,7 @@ PIPELINES: dict[str, list[str]] = {
         "dce",
         "fuse-linear",
         "merge-linear",
+        "quantize",
         "fuse-rmsnorm",
         "entry-points",
         # again: decode's seq = 1 turns some movement ops into no-ops

@@ -26,3 +26,7 @@ TEMPLATES += ["fused"]
 from atlasc.codegen import linear  # noqa: E402, F401  (registers emitters; linear.cu uses matmul.cu)
 
 TEMPLATES += ["linear"]
+
+from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant.cu uses linear.cu)
+
+TEMPLATES += ["quant"]

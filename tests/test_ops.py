@@ -975,6 +975,31 @@ def test_linear(dtype):
     np.testing.assert_array_equal(interpret(g, {"x": xv})["y"], want)
 
 
+@covers("LinearQ8", "LinearQ4")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_linear_quantized(bits):
+    """Weight-only quantized Linear = x @ dequant(wq).T + b, dequantized exactly in float32, rounded once."""
+    from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 32)).astype(np.float16)
+    if bits == 8:
+        wq, scale = quantize_int8(w)
+        deq, op, attrs = dequantize_int8(wq, scale), "LinearQ8", {}
+    else:
+        wq, scale = quantize_int4(w, 16)
+        deq, op, attrs = dequantize_int4(wq, scale, 16), "LinearQ4", {"group_size": 16}
+    g = Graph("q")
+    x = Value("x", "float16", (3, 32))
+    y = Value("y", "float16", (3, 6))
+    g.inputs, g.outputs = [x], [y]
+    g.nodes.append(Node(op, [x, constant("wq", wq), constant("s", scale)], [y], attrs))
+    verify(g)
+    xv = rng.standard_normal((3, 32)).astype(np.float16)
+    want = (xv.astype(np.float32) @ deq.astype(np.float32).T).astype(np.float16)
+    np.testing.assert_array_equal(interpret(g, {"x": xv})["y"], want)
+
+
 @covers("Sample")
 def test_sample_greedy_and_seeded():
     """Sample is IR-only: greedy = first argmax of the last position; sampling is reproducible by seed.

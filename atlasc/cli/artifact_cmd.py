@@ -43,6 +43,8 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                     "max_batch": m.kv_cache.max_batch, "max_seq": m.kv_cache.max_seq, "dtype": m.kv_cache.dtype},
                 "members": {k: {"sha256": v.sha256, "size": v.size} for k, v in m.members.items()},
             }
+            if "quantization" in m.report:
+                report["quantization"] = m.report["quantization"]
             print(json.dumps(report))
             return
         out = _out()
@@ -78,12 +80,29 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
             kv = m.kv_cache
             out.print(f"kv cache: [{kv.layers}, 2, {kv.max_batch}, {kv.kv_heads}, {kv.max_seq}, {kv.head_dim}] "
                       f"{kv.dtype}")
+        _print_quantization(out, m.report.get("quantization"))
         sums = Table(title="members (sha256 verified)", title_justify="left", show_edge=False)
         for col in ("member", "bytes", "sha256"):
             sums.add_column(col)
         for name, spec in m.members.items():
             sums.add_row(name, str(spec.size), spec.sha256)
         out.print(sums)
+
+
+def _print_quantization(out, q: dict | None) -> None:
+    if not q:
+        return
+    title = f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
+    table = Table(title=f"{title}: weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}",
+                  title_justify="left", show_edge=False)
+    for col in ("layer", "shape", "rel error", "bytes before", "bytes after"):
+        table.add_column(col, justify="left" if col == "layer" else "right")
+    for r in q["layers"]:
+        table.add_row(r["layer"], "x".join(map(str, r["shape"])), f"{r['rel_error']:.4f}", _bytes(r["bytes_before"]),
+                      _bytes(r["bytes_after"]))
+    out.print(table)
+    for where, why in q.get("declined", {}).items():
+        out.print(f"  kept in float: {where} ({why})")
 
 
 def parse_ids(text: str) -> list[list[int]]:

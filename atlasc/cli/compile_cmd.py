@@ -14,7 +14,7 @@ from rich.table import Table
 from atlasc.cli import _bytes, _err, _existing_file, _out, app, state
 from atlasc.errors import UsageError
 
-CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion"}
+CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "quant_skip"}
 
 
 def _load_config(path: Path) -> dict:
@@ -58,6 +58,13 @@ def compile_command(
                                                  "DIR/NN-<pass>.txt.")] = None,
     time_passes: Annotated[bool, typer.Option("--time-passes", help="Print each pass's time.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
+    quant: Annotated[str | None, typer.Option("--quant", help="Weight-only quantization of the linear layers: "
+                                              "none, int8 (per channel) or int4 (per group). Default none.")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="int4: weights per scale along K "
+                                                   "(must divide K). Default 128.")] = None,
+    quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
+                                                         "node or output name matches this glob in float "
+                                                         "(repeatable, or comma-separated).")] = None,
 ) -> None:
     """Compile an ONNX model into one .atlas file: passes, static memory plan, CUDA per arch (nvcc).
 
@@ -83,8 +90,9 @@ def compile_command(
     if max_batch < 1 or max_seq < 2:
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
     fusion = bool(cfg.get("fusion", True)) and not no_fusion and os.environ.get("ATLAS_FUSION_ENABLED", "1") != "0"
+    quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
     options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
-                             fusion=fusion, verify=verify)
+                             fusion=fusion, verify=verify, **quant_opts)
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:
@@ -101,6 +109,24 @@ def compile_command(
     _print_report(result, time_passes)
 
 
+def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | None, cfg: dict) -> dict:
+    """--quant / --group-size / --quant-skip (flags win over build.yaml), validated."""
+    mode = str(quant or cfg.get("quant") or "none").lower()
+    if mode not in ("none", "int8", "int4"):
+        raise UsageError(f"--quant must be none, int8 or int4, not {mode}")
+    try:
+        group = int(group_size if group_size is not None else cfg.get("group_size", 128))
+    except (TypeError, ValueError):
+        raise UsageError(f"--group-size must be an integer, not {cfg.get('group_size')}") from None
+    if group < 2 or group % 2:
+        raise UsageError(f"--group-size must be an even number >= 2, not {group}")
+    raw = skip if skip else cfg.get("quant_skip") or []
+    if isinstance(raw, str):
+        raw = [raw]
+    patterns = tuple(p.strip() for item in raw for p in str(item).split(",") if p.strip())
+    return {"quant": mode, "group_size": group, "quant_skip": patterns}
+
+
 def _print_report(result, time_passes: bool) -> None:
     out = _out()
     s = result.summary()
@@ -115,6 +141,11 @@ def _print_report(result, time_passes: bool) -> None:
     mem.add_row("activations (planned peak)", _bytes(s["activation_peak_bytes"]))
     mem.add_row("activations (naive sum)", _bytes(s["activation_naive_bytes"]))
     out.print(mem)
+    q = result.manifest.report.get("quantization")
+    if q:
+        out.print(f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
+                  + f": {len(q['layers'])} layers, weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}, "
+                  f"max relative error {q['max_rel_error']:.4f}")
     if state.verbose or time_passes:
         table = Table(title="passes", title_justify="left", show_edge=False)
         table.add_column("pass")

@@ -23,6 +23,9 @@ class CompileOptions:
     max_seq: int = 2048
     fusion: bool = True
     verify: bool = False
+    quant: str = "none"  # none | int8 | int4 (weight-only, passes/quantize.py)
+    group_size: int = 128  # int4: weights per fp16 scale along K
+    quant_skip: tuple[str, ...] = ()  # fnmatch patterns of linear layers kept in float
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,4 @@ class Program:
     bindings: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbols fixed (decode: seq=1)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
+    quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)

@@ -1,0 +1,198 @@
+"""quantize: weight-only quantization of constant-weight Linear layers (`--quant int8 | int4`).
+
+Matches (after fuse-linear and merge-linear):
+
+    y = Linear(x, W, [b])        W a constant [N, K] float16 / float32
+    =>
+    y = LinearQ8(x, Wq, s, [b])                   options.quant == "int8": Wq int8 [N, K], s fp16 [N]
+    y = LinearQ4(x, Wp, s, [b], group_size=G)     options.quant == "int4": Wp uint8 [N, K/2], s [N, K/G]
+
+Symmetric round-to-nearest: per output channel for int8 (s = max|w| / 127), per group of G weights
+along K for int4 (s = max|w| / 7, values clamped to [-8, 7]). Scales are stored in float16 (at least
+2^-14, the smallest normal, so they never flush to zero; an all-zero row or group gets 1) and the
+integers are computed against the stored scale, so |dequant - w| <= s / 2 elementwise.
+
+Declines (reason at -vv): layers matched by a `quant_skip` fnmatch pattern (tried against the weight's
+name, the node's name and the output's name: merged weights are named `merged_w_*`), and for int4
+layers whose K the group size does not divide. A group size that divides no layer's K is a UsageError.
+
+Also records `program.quantization`: per layer, the relative error ||x W^T - x Wq^T|| / ||x W^T|| on
+64 seeded standard-normal activation rows, and the weight bytes before / after. Quantization runs in
+row chunks (a few MB of float32 at a time), so memory stays bounded by one layer's output.
+
+Requires: fuse-linear, merge-linear (quantizing after the merge makes one Q/K/V weight). Guarantees:
+the graph verifies; outputs differ from the float program by the quantization error only; does
+nothing when options.quant == "none".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+
+from atlasc.errors import UsageError
+from atlasc.ir.graph import Node, Value, constant
+from atlasc.ir.program import Program
+from atlasc.passes.rewrite import RewriteStats
+
+MODES = ("none", "int8", "int4")
+CHUNK_ELEMENTS = 1 << 22  # float32 elements per row chunk (16 MiB)
+ERROR_ROWS = 64
+MIN_SCALE = np.float32(2.0**-14)  # smallest normal float16
+
+
+def _chunks(n: int, k: int):
+    rows = max(1, CHUNK_ELEMENTS // max(1, k))
+    for r0 in range(0, n, rows):
+        yield r0, min(n, r0 + rows)
+
+
+def _scale16(maxabs: np.ndarray, qmax: int) -> np.ndarray:
+    s = maxabs.astype(np.float32) / np.float32(qmax)
+    s = np.where(maxabs == 0, np.float32(1.0), np.maximum(s, MIN_SCALE))
+    return np.minimum(s, np.float32(65504.0)).astype(np.float16)
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [N, K] float -> (wq int8 [N, K], scale float16 [N]) with w ~= wq * scale[:, None]."""
+    n, k = w.shape
+    wq = np.empty((n, k), np.int8)
+    scale = np.empty(n, np.float16)
+    for r0, r1 in _chunks(n, k):
+        c = np.asarray(w[r0:r1], np.float32)
+        s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), 127)
+        wq[r0:r1] = np.clip(np.rint(c / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
+        scale[r0:r1] = s
+    return wq, scale
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """int values [N, K] in [-8, 7] (K even) -> uint8 [N, K/2]: low nibble = even k, high = odd k, + 8."""
+    u = (np.asarray(q).astype(np.int16) + 8).astype(np.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+
+
+def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """w [N, K] float -> (packed uint8 [N, K/2], scale float16 [N, K/group]); K % group == 0, group even."""
+    n, k = w.shape
+    if group < 2 or group % 2 or k % group:
+        raise ValueError(f"group size {group} must be even and divide K = {k}")
+    packed = np.empty((n, k // 2), np.uint8)
+    scale = np.empty((n, k // group), np.float16)
+    for r0, r1 in _chunks(n, k):
+        c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
+        s = _scale16(np.abs(c).max(axis=2), 7)
+        q = np.clip(np.rint(c / s.astype(np.float32)[..., None]), -8, 7).astype(np.int8)
+        packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k))
+        scale[r0:r1] = s
+    return packed, scale
+
+
+def dequantize_int8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    from atlasc.ir.ops.quant import dequant_q8
+
+    return dequant_q8(wq, scale)
+
+
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
+    from atlasc.ir.ops.quant import dequant_q4
+
+    return dequant_q4(packed, scale, group)
+
+
+def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Quantize w chunk by chunk; also the relative error of x W^T on ERROR_ROWS random rows x."""
+    n, k = w.shape
+    x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
+    if mode == "int8":
+        wq, scale = np.empty((n, k), np.int8), np.empty(n, np.float16)
+    else:
+        wq, scale = np.empty((n, k // 2), np.uint8), np.empty((n, k // group), np.float16)
+    num = den = 0.0
+    for r0, r1 in _chunks(n, k):
+        c = np.asarray(w[r0:r1], np.float32)
+        if mode == "int8":
+            q, s = quantize_int8(c)
+            deq = dequantize_int8(q, s)
+        else:
+            q, s = quantize_int4(c, group)
+            deq = dequantize_int4(q, s, group)
+        wq[r0:r1], scale[r0:r1] = q, s
+        y = x @ c.T
+        num += float(np.sum(np.square((y - x @ deq.T).astype(np.float64))))
+        den += float(np.sum(np.square(y.astype(np.float64))))
+    return wq, scale, float(np.sqrt(num / den)) if den > 0 else 0.0
+
+
+def _skipped(node: Node, patterns: tuple[str, ...]) -> str | None:
+    names = (node.inputs[1].name, node.name, node.outputs[0].name)
+    for p in patterns:
+        if any(fnmatch.fnmatchcase(s, p) for s in names):
+            return p
+    return None
+
+
+def quantize(program: Program) -> tuple[Program, RewriteStats]:
+    """Replace every eligible Linear by LinearQ8 / LinearQ4 (see the module docstring)."""
+    stats = RewriteStats()
+    opts = program.options
+    mode = opts.quant
+    if mode not in MODES:
+        raise UsageError(f"--quant must be one of {', '.join(MODES)}, not {mode}")
+    if mode == "none":
+        return program, stats
+    group = int(opts.group_size)
+    if mode == "int4" and (group < 2 or group % 2):
+        raise UsageError(f"--group-size must be an even number >= 2, not {group}")
+    rule = f"Linear(x, W) => LinearQ{8 if mode == 'int8' else 4}(x, Wq, scale)"
+    candidates = []
+    for graph in program.entries.values():
+        for node in graph.nodes:
+            if node.op != "Linear":
+                continue
+            w = node.inputs[1]
+            where = f"{rule} at {node.name}"
+            if not w.is_constant or w.dtype not in ("float16", "float32") or len(w.shape) != 2:
+                stats.declined[where] = "the weight is not a 2-D float constant"
+                continue
+            pattern = _skipped(node, opts.quant_skip)
+            if pattern is not None:
+                stats.declined[where] = f"skipped by --quant-skip {pattern}"
+                continue
+            candidates.append(node)
+    if mode == "int4" and candidates and all(n.inputs[1].shape[1] % group for n in candidates):
+        ks = sorted({int(n.inputs[1].shape[1]) for n in candidates})
+        raise UsageError(f"--group-size {group} divides no linear layer's K (K: {', '.join(map(str, ks))})",
+                         hint="pick a group size that divides K, e.g. 32, 64 or 128")
+    made: dict[int, tuple[Value, Value, dict]] = {}  # id(W) -> (wq, scale, layer record): shared weights once
+    layers = []
+    for node in candidates:
+        w = node.inputs[1]
+        k = int(w.shape[1])
+        if mode == "int4" and k % group:
+            stats.declined[f"{rule} at {node.name}"] = f"group size {group} does not divide K = {k}"
+            continue
+        if id(w) not in made:
+            wq, scale, err = _quantize_layer(w.data, mode, group, seed=len(made))
+            rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
+                   "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes)}
+            made[id(w)] = (constant(f"{w.name}__q{mode[3:]}", wq), constant(f"{w.name}__scale", scale), rec)
+            layers.append(rec)
+        wq_v, scale_v, _ = made[id(w)]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        ins = [node.inputs[0], wq_v, scale_v] + ([bias] if bias is not None else [])
+        if mode == "int8":
+            node.op, node.inputs, node.attrs = "LinearQ8", ins, {}
+        else:
+            node.op, node.inputs, node.attrs = "LinearQ4", ins, {"group_size": group}
+        stats.applied[rule] = stats.applied.get(rule, 0) + 1
+    before = sum(r["bytes_before"] for r in layers)
+    after = sum(r["bytes_after"] for r in layers)
+    program.quantization = {
+        "mode": mode, "group_size": group if mode == "int4" else None, "skip": list(opts.quant_skip),
+        "layers": layers, "bytes_before": before, "bytes_after": after,
+        "max_rel_error": max((r["rel_error"] for r in layers), default=0.0),
+        "declined": {k.split(" at ", 1)[1]: v for k, v in stats.declined.items()},
+    }
+    return program, stats
