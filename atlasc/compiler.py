@@ -99,6 +99,11 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     program, report = run_pipeline(program, verify_each=options.verify, dump_ir=dump_ir,
                                    on_pass=lambda name: say("pass", name))
     seconds["passes"] = time.perf_counter() - t
+    if program.quantization and program.kind == "decoder":
+        t = time.perf_counter()
+        say("accuracy", "quantized vs float on calibration prompts")
+        program.quantization["accuracy"] = _accuracy(program, options)
+        seconds["accuracy"] = time.perf_counter() - t
 
     t = time.perf_counter()
     say("codegen", f"{sum(len(g.nodes) for g in program.entries.values())} kernels")
@@ -119,6 +124,19 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)
+
+
+def _accuracy(program: Program, options: CompileOptions) -> dict:
+    from atlasc.accuracy import accuracy_report, load_calibration, random_prompts
+
+    vocab = int(program.entries["prefill"].outputs[0].shape[-1])
+    if options.calib:
+        ids = load_calibration(options.calib, vocab, options.max_seq)
+    else:
+        ids = random_prompts(vocab, prompts=2, length=min(16, options.max_seq))
+    report = accuracy_report(program, ids)
+    report["calibration"] = options.calib or "random prompts (seed 0)"
+    return report
 
 
 def model_float_dtype(graph) -> str | None:

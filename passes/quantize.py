@@ -180,6 +180,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             made[id(w)] = (constant(f"{w.name}__q{mode[3:]}", wq), constant(f"{w.name}__scale", scale), rec)
             layers.append(rec)
         wq_v, scale_v, _ = made[id(w)]
+        program.float_weights[node.name] = w  # for the end-to-end accuracy report (atlasc/accuracy.py)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         ins = [node.inputs[0], wq_v, scale_v] + ([bias] if bias is not None else [])
         if mode == "int8":

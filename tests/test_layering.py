@@ -46,9 +46,11 @@ RULES: dict[str, Rule] = {
     # the CPU executor runs the op table's numpy references (atlasc.ir needs only numpy)
     "atlasc.runtime.cpu": rule({"atlasc.artifact", "atlasc.ir", "atlasc.runtime", "atlasc.errors"}, {"numpy"}),
     "atlasc.pipeline": rule({"atlasc.ir", "atlasc.passes", "atlasc.errors"}, {"numpy"}),
+    # the quantization accuracy report: runs programs on the reference interpreter
+    "atlasc.accuracy": rule({"atlasc.ir", "atlasc.errors"}, {"numpy"}),
     # the compile driver: ONNX file in, .atlas file out
     "atlasc.compiler": rule({"atlasc.frontend", "atlasc.ir", "atlasc.pipeline", "atlasc.passes", "atlasc.codegen",
-                             "atlasc.artifact", "atlasc.errors"}, {"numpy", "yaml"}),
+                             "atlasc.accuracy", "atlasc.artifact", "atlasc.errors"}, {"numpy", "yaml"}),
     # the command line sits on top of everything
     "atlasc.cli": rule(ANY, {"typer", "rich", "click", "numpy", "yaml"}),
     "atlasc.__main__": rule({"atlasc.cli"}, set()),

@@ -95,11 +95,18 @@ def _print_quantization(out, q: dict | None) -> None:
     title = f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
     table = Table(title=f"{title}: weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}",
                   title_justify="left", show_edge=False)
-    for col in ("layer", "shape", "rel error", "bytes before", "bytes after"):
+    acc = q.get("accuracy") or {}
+    on_calib = acc.get("layer_rel_error_on_calibration", {})
+    for col in ("layer", "shape", "rel error", "on calibration", "bytes before", "bytes after"):
         table.add_column(col, justify="left" if col == "layer" else "right")
+    if acc:
+        out.print(f"quantized vs float on {acc['prompts']} x {acc['tokens_per_prompt']} calibration tokens "
+                  f"({acc['calibration']}): logits KL {acc['kl_divergence']:.3g}, top-1 agreement "
+                  f"{100 * acc['top1_agreement']:.1f}%")
     for r in q["layers"]:
-        table.add_row(r["layer"], "x".join(map(str, r["shape"])), f"{r['rel_error']:.4f}", _bytes(r["bytes_before"]),
-                      _bytes(r["bytes_after"]))
+        calib = on_calib.get(r["layer"])
+        table.add_row(r["layer"], "x".join(map(str, r["shape"])), f"{r['rel_error']:.4f}",
+                      "-" if calib is None else f"{calib:.4f}", _bytes(r["bytes_before"]), _bytes(r["bytes_after"]))
     out.print(table)
     for where, why in q.get("declined", {}).items():
         out.print(f"  kept in float: {where} ({why})")

@@ -65,6 +65,9 @@ def compile_command(
     quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
                                                          "node or output name matches this glob in float "
                                                          "(repeatable, or comma-separated).")] = None,
+    calib: Annotated[Path | None, typer.Option("--calib", help="Quantized decoders: an .npz of calibration "
+                                               "token ids [prompts, length] (key input_ids) for the accuracy "
+                                               "report; random prompts when absent.")] = None,
 ) -> None:
     """Compile an ONNX model into one .atlas file: passes, static memory plan, CUDA per arch (nvcc).
 
@@ -91,6 +94,11 @@ def compile_command(
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
     fusion = bool(cfg.get("fusion", True)) and not no_fusion and os.environ.get("ATLAS_FUSION_ENABLED", "1") != "0"
     quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
+    if calib is not None:
+        _existing_file(calib, "calibration file")
+        if quant_opts["quant"] == "none":
+            raise UsageError("--calib only matters with --quant int8 or int4")
+        quant_opts["calib"] = str(calib)
     options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
                              fusion=fusion, verify=verify, **quant_opts)
 

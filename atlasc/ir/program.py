@@ -26,6 +26,7 @@ class CompileOptions:
     quant: str = "none"  # none | int8 | int4 (weight-only, passes/quantize.py)
     group_size: int = 128  # int4: weights per fp16 scale along K
     quant_skip: tuple[str, ...] = ()  # fnmatch patterns of linear layers kept in float
+    calib: str | None = None  # .npz of calibration token ids for the quantization report
 
 
 @dataclass(frozen=True)
@@ -55,4 +56,5 @@ class Program:
     bindings: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbols fixed (decode: seq=1)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
+    float_weights: dict[str, object] = field(default_factory=dict)  # quantized node name -> its float weight Value
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)

@@ -1,0 +1,127 @@
+"""The accuracy report of a quantized compile: the quantized decoder against its float self.
+
+On calibration prompts (token ids; random ones when none are given) the prefill entry runs twice on
+the reference interpreter: as compiled, and with every quantized linear layer restored to its float
+weight. Reported: end-to-end KL divergence of the next-token distributions (float || quantized, mean
+over every position), top-1 agreement over every position, and per layer the relative error
+||x W^T - x Wq^T|| / ||x W^T|| on the activations x that layer actually sees on those prompts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlasc.errors import UsageError
+from atlasc.ir.graph import Graph, Value
+from atlasc.ir.interpreter import interpret
+from atlasc.ir.ops.quant import dequant_q4, dequant_q8
+from atlasc.ir.program import Program
+
+QUANTIZED = ("LinearQ8", "LinearQ4")
+
+
+def load_calibration(path, vocab: int, max_seq: int) -> np.ndarray:
+    """Token ids [prompts, length] from an .npz (key `input_ids`, or its only array); UsageError otherwise."""
+    try:
+        with np.load(path) as z:
+            key = "input_ids" if "input_ids" in z.files else (z.files[0] if len(z.files) == 1 else None)
+            if key is None:
+                raise UsageError(f"calibration file {path} needs an `input_ids` array")
+            ids = np.asarray(z[key])
+    except (OSError, ValueError) as e:
+        raise UsageError(f"calibration file {path} is not a readable .npz: {e}") from None
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.size == 0:
+        raise UsageError(f"calibration input_ids must be a non-empty 2-D integer array [prompts, length], "
+                         f"got {ids.dtype}{list(ids.shape)}")
+    if ids.shape[1] > max_seq:
+        raise UsageError(f"calibration prompts have {ids.shape[1]} tokens, more than --max-seq {max_seq}")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise UsageError(f"calibration token ids must lie in [0, {vocab}), got [{ids.min()}, {ids.max()}]")
+    return ids.astype(np.int64)
+
+
+def random_prompts(vocab: int, prompts: int = 2, length: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=(prompts, length)).astype(np.int64)
+
+
+def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[str, Value]]]:
+    """A copy of graph with quantized layers back in float, returning each layer's input as an output."""
+    twin = graph.clone("float")
+    probes = []
+    for node in twin.nodes:
+        if node.op in QUANTIZED and node.name in float_weights:
+            x = node.inputs[0]
+            bias = node.inputs[3] if len(node.inputs) > 3 else None
+            node.op, node.attrs = "Linear", {}
+            node.inputs = [x, float_weights[node.name]] + ([bias] if bias is not None else [])
+            if all(o is not x for o in twin.outputs):
+                twin.outputs.append(x)
+            probes.append((node.name, x))
+    return twin, probes
+
+
+def _feeds(graph: Graph, ids: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
+    b, s = ids.shape
+    feeds = {}
+    for v in graph.inputs:
+        if v.name == "sample_params":
+            feeds[v.name] = np.array([0, 1, 0], np.float32)
+        elif v.name == "sample_state":
+            feeds[v.name] = np.zeros(3, np.int64)
+        elif v.name == "attention_mask":
+            feeds[v.name] = np.ones((b, s), np.int64)
+        elif v.name == "position_ids":
+            feeds[v.name] = np.tile(np.arange(s, dtype=np.int64), (b, 1))
+        else:
+            feeds[v.name] = ids
+    return feeds
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def accuracy_report(program: Program, ids: np.ndarray) -> dict:
+    """KL, top-1 agreement and per-layer errors of the quantized prefill against its float twin."""
+    if program.kind != "decoder" or "prefill" not in program.entries:
+        return {}
+    graph = program.entries["prefill"]
+    twin, probes = _float_twin(graph, program.float_weights)
+    kv = program.kv_cache
+    logits_name = graph.outputs[0].name
+    kl, agree, count = 0.0, 0, 0
+    sums: dict[str, list[float]] = {name: [0.0, 0.0] for name, _ in probes}
+    quantized_nodes = {n.name: n for n in graph.nodes if n.op in QUANTIZED}
+    for start in range(0, ids.shape[0], kv.max_batch):
+        chunk = ids[start:start + kv.max_batch]
+        symbols = {program.roles["past"]: 0}
+        feeds = _feeds(graph, chunk, program.roles)
+        q_out = interpret(graph, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
+        f_out = interpret(twin, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
+        p = _softmax(f_out[logits_name].astype(np.float64))
+        q = _softmax(q_out[logits_name].astype(np.float64))
+        kl += float(np.sum(p * (np.log(p + 1e-300) - np.log(q + 1e-300))))
+        agree += int(np.sum(p.argmax(-1) == q.argmax(-1)))
+        count += int(np.prod(p.shape[:-1]))
+        for name, x in probes:
+            node = quantized_nodes[name]
+            xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
+            w = program.float_weights[name].data.astype(np.float32)
+            y = xs @ w.T
+            yq = xs @ _dequantized(node).T
+            sums[name][0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
+            sums[name][1] += float(np.sum(np.square(y, dtype=np.float64)))
+    layers = {name: (float(np.sqrt(a / b)) if b > 0 else 0.0) for name, (a, b) in sums.items()}
+    return {"prompts": int(ids.shape[0]), "tokens_per_prompt": int(ids.shape[1]),
+            "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1),
+            "layer_rel_error_on_calibration": layers,
+            "max_layer_rel_error_on_calibration": max(layers.values(), default=0.0)}
+
+
+def _dequantized(node) -> np.ndarray:
+    wq, scale = node.inputs[1].data, node.inputs[2].data
+    if node.op == "LinearQ8":
+        return dequant_q8(wq, scale)
+    return dequant_q4(wq, scale, node.attrs.get("group_size", 128))

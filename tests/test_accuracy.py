@@ -1,0 +1,70 @@
+"""The quantization accuracy report: quantized decoder vs its float twin on calibration prompts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from atlasc.accuracy import accuracy_report, load_calibration
+from atlasc.errors import UsageError
+from atlasc.frontend import import_onnx
+from atlasc.ir.program import CompileOptions, Program
+from atlasc.pipeline import run_pipeline
+
+from conftest import FIXTURES, REPO
+
+
+def quantized(name: str, mode: str, group: int = 16) -> Program:
+    program = Program({"main": import_onnx(FIXTURES / f"{name}.onnx")},
+                      CompileOptions(max_batch=2, max_seq=32, quant=mode, group_size=group))
+    return run_pipeline(program, verify_each=True)[0]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_int8_is_close_and_int4_is_measurably_worse(name):
+    ids = np.random.default_rng(1).integers(0, 256, size=(3, 12))
+    r8 = accuracy_report(quantized(name, "int8"), ids)
+    r4 = accuracy_report(quantized(name, "int4"), ids)
+    assert r8["prompts"] == 3 and r8["tokens_per_prompt"] == 12
+    # int8 per channel: ~0.6% error per layer on these random weights (see the per-layer numbers)
+    assert r8["kl_divergence"] < 1e-3 and r8["top1_agreement"] >= 0.9
+    assert 0 < r8["max_layer_rel_error_on_calibration"] < 0.02
+    # int4 with 15 levels per group: an order of magnitude more error, still a valid distribution
+    assert r4["max_layer_rel_error_on_calibration"] > 3 * r8["max_layer_rel_error_on_calibration"]
+    assert r4["kl_divergence"] > r8["kl_divergence"]
+    assert set(r8["layer_rel_error_on_calibration"]) == set(r4["layer_rel_error_on_calibration"])
+
+
+def test_calibration_file_is_validated(tmp_path):
+    good = tmp_path / "c.npz"
+    np.savez(good, input_ids=np.zeros((2, 5), np.int64))
+    assert load_calibration(good, 256, 32).shape == (2, 5)
+    for bad, message in [(np.zeros(5, np.int64), "2-D"), (np.zeros((2, 5), np.float32), "2-D integer"),
+                         (np.full((1, 4), 300), "[0, 256)"), (np.zeros((1, 40), np.int64), "--max-seq")]:
+        path = tmp_path / "bad.npz"
+        np.savez(path, input_ids=bad)
+        with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            load_calibration(path, 256, 32)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_compile_with_calibration_reports_it(tmp_path):
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input_ids=np.random.default_rng(2).integers(0, 256, size=(4, 8)))
+    out = tmp_path / "q.atlas"
+    cmd = [sys.executable, "-m", "atlasc", "compile", str(FIXTURES / "llama.onnx"), "-o", str(out), "--arch", "sm80",
+           "--max-seq", "32", "--max-batch", "2", "--quant", "int8", "--calib", str(calib), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    assert r.returncode == 0, r.stderr
+    acc = json.loads(r.stdout.splitlines()[-1])["quantization"]["accuracy"]
+    assert acc["prompts"] == 4 and acc["calibration"] == str(calib)
+    text = subprocess.run([sys.executable, "-m", "atlasc", "inspect", str(out)], capture_output=True, text=True,
+                          cwd=REPO, check=False).stdout
+    assert "top-1 agreement" in text and "KL" in text
+    bad = subprocess.run(cmd[:-5] + ["--calib", str(calib)], capture_output=True, text=True, cwd=REPO, check=False)
+    assert bad.returncode == 2 and "--calib only matters" in bad.stderr
