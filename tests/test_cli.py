@@ -158,8 +158,7 @@ def test_readme_commands(fixtures_dir, tmp_path):
 @pytest.mark.parametrize("name", ["llama", "llama-fp16", "gpt2", "bert"])
 def test_run_every_case(cli, fixtures_dir, manifest, tmp_path, name):
     entry = next((e for e in manifest if e["name"] == name), None)
-    if entry is None:
-        pytest.skip(f"no fixture {name}")
+    assert entry is not None, f"fixture {name} missing from the manifest"
     for case in entry["cases"]:
         case_path = fixtures_dir / f"{name}.{case}.npz"
         out = tmp_path / f"{case}.npz"
