@@ -161,8 +161,7 @@ def _split_infer(ins, attrs):
     shape = ins[0].shape
     axis = norm_axis(attrs["axis"], len(shape), "Split")
     sizes = tuple(attrs["split"])
-    if S.prove_eq(S.add(0, sum(sizes, 0)) if all(isinstance(s, int) for s in sizes) else
-                  _sum_dims(sizes), shape[axis]) is False:
+    if S.prove_eq(_sum_dims(sizes), shape[axis]) is False:
         raise ShapeError(f"Split: sizes {sizes} do not add up to {shape[axis]}")
     outs = []
     for s in sizes:
