@@ -4,24 +4,42 @@
 // leading dims flatten to M rows (any strides); bias is [N] with a stride. Numerics: float32
 // accumulation, the bias added in float32, one rounding at the store (matches the reference).
 //
-// Two paths, chosen at run time from M (the grid is static, so every block takes the same branch):
-// - GEMV (M <= 32, decode): each warp owns F consecutive output features; its lanes walk those F
-//   weight rows with 16-byte loads (8 halves / 4 floats), U vectors per row per lane in flight
-//   (F*U*16 bytes per lane), streamed past L1 (ld.global.nc.L1::no_allocate) so that x, read
+// Paths, chosen at run time from M (the grid is static, so every block takes the same branch); which
+// path serves which M bucket is fixed at code generation (linear.py):
+// - GEMV (M <= 32, decode, CUDA cores): each warp owns F consecutive output features; its lanes walk
+//   those F weight rows with 16-byte loads (8 halves / 4 floats), U vectors per row per lane in
+//   flight (F*U*16 bytes per lane), streamed past L1 (ld.global.nc.L1::no_allocate) so that x, read
 //   through the read-only cache with the same 16-byte loads and reused by the F rows, stays in L1.
 //   MT (a power of two >= M) rows of x are accumulated in registers (acc[F][MT]), then each sum is
 //   reduced across the warp with shuffles and lane m stores row m. Row offsets of x and y are
 //   computed once per block into shared memory. The 16-byte path needs K * sizeof(T) % 16 == 0,
 //   16-byte aligned x rows (unit stride along K) and w; otherwise the same loop runs with scalar
 //   loads through the strides.
-// - tiled (M > 32, prefill): matmul_tiled of matmul.cu with B = w^T expressed through strides
-//   (B[k, n] = w[n * K + k]: k-major loads stay coalesced) and the bias as a stride-0 row.
+// - MMA decode (M <= 32, float16, tensor cores): mma.sync m16n8k16 (fp16 in, fp32 accumulate) with
+//   A = 16 weight rows x 16 k and B = 16 k x 8 rows of x (B[k][m] = x[m][k]), C = 16 features x 8 rows.
+//   A block of 8 warps owns 16 features (blocks loop grid-stride over the N / 16 feature blocks); its
+//   warps split K into interleaved 32-k steps and each accumulates J = ceil(MT / 8) tiles of 8 rows
+//   of x; the partial C fragments are summed through shared memory (in warp order: deterministic) and
+//   stored. The weights keep their [N, K] layout: inside a k16 tile the k order is free as long as A
+//   and B agree, so fragment k (2c, 2c+1, 2c+8, 2c+9) (c = lane % 4) is read at k 4c .. 4c+3 of the
+//   tile; a 32-k step is then one 16-byte load per lane of each of the weight rows n0 + lane / 4 and
+//   n0 + lane / 4 + 8 (at k0 + 8c .. 8c+7; streamed, U steps in flight) and one 16-byte load of x row
+//   m = lane / 4 + 8j (through L1: every warp reads it), feeding two mma k16 steps.
+// - MMA prefill (M > 32, float16): the same fragments without split-K: each warp owns 16 features and
+//   a 64-row tile of M (J = 8, each A fragment reused by the 8 tiles); a block is 8 warps (128
+//   features) x one M tile, blocks loop grid-stride over (feature blocks x M tiles).
+//   The MMA paths need K % 32 == 0, 16-byte aligned x rows with unit stride along K, a 16-byte aligned
+//   w and sm80+ (lin_mma_ok, checked at run time); otherwise the GEMV / tiled path runs. Weight rows
+//   n >= N are read as row N-1 and x rows m >= M as row M-1; neither is stored.
+// - tiled (M > 32, prefill, CUDA cores): matmul_tiled of matmul.cu with B = w^T expressed through
+//   strides (B[k, n] = w[n * K + k]: k-major loads stay coalesced) and the bias as a stride-0 row.
 // Warps loop grid-stride over feature groups and blocks over tiles, so any grid is correct.
 namespace atlas {
 
 constexpr int LIN_THREADS = 256;
 constexpr int LIN_WARPS = LIN_THREADS / 32;
 constexpr int LIN_GEMV_MAX_M = 32;
+constexpr int LIN_MMA_M = 64;  // rows of x per MMA prefill tile (8 mma n-tiles)
 
 // a 16-byte load of weights that are read once: bypass L1
 __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
@@ -34,6 +52,7 @@ __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
 template <typename T> struct LinVec;
 template <> struct LinVec<float> {
   static constexpr int N = 4;
+  static constexpr bool MMA = false;  // the MMA paths take float16 only
   __device__ __forceinline__ static void unpack(const uint4& v, float* f) {
     f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
     f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
@@ -41,6 +60,7 @@ template <> struct LinVec<float> {
 };
 template <> struct LinVec<__half> {
   static constexpr int N = 8;
+  static constexpr bool MMA = true;
   __device__ __forceinline__ static void unpack(const uint4& v, float* f) {
     const unsigned int u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -190,6 +210,172 @@ __device__ __forceinline__ bool linear_gemv_setup(const View<T, R>& x, const T* 
   for (int i = 0; i < R - 1; ++i) vec = vec && (x.shape[i] == 1 || x.stride[i] % V == 0);
   __syncthreads();
   return vec;
+}
+
+// -- tensor-core paths (see the header) ----------------------------------------------------------
+
+// whether the MMA paths apply: float16, sm80+, K % 32 == 0, 16-byte aligned x rows (unit stride
+// along K) and w
+template <typename T, int R>
+__device__ __forceinline__ bool lin_mma_ok(const View<T, R>& x, const T* w, long long K) {
+#if __CUDA_ARCH__ >= 800
+  bool ok = LinVec<T>::MMA && K % 32 == 0 && x.stride[R - 1] == 1 &&
+            (reinterpret_cast<uintptr_t>(x.p) % 16 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0);
+#pragma unroll
+  for (int i = 0; i < R - 1; ++i) ok = ok && (x.shape[i] == 1 || x.stride[i] % 8 == 0);
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// d += A * B for one m16n8k16 tile: a = {a0a1, a2a3, a4a5, a6a7}, b = {b0b1, b2b3} (f16x2 registers)
+__device__ __forceinline__ void lin_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// one 32-k step: wlo / whi hold weight rows n0 + g / n0 + g + 8 at k0 + 8c .. 8c+7, xv x row m at the
+// same k. Fragment k (2c, 2c+1 | 2c+8, 2c+9) of the first k16 step is k0 + 8c + (0, 1 | 2, 3), of the
+// second k0 + 8c + (4, 5 | 6, 7): A and B use the same permutation, so the products are unchanged.
+__device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, const uint4& whi, const uint4& xv) {
+  lin_mma(d, wlo.x, whi.x, wlo.y, whi.y, xv.x, xv.y);
+  lin_mma(d, wlo.z, whi.z, wlo.w, whi.w, xv.z, xv.w);
+}
+
+// MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; xoff / yoff: row offsets
+// (linear_gemv_setup), red: 1024 * J floats of shared memory
+template <typename T, int R, int J, int U, bool HAS_BIAS>
+__device__ __forceinline__ void linear_mma_decode(const View<T, R>& x, const T* __restrict__ w,
+                                                  const T* __restrict__ bias, long long bias_stride,
+                                                  const View<T, R>& y, long long M, long long N, long long K,
+                                                  const long long* xoff, const long long* yoff, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const long long steps = K / 32, blocks_n = (N + 15) / 16, yn = y.stride[R - 1];
+  const T* xr[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) xr[j] = x.p + xoff[imin(8 * j + g, M - 1)] + 8 * c;
+  for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
+    const long long n0 = nb * 16;
+    const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
+    const T* w1 = w + imin(n0 + g + 8, N - 1) * K + 8 * c;
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+    long long s = warp;
+    for (; s + LIN_WARPS * (U - 1) < steps; s += LIN_WARPS * U) {
+      uint4 wlo[U], whi[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wlo[u] = lin_ld_stream(w0 + (s + LIN_WARPS * u) * 32);
+        whi[u] = lin_ld_stream(w1 + (s + LIN_WARPS * u) * 32);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+          lin_mma_step(acc[j], wlo[u], whi[u], __ldg(reinterpret_cast<const uint4*>(xr[j] + (s + LIN_WARPS * u) * 32)));
+    }
+    for (; s < steps; s += LIN_WARPS) {
+      const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        lin_mma_step(acc[j], wlo, whi, __ldg(reinterpret_cast<const uint4*>(xr[j] + s * 32)));
+    }
+    // red[r][warp][lane], r = 4j + q: conflict-free writes here and reads below
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[j][q];
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < 4 * J * 32; slot += LIN_THREADS) {
+      const int r = slot >> 5, l = slot & 31, q = r & 3;
+      float sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
+      // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+      const long long n = n0 + (l >> 2) + (q >= 2 ? 8 : 0);
+      const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+      if (m < M && n < N) {
+        float b = 0.f;
+        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+        store(y.p + yoff[m] + n * yn, sum + b);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next feature block
+  }
+}
+
+// MMA prefill (M > 32): a warp per (16 features, 64 rows of x), a block per (128 features, 64 rows);
+// xoff / yoff: LIN_MMA_M row offsets of the block's tile in shared memory
+template <typename T, int R, int U, bool HAS_BIAS>
+__device__ __forceinline__ void linear_mma_prefill(const View<T, R>& x, const T* __restrict__ w,
+                                                   const T* __restrict__ bias, long long bias_stride,
+                                                   const View<T, R>& y, long long M, long long N, long long K,
+                                                   long long* xoff, long long* yoff) {
+  constexpr int J = LIN_MMA_M / 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const long long steps = K / 32, yn = y.stride[R - 1];
+  const long long tiles_m = (M + LIN_MMA_M - 1) / LIN_MMA_M, blocks_n = (N + 16 * LIN_WARPS - 1) / (16 * LIN_WARPS);
+  for (long long item = blockIdx.x; item < blocks_n * tiles_m; item += gridDim.x) {
+    const long long n0 = (item / tiles_m) * (16 * LIN_WARPS) + 16 * warp, m0 = (item % tiles_m) * LIN_MMA_M;
+    __syncthreads();  // the previous tile's readers of xoff / yoff are done
+    if (threadIdx.x < LIN_MMA_M) {
+      const long long m = imin(m0 + threadIdx.x, M - 1);
+      xoff[threadIdx.x] = lin_row_offset(x, m);
+      yoff[threadIdx.x] = lin_row_offset(y, m);
+    }
+    __syncthreads();
+    if (n0 >= N) continue;  // no barrier below
+    const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
+    const T* w1 = w + imin(n0 + g + 8, N - 1) * K + 8 * c;
+    const T* xr[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) xr[j] = x.p + xoff[8 * j + g] + 8 * c;
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+    long long s = 0;
+    for (; s + U - 1 < steps; s += U) {
+      uint4 wlo[U], whi[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wlo[u] = lin_ld_stream(w0 + (s + u) * 32);
+        whi[u] = lin_ld_stream(w1 + (s + u) * 32);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+          lin_mma_step(acc[j], wlo[u], whi[u], __ldg(reinterpret_cast<const uint4*>(xr[j] + (s + u) * 32)));
+    }
+    for (; s < steps; ++s) {
+      const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        lin_mma_step(acc[j], wlo, whi, __ldg(reinterpret_cast<const uint4*>(xr[j] + s * 32)));
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long n = n0 + g + (q >= 2 ? 8 : 0);
+      float b = 0.f;
+      if constexpr (HAS_BIAS) b = n < N ? float(load(bias + n * bias_stride)) : 0.f;
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int mi = 8 * j + 2 * c + (q & 1);
+        if (m0 + mi < M && n < N) store(y.p + yoff[mi] + n * yn, acc[j][q] + b);
+      }
+    }
+  }
 }
 
 // the prefill path: matmul_tiled with B = w^T through strides

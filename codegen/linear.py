@@ -1,17 +1,29 @@
-"""Linear: the decode GEMV / skinny GEMM and the prefill tiled path of linear.cu.
+"""Linear: the decode GEMV / tensor-core (MMA) paths and the prefill tiled / MMA paths of linear.cu.
 
 The emitter binds x and y as Views of their own rank (leading dims flatten to M rows), w [N, K] as
-a contiguous constant and the optional bias [N]. The kernel picks its path from M at run time: the
-GEMV variants with MT = 1, 2, 4, ... (the smallest power of two >= M) up to the next power of two of
-M's compile-time maximum (at most 32), and the tiled path (matmul.cu) only when M may exceed 32.
+a contiguous constant and the optional bias [N]. The kernel picks its path from M at run time:
+- M <= 32 (decode): M falls in the bucket MT = 1, 2, 4, ... (the smallest power of two >= M); buckets
+  exist up to the next power of two of M's compile-time maximum (at most 32). Each bucket runs the
+  CUDA-core GEMV with MT rows, or, where DECODE_PATH says "mma", the tensor-core decode with
+  J = ceil(MT / 8) tiles of 8 rows when lin_mma_ok holds at run time (float16, K % 32 == 0, aligned
+  x rows and w, sm80+), the GEMV otherwise.
+- M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles) when lin_mma_ok
+  holds, else the CUDA-core tiled path (matmul.cu).
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
-its variants: it sets the occupancy) that of the small ones.
+its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
+MMA code at all.
 
-GEMV_CONFIG maps MT to (F features per warp, U 16-byte loads in flight per lane and row); the kernel
-lab (examples/kernel_lab.py) times alternatives by replacing it.
+GEMV_CONFIG maps MT to (F features per warp, U 16-byte loads in flight per lane and row);
+DECODE_PATH maps MT to "gemv" or "mma"; MMA_DECODE_U / MMA_PREFILL_U set the 32-k steps of weights in
+flight per warp. The environment variable ATLAS_LINEAR_PATH, read at code generation, overrides
+DECODE_PATH for A/B timing (examples/kernel_lab.py --variant): "simt" = GEMV + tiled only (the
+CUDA-core kernels), "mma" = the MMA paths for every bucket (M = 1 too), "table" or unset = DECODE_PATH
+and the MMA prefill.
 """
 
 from __future__ import annotations
+
+import os
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
@@ -21,10 +33,17 @@ from atlasc.ir.graph import Node
 THREADS = 256  # LIN_THREADS in linear.cu (also matmul_tiled's block)
 WARPS = THREADS // 32
 GEMV_MAX_M = 32
+MMA_M = 64  # LIN_MMA_M: rows of x per MMA prefill tile
 # chosen from ptxas reports (sm90, fp16, K=4096): registers of the kernel with variants up to MT are
 # 62 (MT 1), 66 (2), 78 (4), 78 (8), 80 (16), 128 + 32 bytes of spills (32): larger F or U for MT >= 4
 # hoists more x loads than the register file holds
 GEMV_CONFIG: dict[int, tuple[int, int]] = {1: (2, 4), 2: (2, 4), 4: (1, 4), 8: (1, 2), 16: (1, 1), 32: (1, 1)}
+# which decode path serves bucket MT when the MMA path applies
+DECODE_PATH: dict[int, str] = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "mma", 32: "mma"}
+MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}  # J -> 32-k steps (1 KB of weights each) in flight per warp
+MMA_PREFILL_U = 2
+PATH_ENV = "ATLAS_LINEAR_PATH"
+PATHS = ("table", "simt", "mma")
 
 
 def gemv_variants(m_upper: int) -> list[int]:
@@ -35,6 +54,30 @@ def gemv_variants(m_upper: int) -> list[int]:
         if mt >= min(m_upper, GEMV_MAX_M):
             return out
         mt *= 2
+
+
+def path_choice() -> str:
+    """ATLAS_LINEAR_PATH (default "table"); CodegenError for an unknown value."""
+    path = os.environ.get(PATH_ENV, "") or "table"
+    if path not in PATHS:
+        raise CodegenError(f"{PATH_ENV}={path!r} is not a Linear path (expected one of: {', '.join(PATHS)})")
+    return path
+
+
+def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, int, int]]:
+    """(lo, hi, J): M ranges lo < M <= hi served by the MMA decode with J tiles (consecutive MMA buckets
+    with the same J merged, so that each J is inlined once per run)."""
+    runs: list[tuple[int, int, int]] = []
+    lo = 0
+    for mt in variants:
+        j = -(-mt // 8)
+        if use_mma[mt]:
+            if runs and runs[-1][1] == lo and runs[-1][2] == j:
+                runs[-1] = (runs[-1][0], mt, j)
+            else:
+                runs.append((lo, mt, j))
+        lo = mt
+    return runs
 
 
 @emitter("Linear")
@@ -64,30 +107,57 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         m_upper *= ctx.upper(d)
     variants = gemv_variants(m_upper)
     tiled = r >= 2 and m_upper > GEMV_MAX_M
+    path = path_choice()
+    k_static = w_v.shape[1]
+    mma = dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 and path != "simt"
+    use_mma = {mt: mma and (path == "mma" or DECODE_PATH[mt] == "mma") for mt in variants}
+    runs = mma_runs(variants, use_mma)
+    mma_prefill = tiled and mma
+    args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
         "  long long M = 1;",
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
-        f"  __shared__ long long lin_xoff[{GEMV_MAX_M}], lin_yoff[{GEMV_MAX_M}];",
+        f"  __shared__ long long lin_xoff[{MMA_M if mma_prefill else GEMV_MAX_M}], "
+        f"lin_yoff[{MMA_M if mma_prefill else GEMV_MAX_M}];",
+    ]
+    if runs:
+        red = 4 * WARPS * 32 * max(j for _, _, j in runs)  # the MMA decode's partial C fragments
+        lines.append(f"  __shared__ float lin_red[{red}];")
+    lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
         f"    const bool vec = atlas::linear_gemv_setup<{t}, {r}>(x, w, y, M, K, lin_xoff, lin_yoff);",
     ]
+    if runs:
+        lines.append(f"    const bool mma = atlas::lin_mma_ok<{t}, {r}>(x, w, K);")
+    prefix = "    "
+    for lo, hi, j in runs:
+        cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
+        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {MMA_DECODE_U[j]}, {has_bias}>("
+                     f"{args}, lin_red);")
+        prefix = "    else "
     for i, mt in enumerate(variants):
         f, u = GEMV_CONFIG[mt]
         cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
-        prefix = "    " if i == 0 else "    else "
-        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>("
-                     "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff, vec);")
+        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec);")
+        prefix = "    else "
     lines.append("  }")
+    if mma_prefill:
+        lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
+                     f"atlas::linear_mma_prefill<{t}, {r}, {MMA_PREFILL_U}, {has_bias}>({args});")
     if tiled:
         lines.append(f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);")
     n_upper = ctx.upper(w_v.shape[0])
     f_min = min(GEMV_CONFIG[mt][0] for mt in variants)
     blocks = -(-n_upper // (WARPS * f_min))
+    if runs:
+        blocks = max(blocks, -(-n_upper // 16))
     if tiled:
         batch = 1
         for d in y_v.shape[:-2]:
             batch *= ctx.upper(d)
         blocks = max(blocks, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE))
+    if mma_prefill:
+        blocks = max(blocks, -(-m_upper // MMA_M) * -(-n_upper // (16 * WARPS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1))

@@ -1,20 +1,27 @@
-"""Kernel lab for the Linear family (codegen/linear.py + linear.cu): check, then time, the decode GEMV.
+"""Kernel lab for the Linear family (codegen/linear.py + linear.cu): check, then time, its paths.
 
-    python examples/kernel_lab.py            # Llama-3-8B and Llama-3.2-1B projection shapes, M in 1, 8, 32
-    python examples/kernel_lab.py --quick    # one shape, M = 1 (smoke test)
+    python examples/kernel_lab.py                 # Llama-3-8B and Llama-3.2-1B projection shapes,
+                                                  # M in 1, 2, 4, 8, 16, 32, 128, paths simt and mma
+    python examples/kernel_lab.py --quick         # one shape, M = 1 (smoke test)
+    python examples/kernel_lab.py --shapes "8B o,1B down" --ms 8,32 --variant simt,mma,table
 
-For each (K x N, M) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the compile-time
-maximum m = M (the variants a decode kernel compiled for max_batch M would hold), generates the same
-kernel the compiler emits, compiles every kernel with nvcc in parallel, checks the output once against
-numpy (float32 accumulation; tolerance 2e-2 of max |y|), then times it with CUDA events around a
-captured CUDA graph of 30 launches that rotate among 3 arenas (3 copies of the weights, so that a
+For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the
+compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
+same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt" = the CUDA-core
+GEMV / tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by
+default, per linear.DECODE_PATH), compiles every kernel with nvcc in parallel, checks the output once
+against numpy (float32 accumulation; tolerance 2e-2 of max |y|), then times it with CUDA events around
+a captured CUDA graph of 30 launches that rotate among 3 arenas (3 copies of the weights, so that a
 weight that fits in the 50 MB L2 is not served from it), replayed 20 times after a warm-up: the
-median replay over 30 is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s.
+median replay over 30 is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
+TFLOP/s counts 2 * M * N * K. The last table puts the variants side by side per (shape, M) and names
+the fastest: what linear.DECODE_PATH should say for each M bucket.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -22,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from atlasc.codegen import generate_module
+from atlasc.codegen import generate_module, linear
 from atlasc.codegen.nvcc import compile_cubins
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
@@ -37,7 +44,8 @@ SHAPES = {  # (K, N)
     "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate_up": (2048, 16384), "1B down": (8192, 2048),
     "1B lm_head": (2048, 128256),
 }
-MS = (1, 8, 32)
+MS = (1, 2, 4, 8, 16, 32, 128)
+VARIANTS = ("simt", "mma")
 ARENAS = 3
 LAUNCHES = 30
 REPLAYS = 20
@@ -63,23 +71,43 @@ def build(k: int, n: int, m_max: int):
     return g, plan, {"m": m_max}
 
 
+def generate(k: int, n: int, m: int, variant: str):
+    """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant."""
+    g, plan, upper = build(k, n, m)
+    saved = os.environ.get(linear.PATH_ENV)
+    os.environ[linear.PATH_ENV] = variant
+    try:
+        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
+    finally:
+        if saved is None:
+            del os.environ[linear.PATH_ENV]
+        else:
+            os.environ[linear.PATH_ENV] = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape (8B o_proj), M = 1")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--ms", default="", help="comma-separated M values (default: 1,2,4,8,16,32,128)")
+    ap.add_argument("--variant", default=",".join(VARIANTS),
+                    help=f"comma-separated Linear paths to time, of {', '.join(linear.PATHS)} (default: simt,mma)")
     args = ap.parse_args(argv)
     shapes = {"8B o": SHAPES["8B o"]} if args.quick else SHAPES
     if args.shapes:
         shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
     ms = (1,) if args.quick else MS
+    if args.ms:
+        ms = tuple(int(m) for m in args.ms.split(","))
+    variants = tuple(v for v in args.variant.split(",") if v)
+    bad = [v for v in variants if v not in linear.PATHS]
+    if bad:
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(linear.PATHS)})")
     dev = Device()
     cuda = dev.cuda
     t0 = time.perf_counter()
-    jobs = [(name, k, n, m) for name, (k, n) in shapes.items() for m in ms]
-    mods = {}
-    for name, k, n, m in jobs:
-        g, plan, upper = build(k, n, m)
-        mods[(name, m)] = (g, plan, generate_module({"run": (g, plan)}, {"run": upper}))
+    jobs = [(name, k, n, m, v) for name, (k, n) in shapes.items() for m in ms for v in variants]
+    mods = {(name, m, v): generate(k, n, m, v) for name, k, n, m, v in jobs}
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
@@ -94,56 +122,67 @@ def main(argv=None) -> int:
         x = (rng.random((max(ms), k), dtype=np.float32) * 2 - 1).astype(np.float16)
         ref = x.astype(np.float32) @ w.T.astype(np.float32)  # [max M, n]: rows are independent
         for m in ms:
-            g, plan, mod = mods[(name, m)]
-            module = dev.load_module(cubins[(name, m)])
-            launch = mod.launches["run"][0]
-            table = KernelTable(dev, module, [launch.kernel])
-            arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
-            for a in arenas:
-                dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
-                dev.upload(a, plan.dims_offset, np.array([m], np.int64))
-                dev.upload(a, plan.placement(g.inputs[0]).offset, x[:m])
-            dev.upload(arenas[0], plan.placement(g.inputs[1]).offset, w)
-            dev.synchronize()
-            for a in arenas[1:]:
-                cuda.memcpy_dtod(int(a) + plan.placement(g.inputs[1]).offset,
-                                 int(arenas[0]) + plan.placement(g.inputs[1]).offset, w.nbytes)
+            for variant in variants:
+                g, plan, mod = mods[(name, m, variant)]
+                module = dev.load_module(cubins[(name, m, variant)])
+                launch = mod.launches["run"][0]
+                table = KernelTable(dev, module, [launch.kernel])
+                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
+                for a in arenas:
+                    dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                    dev.upload(a, plan.dims_offset, np.array([m], np.int64))
+                    dev.upload(a, plan.placement(g.inputs[0]).offset, x[:m])
+                dev.upload(arenas[0], plan.placement(g.inputs[1]).offset, w)
+                dev.synchronize()
+                for a in arenas[1:]:
+                    cuda.memcpy_dtod(int(a) + plan.placement(g.inputs[1]).offset,
+                                     int(arenas[0]) + plan.placement(g.inputs[1]).offset, w.nbytes)
 
-            def go(a):
-                table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+                def go(a):
+                    table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
 
-            go(arenas[0])
-            dev.synchronize()
-            y = dev.download(arenas[0], plan.placement(g.outputs[0]).offset, m * n * 2).view(np.float16)
-            y = y.reshape(m, n).astype(np.float32)
-            err = float(np.max(np.abs(y - ref[:m]))) if np.all(np.isfinite(y)) else float("inf")
-            scale = float(np.max(np.abs(ref[:m])))
-            ok = err <= 2e-2 * scale
-            failed |= not ok
-            graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % ARENAS]) for i in range(LAUNCHES)])
-            for _ in range(3):
-                graph.launch()
-            start, end = cuda.Event(), cuda.Event()
-            times = []
-            for _ in range(REPLAYS):
-                start.record(dev.stream)
-                graph.launch()
-                end.record(dev.stream)
-                end.synchronize()
-                times.append(end.time_since(start) / LAUNCHES * 1e3)  # us per launch
-            graph.close()
-            us = statistics.median(times)
-            nbytes = (n * k + m * k + m * n) * 2
-            gbs = nbytes / (us * 1e-6) / 1e9
-            rows.append((name, f"{k}x{n}", m, us, gbs, 100 * gbs * 1e9 / PEAK, launch.grid[0],
-                         "ok" if ok else f"FAIL err {err:.3g} / max {scale:.3g}"))
-            for a in arenas:
-                a.free()
-            print(f"  {name:11s} M={m:<2d} {us:8.2f} us  {gbs:7.0f} GB/s  {rows[-1][5]:5.1f}%  {rows[-1][7]}",
-                  flush=True)
-    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} {'grid':>6s}  check")
-    for name, kn, m, us, gbs, pct, grid, ok in rows:
-        print(f"{name:11s} {kn:>12s} {m:>3d} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {grid:6d}  {ok}")
+                go(arenas[0])
+                dev.synchronize()
+                y = dev.download(arenas[0], plan.placement(g.outputs[0]).offset, m * n * 2).view(np.float16)
+                y = y.reshape(m, n).astype(np.float32)
+                err = float(np.max(np.abs(y - ref[:m]))) if np.all(np.isfinite(y)) else float("inf")
+                scale = float(np.max(np.abs(ref[:m])))
+                ok = err <= 2e-2 * scale
+                failed |= not ok
+                graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % ARENAS]) for i in range(LAUNCHES)])
+                for _ in range(3):
+                    graph.launch()
+                start, end = cuda.Event(), cuda.Event()
+                times = []
+                for _ in range(REPLAYS):
+                    start.record(dev.stream)
+                    graph.launch()
+                    end.record(dev.stream)
+                    end.synchronize()
+                    times.append(end.time_since(start) / LAUNCHES * 1e3)  # us per launch
+                graph.close()
+                us = statistics.median(times)
+                nbytes = (n * k + m * k + m * n) * 2
+                gbs = nbytes / (us * 1e-6) / 1e9
+                tflops = 2 * m * n * k / (us * 1e-6) / 1e12
+                rows.append((name, f"{k}x{n}", m, variant, us, gbs, 100 * gbs * 1e9 / PEAK, tflops, launch.grid[0],
+                             "ok" if ok else f"FAIL err {err:.3g} / max {scale:.3g}"))
+                for a in arenas:
+                    a.free()
+                print(f"  {name:11s} M={m:<3d} {variant:5s} {us:8.2f} us  {gbs:7.0f} GB/s  {rows[-1][6]:5.1f}%  "
+                      f"{tflops:6.1f} TFLOP/s  {rows[-1][9]}", flush=True)
+    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>4s} {'path':5s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
+          f"{'TFLOP/s':>8s} {'grid':>6s}  check")
+    for name, kn, m, variant, us, gbs, pct, tflops, grid, ok in rows:
+        print(f"{name:11s} {kn:>12s} {m:>4d} {variant:5s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {tflops:8.1f} "
+              f"{grid:6d}  {ok}")
+    if len(variants) > 1:
+        print(f"\n{'shape':11s} {'M':>4s} " + " ".join(f"{v + ' us':>10s}" for v in variants) + "  fastest")
+        for name in shapes:
+            for m in ms:
+                t = {r[3]: r[4] for r in rows if r[0] == name and r[2] == m}
+                print(f"{name:11s} {m:>4d} " + " ".join(f"{t[v]:10.2f}" for v in variants) +
+                      f"  {min(t, key=t.get)}")
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
 

@@ -245,4 +245,33 @@ def test_linear_kernels_compile():
     assert "linear_tiled" in mod.source and "atlas::linear_gemv<__half, 2, 32, " in mod.source
     small = [k for k in mod.source.split('extern "C"') if "void __launch_bounds__(256) linear_float16_4_" in k]
     assert small and all("linear_tiled" not in k and ", 8, " not in k for k in small)  # only MT 1, 2, 4
+    kernels = mod.source.split('extern "C"')[1:]
+    # the tensor-core paths: float16 with K % 32 == 0 only (K = 4096 here; K = 72 keeps the CUDA-core ones)
+    assert not [k for k in kernels if "linear_mma" in k and "__half" not in k]
+    assert not [k for k in kernels if "linear_mma" in k and "K = 72LL" in k]
+    assert "atlas::linear_mma_prefill<__half, 2, " in mod.source
+    for j in (1, 2, 4):
+        assert f"atlas::linear_mma_decode<__half, 2, {j}, " in mod.source
+    assert any("if (mma && M > 1 && M <= 4) atlas::linear_mma_decode<__half, 2, 1, " in k for k in small)
     compile_or_skip(mod.source)
+
+
+def test_linear_path_choice(monkeypatch):
+    """DECODE_PATH buckets merge into one MMA call per J; ATLAS_LINEAR_PATH overrides the table."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.generate import CodegenError
+    from test_codegen_matmul_attention import generate
+
+    variants = linear.gemv_variants(32)
+    assert linear.mma_runs(variants, {mt: mt > 1 for mt in variants}) == [(1, 8, 1), (8, 16, 2), (16, 32, 4)]
+    assert linear.mma_runs(variants, {mt: mt in (2, 8, 32) for mt in variants}) == [(1, 2, 1), (4, 8, 1),
+                                                                                      (16, 32, 4)]
+    for path, has_mma, m1_mma in (("simt", False, False), ("mma", True, True)):
+        monkeypatch.setenv(linear.PATH_ENV, path)
+        src = "".join(generate(build_linear("float16", 100, ks=(4096,), ns=(8,))).source.split('extern "C"')[1:])
+        assert ("linear_mma_prefill" in src) == has_mma and ("linear_mma_decode" in src) == has_mma
+        assert ("if (mma && M <= 8) " in src) == m1_mma
+        assert "linear_tiled" in src and "linear_gemv<__half, 2, 1, " in src  # the fallbacks stay
+    monkeypatch.setenv(linear.PATH_ENV, "fast")
+    with pytest.raises(CodegenError, match="ATLAS_LINEAR_PATH='fast'"):
+        generate(build_linear("float16", 4, ks=(4096,), ns=(8,)))
