@@ -25,9 +25,11 @@
 //   tile; a 32-k step is then one 16-byte load per lane of each of the weight rows n0 + lane / 4 and
 //   n0 + lane / 4 + 8 (at k0 + 8c .. 8c+7; streamed, U steps in flight) and one 16-byte load of x row
 //   m = lane / 4 + 8j (through L1: every warp reads it), feeding two mma k16 steps.
-// - MMA prefill (M > 32, float16): the same fragments without split-K: each warp owns 16 features and
-//   a 64-row tile of M (J = 8, each A fragment reused by the 8 tiles); a block is 8 warps (128
-//   features) x one M tile, blocks loop grid-stride over (feature blocks x M tiles).
+// - MMA prefill (M > 32, float16): the same fragments; each warp works on 16 features and a 64-row
+//   tile of M (J = 8, each A fragment reused by the 8 tiles). A block (an item: blocks loop
+//   grid-stride over them) is 8 warps = F blocks of 16 features x S ways of split-K over one M tile,
+//   S = 1, 2, 4, 8 chosen at run time as the smallest that gives >= 512 items (at small M or N,
+//   S = 1 would leave SMs idle); S > 1 sums the partial fragments through shared memory.
 //   The MMA paths need K % 32 == 0, 16-byte aligned x rows with unit stride along K, a 16-byte aligned
 //   w and sm80+ (lin_mma_ok, checked at run time); otherwise the GEMV / tiled path runs. Weight rows
 //   n >= N are read as row N-1 and x rows m >= M as row M-1; neither is stored.
@@ -40,6 +42,7 @@ constexpr int LIN_THREADS = 256;
 constexpr int LIN_WARPS = LIN_THREADS / 32;
 constexpr int LIN_GEMV_MAX_M = 32;
 constexpr int LIN_MMA_M = 64;  // rows of x per MMA prefill tile (8 mma n-tiles)
+constexpr int LIN_MMA_ITEMS = 512;  // MMA prefill: split K until there are this many items (~4 per SM)
 
 // a 16-byte load of weights that are read once: bypass L1
 __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
@@ -313,66 +316,95 @@ __device__ __forceinline__ void linear_mma_decode(const View<T, R>& x, const T* 
   }
 }
 
-// MMA prefill (M > 32): a warp per (16 features, 64 rows of x), a block per (128 features, 64 rows);
-// xoff / yoff: LIN_MMA_M row offsets of the block's tile in shared memory
+// MMA prefill (M > 32): an item is (16 * F features, 64 rows of x); its 8 warps are F feature blocks
+// of 16 x S ways of split-K (S * F = 8, S the smallest that makes >= LIN_MMA_ITEMS items: small M
+// and N would leave SMs idle otherwise). xoff / yoff: LIN_MMA_M row offsets of the item's tile in
+// shared memory; red: 8192 floats of shared memory (the S > 1 partial sums)
 template <typename T, int R, int U, bool HAS_BIAS>
 __device__ __forceinline__ void linear_mma_prefill(const View<T, R>& x, const T* __restrict__ w,
                                                    const T* __restrict__ bias, long long bias_stride,
                                                    const View<T, R>& y, long long M, long long N, long long K,
-                                                   long long* xoff, long long* yoff) {
+                                                   long long* xoff, long long* yoff, float* red) {
   constexpr int J = LIN_MMA_M / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const long long steps = K / 32, yn = y.stride[R - 1];
-  const long long tiles_m = (M + LIN_MMA_M - 1) / LIN_MMA_M, blocks_n = (N + 16 * LIN_WARPS - 1) / (16 * LIN_WARPS);
+  const long long tiles_m = (M + LIN_MMA_M - 1) / LIN_MMA_M, fb16 = (N + 15) / 16;
+  int S = 1;
+  while (S < LIN_WARPS && (fb16 + LIN_WARPS / S - 1) / (LIN_WARPS / S) * tiles_m < LIN_MMA_ITEMS) S *= 2;
+  const int F = LIN_WARPS / S, ks = warp % S;
+  const long long blocks_n = (fb16 + F - 1) / F;
   for (long long item = blockIdx.x; item < blocks_n * tiles_m; item += gridDim.x) {
-    const long long n0 = (item / tiles_m) * (16 * LIN_WARPS) + 16 * warp, m0 = (item % tiles_m) * LIN_MMA_M;
-    __syncthreads();  // the previous tile's readers of xoff / yoff are done
+    const long long nb0 = (item / tiles_m) * (16 * F), n0 = nb0 + 16 * (warp / S);
+    const long long m0 = (item % tiles_m) * LIN_MMA_M;
+    __syncthreads();  // the previous item's readers of xoff / yoff / red are done
     if (threadIdx.x < LIN_MMA_M) {
       const long long m = imin(m0 + threadIdx.x, M - 1);
       xoff[threadIdx.x] = lin_row_offset(x, m);
       yoff[threadIdx.x] = lin_row_offset(y, m);
     }
     __syncthreads();
-    if (n0 >= N) continue;  // no barrier below
-    const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
-    const T* w1 = w + imin(n0 + g + 8, N - 1) * K + 8 * c;
-    const T* xr[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j) xr[j] = x.p + xoff[8 * j + g] + 8 * c;
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
-    long long s = 0;
-    for (; s + U - 1 < steps; s += U) {
-      uint4 wlo[U], whi[U];
+    if (n0 < N) {
+      const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
+      const T* w1 = w + imin(n0 + g + 8, N - 1) * K + 8 * c;
+      const T* xr[J];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        wlo[u] = lin_ld_stream(w0 + (s + u) * 32);
-        whi[u] = lin_ld_stream(w1 + (s + u) * 32);
+      for (int j = 0; j < J; ++j) xr[j] = x.p + xoff[8 * j + g] + 8 * c;
+      long long s = ks;
+      for (; s + S * (U - 1) < steps; s += S * U) {
+        uint4 wlo[U], whi[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          wlo[u] = lin_ld_stream(w0 + (s + S * u) * 32);
+          whi[u] = lin_ld_stream(w1 + (s + S * u) * 32);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < J; ++j)
+            lin_mma_step(acc[j], wlo[u], whi[u], __ldg(reinterpret_cast<const uint4*>(xr[j] + (s + S * u) * 32)));
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (; s < steps; s += S) {
+        const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
 #pragma unroll
         for (int j = 0; j < J; ++j)
-          lin_mma_step(acc[j], wlo[u], whi[u], __ldg(reinterpret_cast<const uint4*>(xr[j] + (s + u) * 32)));
+          lin_mma_step(acc[j], wlo, whi, __ldg(reinterpret_cast<const uint4*>(xr[j] + s * 32)));
+      }
     }
-    for (; s < steps; ++s) {
-      const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
+    if (S == 1) {  // no split-K: each warp stores its own C fragments
 #pragma unroll
-      for (int j = 0; j < J; ++j)
-        lin_mma_step(acc[j], wlo, whi, __ldg(reinterpret_cast<const uint4*>(xr[j] + s * 32)));
+      for (int q = 0; q < 4; ++q) {
+        const long long n = n0 + g + (q >= 2 ? 8 : 0);
+        float b = 0.f;
+        if constexpr (HAS_BIAS) b = n < N ? float(load(bias + n * bias_stride)) : 0.f;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int mi = 8 * j + 2 * c + (q & 1);
+          if (m0 + mi < M && n < N) store(y.p + yoff[mi] + n * yn, acc[j][q] + b);
+        }
+      }
+      continue;
     }
+    // red[r][warp][lane], r = 4j + q; warps f * S .. f * S + S - 1 hold feature block f's partials
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const long long n = n0 + g + (q >= 2 ? 8 : 0);
-      float b = 0.f;
-      if constexpr (HAS_BIAS) b = n < N ? float(load(bias + n * bias_stride)) : 0.f;
+    for (int j = 0; j < J; ++j)
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const int mi = 8 * j + 2 * c + (q & 1);
-        if (m0 + mi < M && n < N) store(y.p + yoff[mi] + n * yn, acc[j][q] + b);
+      for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[j][q];
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < F * 4 * J * 32; slot += LIN_THREADS) {
+      const int f = slot / (4 * J * 32), r = (slot >> 5) % (4 * J), l = slot & 31, q = r & 3;
+      float sum = 0.f;
+      for (int v = 0; v < S; ++v) sum += red[(r * LIN_WARPS + f * S + v) * 32 + l];
+      const long long n = nb0 + 16 * f + (l >> 2) + (q >= 2 ? 8 : 0);
+      const int mi = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+      if (m0 + mi < M && n < N) {
+        float b = 0.f;
+        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+        store(y.p + yoff[mi] + n * yn, sum + b);
       }
     }
   }

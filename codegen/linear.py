@@ -7,8 +7,9 @@ a contiguous constant and the optional bias [N]. The kernel picks its path from 
   CUDA-core GEMV with MT rows, or, where DECODE_PATH says "mma", the tensor-core decode with
   J = ceil(MT / 8) tiles of 8 rows when lin_mma_ok holds at run time (float16, K % 32 == 0, aligned
   x rows and w, sm80+), the GEMV otherwise.
-- M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles) when lin_mma_ok
-  holds, else the CUDA-core tiled path (matmul.cu).
+- M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles, split-K across
+  the block's warps when the tiles alone would not fill the GPU) when lin_mma_ok holds, else the
+  CUDA-core tiled path (matmul.cu).
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
 its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
 MMA code at all.
@@ -34,13 +35,18 @@ THREADS = 256  # LIN_THREADS in linear.cu (also matmul_tiled's block)
 WARPS = THREADS // 32
 GEMV_MAX_M = 32
 MMA_M = 64  # LIN_MMA_M: rows of x per MMA prefill tile
+MMA_ITEMS = 512  # LIN_MMA_ITEMS: the MMA prefill splits K until it has this many items
 # chosen from ptxas reports (sm90, fp16, K=4096): registers of the kernel with variants up to MT are
 # 62 (MT 1), 66 (2), 78 (4), 78 (8), 80 (16), 128 + 32 bytes of spills (32): larger F or U for MT >= 4
 # hoists more x loads than the register file holds
 GEMV_CONFIG: dict[int, tuple[int, int]] = {1: (2, 4), 2: (2, 4), 4: (1, 4), 8: (1, 2), 16: (1, 1), 32: (1, 1)}
-# which decode path serves bucket MT when the MMA path applies
+# which decode path serves bucket MT when the MMA path applies. Kernel lab, H200 (8B qkv / 8B down /
+# 1B o / 8B gate_up, us simt vs mma): M=1 15.1/15.4, 35.1/30.6, 4.5/3.8, 58.1/63.9 (a tie: GEMV kept);
+# M=2 a tie (114 us in all for both); M>=4 MMA by 1.5x (M=4) to 20x (M=32)
 DECODE_PATH: dict[int, str] = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "mma", 32: "mma"}
-MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}  # J -> 32-k steps (1 KB of weights each) in flight per warp
+# J -> 32-k steps (1 KB of weights each) in flight per warp. ptxas, sm90, each variant alone: J=1 78
+# registers, J=2 76, J=4 110, the prefill 146 (U=2), no spills
+MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
 MMA_PREFILL_U = 2
 PATH_ENV = "ATLAS_LINEAR_PATH"
 PATHS = ("table", "simt", "mma")
@@ -121,8 +127,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  __shared__ long long lin_xoff[{MMA_M if mma_prefill else GEMV_MAX_M}], "
         f"lin_yoff[{MMA_M if mma_prefill else GEMV_MAX_M}];",
     ]
-    if runs:
-        red = 4 * WARPS * 32 * max(j for _, _, j in runs)  # the MMA decode's partial C fragments
+    if runs or mma_prefill:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8 in the prefill)
+        red = 4 * WARPS * 32 * max([j for _, _, j in runs] + [MMA_M // 8 if mma_prefill else 0])
         lines.append(f"  __shared__ float lin_red[{red}];")
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
@@ -144,7 +150,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     lines.append("  }")
     if mma_prefill:
         lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
-                     f"atlas::linear_mma_prefill<{t}, {r}, {MMA_PREFILL_U}, {has_bias}>({args});")
+                     f"atlas::linear_mma_prefill<{t}, {r}, {MMA_PREFILL_U}, {has_bias}>({args}, lin_red);")
     if tiled:
         lines.append(f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);")
     n_upper = ctx.upper(w_v.shape[0])
@@ -157,7 +163,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         for d in y_v.shape[:-2]:
             batch *= ctx.upper(d)
         blocks = max(blocks, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE))
-    if mma_prefill:
-        blocks = max(blocks, -(-m_upper // MMA_M) * -(-n_upper // (16 * WARPS)))
+    if mma_prefill:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
+        tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
+        blocks = max(blocks, min(n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1))
