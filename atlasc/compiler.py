@@ -57,7 +57,7 @@ class CompileResult:
         return {
             "artifact": str(self.path),
             "kind": self.program.kind,
-            "entries": {k: len(e.nodes) for k, e in m.entries.items()},
+            "entries": {k: sum(1 for n in e.nodes if n.kernel) for k, e in m.entries.items()},  # kernels
             "archs": list(m.archs),
             "arena_bytes": m.memory.arena_bytes,
             "weights_bytes": m.memory.regions["weights"].nbytes,
@@ -106,7 +106,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
         seconds["accuracy"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    say("codegen", f"{sum(len(g.nodes) for g in program.entries.values())} kernels")
+    say("codegen", f"{sum(len(g.nodes) - len(program.plans[k].aliases) for k, g in program.entries.items())} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
                              _kv_dict(program))
     seconds["codegen"] = time.perf_counter() - t
@@ -248,11 +248,15 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
     by_node = {launch.node: launch for launch in launches}
     nodes = []
     for n in graph.nodes:
+        ins, outs = tuple(None if i is None else i.name for i in n.inputs), tuple(o.name for o in n.outputs)
         launch = by_node.get(n.name)
         if launch is None:
-            raise ShapeError(f"node {n.name} has no kernel launch")
-        nodes.append(NodeSpec(n.name, n.op, tuple(None if i is None else i.name for i in n.inputs),
-                              tuple(o.name for o in n.outputs), encode_attrs(n.attrs), launch.kernel,
+            if not (outs and all(o in plan.aliases for o in outs)):
+                raise ShapeError(f"node {n.name} has no kernel launch")
+            # an aliased reshape: its output already sits in its input's bytes, nothing to launch
+            nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), "", (1, 1, 1), (1, 1, 1), 0))
+            continue
+        nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), launch.kernel,
                               tuple(launch.grid), tuple(launch.block), launch.smem))
     return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
                      dict(bindings), tuple(values), tuple(nodes))

@@ -22,6 +22,7 @@ from atlasc.passes.dce import dce
 from atlasc.passes.entry_points import entry_points
 from atlasc.passes.fuse_attention import fuse_attention
 from atlasc.passes.fuse_rmsnorm import fuse_rmsnorm
+from atlasc.passes.fuse_rotary import fuse_rotary
 from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
@@ -38,6 +39,7 @@ PASSES: dict[str, PassFn] = {
     "entry-points": entry_points,
     "fuse-rmsnorm": fuse_rmsnorm,
     "fuse-attention": fuse_attention,
+    "fuse-rotary": fuse_rotary,
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
     "merge-linear": merge_linear,
@@ -60,6 +62,7 @@ PIPELINES: dict[str, list[str]] = {
         "dce",
         # before fuse-elementwise, which would absorb the scale and NaN-guard ops the pattern reads
         "fuse-attention",
+        "fuse-rotary",
         "dce",
         "fuse-elementwise",
         "schedule",

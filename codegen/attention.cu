@@ -213,4 +213,43 @@ __device__ __forceinline__ void kv_append(const View<T, 4>& x, const View<T, 4>&
   }
 }
 
+// QKVRotary: qkv [B, S, (Hq + 2Hk) * D] (rows of any stride, unit stride inside a row) -> q [B, Hq, S, D]
+// rotated; rotated k and v written into the cache views at positions past + s. cos/sin are
+// [Bc, S, R] with Bc = 1 (shared) or B. One thread per element; each product and the sum are
+// rounded to T like the reference (an fp16 export rotates in fp16), so the kernel is bit-exact.
+template <typename T> __device__ __forceinline__ T rot_round(float v) { return static_cast<T>(v); }
+template <> __device__ __forceinline__ __half rot_round<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T>
+__device__ __forceinline__ void qkv_rotary(const View<T, 3>& qkv, const View<T, 3>& cs, const View<T, 3>& sn,
+                                           const View<T, 4>& q, const View<T, 4>& pk, const View<T, 4>& pv,
+                                           long long Hq, long long Hk, long long D, long long past,
+                                           long long max_batch, long long max_seq) {
+  const long long B = qkv.shape[0], S = qkv.shape[1], H = Hq + 2 * Hk, R = cs.shape[2], half = R / 2;
+  const long long n = B * S * H * D;
+  for (long long f = global_thread(); f < n; f += global_threads()) {
+    const long long d = f % D, h = (f / D) % H, s = (f / (D * H)) % S, b = f / (D * H * S);
+    const T* row = qkv.p + b * qkv.stride[0] + s * qkv.stride[1] + h * D * qkv.stride[2];
+    const float x = float(row[d * qkv.stride[2]]);
+    T out;
+    if (h < Hq + Hk && d < R) {
+      const long long cb = cs.shape[0] == 1 ? 0 : b;
+      const float c = float(cs.p[cb * cs.stride[0] + s * cs.stride[1] + d * cs.stride[2]]);
+      const float si = float(sn.p[cb * sn.stride[0] + s * sn.stride[1] + d * sn.stride[2]]);
+      const float partner = d < half ? -float(row[(d + half) * qkv.stride[2]]) : float(row[(d - half) * qkv.stride[2]]);
+      const float a = float(rot_round<T>(x * c)), r = float(rot_round<T>(partner * si));
+      out = rot_round<T>(a + r);
+    } else {
+      out = row[d * qkv.stride[2]];
+    }
+    if (h < Hq) {
+      q.p[b * q.stride[0] + h * q.stride[1] + s * q.stride[2] + d * q.stride[3]] = out;
+    } else if (b < max_batch && past + s < max_seq) {
+      const View<T, 4>& c = h < Hq + Hk ? pk : pv;
+      const long long hh = h < Hq + Hk ? h - Hq : h - Hq - Hk;
+      c.p[b * c.stride[0] + hh * c.stride[1] + (past + s) * c.stride[2] + d * c.stride[3]] = out;
+    }
+  }
+}
+
 }  // namespace atlas

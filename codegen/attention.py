@@ -1,4 +1,4 @@
-"""Attention (opset 23), RotaryEmbedding (opset 23) and KVAppend: device code in attention.cu.
+"""Attention (opset 23), RotaryEmbedding (opset 23), KVAppend and QKVRotary: device code in attention.cu.
 
 The emitters reduce every layout to rank-4 Views by strides alone: Attention's 3-D [B, S, H*D]
 tensors become [B, H, S, D] views (head stride D * elem stride), RotaryEmbedding's input and output
@@ -85,7 +85,7 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     q = _bhsd(ctx, q_v, "q", hq)
     k = _bhsd(ctx, k_v, "k", hk)
     v = _bhsd(ctx, v_v, "v", hk)
-    y = _bhsd(ctx, y_v, "y", hq)
+    y = _bhsd(ctx, y_v, "y", hq if rank3 else (q_v.shape[1] if attrs.get("out_bshd") else None))
     for field, name in (("q", q), ("k", k), ("v", v), ("y", y)):
         ctx.lines.append(f"  {args}.{field} = {name};")
     has_past = pk_v is not None
@@ -232,3 +232,44 @@ def emit_kv_append(ctx: KernelContext, node: Node) -> KernelCode:
     past = ctx.dim(node.attrs["past"])
     body = f"  atlas::kv_append<{t}>(x, present, {past}, {kv['max_batch']}LL, {kv['max_seq']}LL);"
     return KernelCode(body, ctx.grid_for(ctx.numel_upper(x_v)))
+
+
+def _check_cache_view(ctx: KernelContext, node: Node, out_v: Value, layer: int, kind: str) -> None:
+    """out_v must be placed on the cache slot of (layer, kind) with the cache's strides."""
+    kv = ctx.kv_cache
+    placement = ctx.plan.placement(out_v)
+    want = kv_slot_offset(kv, layer, kind)
+    if placement.offset != want:
+        raise CodegenError(f"{node.name}: {node.op} output {out_v.name} must be placed on the cache slot "
+                           f"(offset {want}), found offset {placement.offset}")
+    strides = (kv["kv_heads"] * kv["max_seq"] * kv["head_dim"], kv["max_seq"] * kv["head_dim"], kv["head_dim"], 1)
+    if placement.strides is None or tuple(S.dim(s) for s in placement.strides) != tuple(S.dim(s) for s in strides):
+        raise CodegenError(f"{node.name}: {node.op} output {out_v.name} must be a cache view with strides "
+                           f"{strides}, found {placement.strides}")
+
+
+@emitter("QKVRotary")
+def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
+    qkv_v, cos_v, sin_v = node.inputs
+    q_v, pk_v, pv_v = node.outputs
+    kv = ctx.kv_cache
+    if kv is None:
+        raise CodegenError(f"{node.name}: QKVRotary without a KV cache in the module")
+    if qkv_v.dtype not in FLOATS or qkv_v.dtype != kv["dtype"]:
+        raise CodegenError(f"{node.name}: QKVRotary of {qkv_v.dtype} into a {kv['dtype']} cache")
+    hq, hk, d, layer = (int(node.attrs[k]) for k in ("q_heads", "kv_heads", "head_dim", "layer"))
+    if hk != kv["kv_heads"] or d != kv["head_dim"] or not 0 <= layer < kv["layers"]:
+        raise CodegenError(f"{node.name}: QKVRotary heads {hk} x {d} of layer {layer} do not fit the cache")
+    for out_v, kind in ((pk_v, "key"), (pv_v, "value")):
+        _check_cache_view(ctx, node, out_v, layer, kind)
+    t = c_type(qkv_v.dtype)
+    ctx.view(qkv_v, "qkv", rank=3)
+    ctx.view(cos_v, "cs", rank=3)
+    ctx.view(sin_v, "sn", rank=3)
+    ctx.view(q_v, "q", rank=4)
+    ctx.view(pk_v, "pk", rank=4)
+    ctx.view(pv_v, "pv", rank=4)
+    past = ctx.dim(node.attrs["past"])
+    body = (f"  atlas::qkv_rotary<{t}>(qkv, cs, sn, q, pk, pv, {hq}LL, {hk}LL, {d}LL, {past}, "
+            f"{kv['max_batch']}LL, {kv['max_seq']}LL);")
+    return KernelCode(body, ctx.grid_for(ctx.numel_upper(qkv_v)))

@@ -1,9 +1,9 @@
 """FusedElementwise: one thread per output element (grid-stride), the program's steps in registers.
 
 Each external input is read through a View aligned to the output's rank (broadcast dims stride 0,
-as in elementwise.py); the steps are a straight line of C statements using elementwise.py's per-op
-expressions, each in its own scope with `x0..` bound to its operands and `CT` to its result's
-compute type. Numerics match the unfused kernels:
+as in elementwise.py; a sliced input keeps its strides and starts at its slice); the steps are a
+straight line of C statements using elementwise.py's per-op expressions, each in its own scope with
+`x0..` bound to its operands and `CT` to its result's compute type. Numerics match the unfused kernels:
 - a float16 step result is rounded to float16 (atlas::round_f16) where the unfused graph stored it;
 - float Add/Sub/Mul/Div use the `__f*_rn` intrinsics, which nvcc never contracts into an FMA with a
   neighbouring step (the unfused kernels round every step to memory; an FMA would not).
@@ -18,7 +18,7 @@ from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext, emi
 from atlasc.errors import AtlasError
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
-from atlasc.ir.ops.fused import step_types
+from atlasc.ir.ops.fused import sliced_types, step_types
 
 # float arithmetic that must not be contracted across steps (float16 computes in float too)
 NO_CONTRACT = {
@@ -64,11 +64,15 @@ def emit_fused(ctx: KernelContext, node: Node) -> KernelCode:
     out_v = node.outputs[0]
     program = node.attrs["program"]
     try:
-        steps = step_types([TensorType(v.dtype, v.shape) for v in node.inputs], program)
+        slices = node.attrs.get("slices") or ()
+        steps = step_types(sliced_types([TensorType(v.dtype, v.shape) for v in node.inputs], slices), program)
     except AtlasError as e:
         raise CodegenError(f"{node.name}: {e.message}") from None
     out = ctx.view(out_v, "out")
     names = [_align(ctx, v, out_v, f"in{k}") for k, v in enumerate(node.inputs)]
+    for name, sl in zip(names, slices):
+        if sl is not None:  # a last-axis slice: same strides, the start offset added
+            ctx.lines.append(f"  {name}.p += {int(sl[0])}LL * {name}_src.stride[{len(out_v.shape) - 1}];")
     in_dtypes = [v.dtype for v in node.inputs]
     rank = len(out_v.shape) or 1
     offs = "".join(f" o{k} += c[k] * {v}.stride[k];" for k, v in enumerate(names))

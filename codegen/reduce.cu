@@ -281,5 +281,22 @@ __device__ __forceinline__ void norm_block(View<T, KR> xk, View<T, RR> xr, View<
   }
 }
 
+// AddRMSNormalization's prologue: s = a + b (rounded to T) for the rows this block owns, in the
+// same grid-stride row order as norm_block, which then normalizes s (the block's own writes are
+// visible to it after __syncthreads).
+template <typename A, typename T, int KR, int RR>
+__device__ __forceinline__ void add_rows(View<T, KR> ak, View<T, RR> ar, View<T, KR> bk, View<T, RR> br,
+                                         View<T, KR> sk, View<T, RR> sr) {
+  const long long rows = ak.numel(), n = ar.numel();
+  for (long long o = blockIdx.x; o < rows; o += gridDim.x) {
+    const T* a = ak.p + off(ak, o);
+    const T* b = bk.p + off(bk, o);
+    T* s = sk.p + off(sk, o);
+    for (long long i = threadIdx.x; i < n; i += blockDim.x)
+      store(s + off(sr, i), static_cast<A>(load(a + off(ar, i))) + static_cast<A>(load(b + off(br, i))));
+  }
+  __syncthreads();
+}
+
 }  // namespace rd
 }  // namespace atlas

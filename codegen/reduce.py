@@ -1,4 +1,5 @@
-"""Reduction kernels: Reduce*, ArgMax/ArgMin, Softmax/LogSoftmax, LayerNormalization, RMSNormalization.
+"""Reduction kernels: Reduce*, ArgMax/ArgMin, Softmax/LogSoftmax, LayerNormalization, RMSNormalization,
+AddRMSNormalization.
 
 Each node's input is split into two strided views over the same pointer: the kept dims (one "row"
 per kept coordinate) and the reduced dims (the row's elements), both carrying the input's own
@@ -219,4 +220,36 @@ def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     eps = float_literal(attrs["epsilon"], a)
     body = f"  atlas::rd::norm_block<{flags}>(xk, xr, yk, yr, scale, bias, mean_k, inv_k, {eps});"
     rows, n = _upper_prod(ctx, x, kept), _upper_prod(ctx, x, red)
+    return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))
+
+
+@emitter("AddRMSNormalization")
+def emit_add_rmsnorm(ctx: KernelContext, node: Node) -> KernelCode:
+    a, b, w = node.inputs
+    y, s = node.outputs
+    if a.dtype not in ACC:
+        raise CodegenError(f"{node.name}: {node.op} on {a.dtype}")
+    attrs = get(node.op).fill_attrs(node.attrs)
+    rank = len(a.shape)
+    if rank == 0:
+        raise CodegenError(f"{node.name}: {node.op} of a scalar")
+    axis = _norm_axis(attrs["axis"], rank, node)
+    kept, red = list(range(axis)), list(range(axis, rank))
+    acc = ACC[a.dtype]
+    for value, name in ((a, "a"), (b, "b"), (s, "s"), (y, "y")):
+        ctx.view(value, name)
+        subview(ctx, name, value, kept, f"{name}k")
+        subview(ctx, name, value, red, f"{name}r")
+    kr = max(len(kept), 1)
+    rr = max(len(red), 1)
+    align_trailing(ctx, w, "s", red, "scale")
+    null_view(ctx, "float", rr, "bias")
+    null_view(ctx, "float", kr, "mean_k")
+    null_view(ctx, "float", kr, "inv_k")
+    eps = float_literal(attrs["epsilon"], acc)
+    body = "\n".join([
+        f"  atlas::rd::add_rows<{acc}>(ak, ar, bk, br, sk, sr);",
+        f"  atlas::rd::norm_block<true, false, false, {acc}>(sk, sr, yk, yr, scale, bias, mean_k, inv_k, {eps});",
+    ])
+    rows, n = _upper_prod(ctx, a, kept), _upper_prod(ctx, a, red)
     return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))

@@ -16,7 +16,8 @@ A chain is accepted when it is made only of movement ops and multiplications/div
 constants, and when evaluating it on random data at two sets of symbol values equals the expected
 function (c * repeat_kv(K)^T for K, c * Q for Q, repeat_kv(V) for V). The repeat_kv copies of the
 cache then disappear: the fused kernel indexes the KV head directly. The mask subgraph stays as it is
-(an additive [B, 1, S, T] tensor, small at decode).
+(an additive [B, 1, S, T] tensor, small at decode). Then `Reshape(Transpose(O, 0 2 1 3), [B, S, H*D])`
+becomes the attention's own output layout (`out_bshd`): the kernel writes [B, S, H*D] directly.
 
 Requires: entry-points (K and V are then the KV-cache views), canonicalize. Guarantees: outputs
 equal the decomposed graph's within float rounding (tests compare on every fixture).
@@ -165,7 +166,30 @@ def _match(graph: Graph, node: Node):
     return Match(out, new, [Node("Attention", inputs, [new], {"scale": scale}, name=f"attention:{out.name}")])
 
 
+def _match_bshd(graph: Graph, node: Node):
+    """Anchor: Reshape(Transpose(Attention(...), perm 0 2 1 3), [B, S, H * Dv]) of a 4-D attention."""
+    producers = graph.producers()
+    tr = producers.get(id(node.inputs[0]))
+    if tr is None or tr.op != "Transpose" or list(tr.attrs.get("perm") or ()) != [0, 2, 1, 3]:
+        return "not a head transpose"
+    att = producers.get(id(tr.inputs[0]))
+    if att is None or att.op != "Attention" or len(att.inputs[0].shape) != 4 or att.attrs.get("out_bshd"):
+        return "the transpose does not read a 4-D Attention"
+    if len(graph.users(att.outputs[0])) != 1 or any(o is att.outputs[0] for o in graph.outputs) or \
+            any(o is not None and (graph.users(o) or any(o is g for g in graph.outputs)) for o in att.outputs[1:]):
+        return "the attention output has other readers"
+    b, h, s, dv = att.outputs[0].shape
+    out = node.outputs[0]
+    if tuple(S.dim(d) for d in out.shape) != (S.dim(b), S.dim(s), S.mul(h, dv)):
+        return "the reshape is not to [B, S, H * Dv]"
+    new = Value(out.name + "__bshd", out.dtype, out.shape)
+    attrs = {**att.attrs, "out_bshd": 1}
+    return Match(out, new, [Node("Attention", list(att.inputs), [new], attrs, name=f"attention:{out.name}")])
+
+
 RULES = [Rule("MatMul(Softmax(MatMul(Q, K^T) * c + mask), V) => Attention(Q, K, V, mask)", ("MatMul",), _match)]
+LAYOUT_RULES = [Rule("Reshape(Transpose(Attention, 0 2 1 3), [B, S, H*D]) => Attention{out_bshd}", ("Reshape",),
+                     _match_bshd)]
 
 
 def fuse_attention(program: Program) -> tuple[Program, RewriteStats]:
@@ -174,5 +198,5 @@ def fuse_attention(program: Program) -> tuple[Program, RewriteStats]:
     if not program.options.fusion:
         return program, stats
     for name, graph in program.entries.items():
-        program.entries[name] = apply_rules(graph, RULES, stats)
+        program.entries[name] = apply_rules(apply_rules(graph, RULES, stats), LAYOUT_RULES, stats)
     return program, stats

@@ -16,6 +16,10 @@ A producer joins the group of its consumer when
   element: a smaller intermediate is recomputed per element through broadcasting).
 Groups of one node stay as they are.
 
+Then a group input that is a Split or Slice along the last axis (static, step 1, no broadcast over
+that axis) is read straight from the sliced tensor through the node's `slices` attribute, and the
+Split/Slice disappears when nothing else reads it (SwiGLU on a merged gate/up projection: one kernel).
+
 Requires: entry-points (+ canonicalize/dce) ran, so decode's seq = 1 no-ops are gone; works on any
 entry, "main" included. Does nothing when `program.options.fusion` is False.
 Guarantees: every group becomes one node whose steps run the replaced nodes' own references in
@@ -148,11 +152,65 @@ def fuse_graph(graph: Graph, stats: RewriteStats) -> Graph:
     return graph.toposort()
 
 
+SLICE_RULE = "FusedElementwise(Split/Slice(x, last axis)) => FusedElementwise(x){slices}"
+
+
+def _last_axis_slice(node: Node, v: Value) -> tuple[int, int] | None:
+    """(start, length) when v is output of a static last-axis Split/Slice of node.inputs[0], else None."""
+    x = node.inputs[0]
+    rank = len(x.shape)
+    if rank == 0 or not isinstance(x.shape[-1], int):
+        return None
+    if node.op == "Split" and len(node.inputs) == 1 and node.attrs.get("axis", 0) % rank == rank - 1:
+        sizes = node.attrs.get("split")
+        if not sizes or not all(isinstance(z, int) for z in sizes):
+            return None
+        k = next(i for i, o in enumerate(node.outputs) if o is v)
+        return sum(sizes[:k]), sizes[k]
+    if node.op == "Slice" and len(node.inputs) == 1:
+        axes, starts = node.attrs.get("axes"), node.attrs.get("starts")
+        steps = node.attrs.get("steps") or (1,)
+        if not axes or len(axes) != 1 or axes[0] % rank != rank - 1 or tuple(steps) != (1,):
+            return None
+        if not isinstance(starts[0], int) or not isinstance(v.shape[-1], int) or starts[0] < 0:
+            return None
+        return starts[0], v.shape[-1]
+    return None
+
+
+def absorb_slices(graph: Graph, stats: RewriteStats) -> Graph:
+    """Let FusedElementwise nodes read last-axis Split/Slice outputs from the sliced tensor itself."""
+    producer = graph.producers()
+    for n in graph.nodes:
+        if n.op != "FusedElementwise":
+            continue
+        out_last = n.outputs[0].shape[-1] if n.outputs[0].shape else None
+        slices = list(n.attrs.get("slices") or [None] * len(n.inputs))
+        inputs = list(n.inputs)
+        for i, v in enumerate(inputs):
+            p = producer.get(id(v))
+            if slices[i] is not None or p is None or p.op not in ("Split", "Slice") or \
+                    len(v.shape) != len(n.outputs[0].shape):
+                continue
+            sl = _last_axis_slice(p, v)
+            if sl is None or sl[1] != out_last or p.inputs[0].dtype != v.dtype:
+                stats.declined[f"{SLICE_RULE} at {n.name}"] = \
+                    f"{p.name} is not a static last-axis slice of the output's width"
+                continue
+            inputs[i], slices[i] = p.inputs[0], sl
+            stats.applied[SLICE_RULE] = stats.applied.get(SLICE_RULE, 0) + 1
+        if any(sl is not None for sl in slices):
+            n.inputs = inputs
+            n.attrs = {**n.attrs, "slices": freeze(tuple(slices))}
+    graph.cleanup()
+    return graph
+
+
 def fuse_elementwise(program: Program) -> tuple[Program, RewriteStats]:
     """Fuse elementwise groups in every entry (no-op with fusion off)."""
     stats = RewriteStats()
     if not program.options.fusion:
         return program, stats
     for name, graph in program.entries.items():
-        program.entries[name] = fuse_graph(graph, stats)
+        program.entries[name] = absorb_slices(fuse_graph(graph, stats), stats)
     return program, stats

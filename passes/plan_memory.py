@@ -3,8 +3,8 @@
     | weights | kv_cache | io: dims buffer, each entry's inputs and outputs | activations |
 
 - weights: every constant of every entry (shared by reference), in first-use order, read-only;
-- kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output is a strided
-  view of its layer's key or value slot, not a buffer of its own;
+- kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output (and QKVRotary's
+  two `present` outputs) is a strided view of its layer's key or value slot, not a buffer of its own;
 - io: the int64 dims buffer (symbol values), then each entry's inputs and outputs, never reused;
 - activations: every other value gets an interval [step defined, last step read] over its entry's
   schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
@@ -140,13 +140,18 @@ def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
     for entry, graph in program.entries.items():
         upper = program.bounds.get(entry, {})
         live = lifetimes(graph)
+        aliases = find_aliases(graph, set(io[entry]))
+        for name, root in aliases.items():  # the root's buffer lives as long as its last alias is read
+            if root in live:
+                live[root] = (live[root][0], max(live[root][1], live[name][1]))
         buffers, placements = [], {}
         for node in graph.nodes:
-            for o in node.outputs:
-                if o.name in io[entry]:
+            for index, o in enumerate(node.outputs):
+                if o.name in io[entry] or o.name in aliases:
                     continue
-                if node.op == "KVAppend":
-                    placements[o.name] = _kv_view(node, kv, kv_offset)
+                kind = cache_kind(node, index)
+                if kind is not None:
+                    placements[o.name] = _kv_view(node.attrs["layer"], kind, kv, kv_offset)
                     continue
                 size = align(max(value_bytes(o, upper, roles, max_seq), 1))
                 buffers.append((o.name, size, live[o.name]))
@@ -156,10 +161,14 @@ def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
         for c in consts.values():
             placements[c.name] = Placement("weights", weights[c.name], align(c.data.nbytes))
         placements.update(io[entry])
+        for name, root in aliases.items():
+            placements[name] = placements[root]
         naive = sum(size for _, size, _ in buffers)
         plan = MemoryPlan(placements=placements, activation_peak=end, activation_naive=naive,
                           dims_offset=dims_offset, symbols=symbols,
-                          lifetimes={name: interval for name, _, interval in buffers})
+                          lifetimes={name: interval for name, _, interval in buffers}, aliases=aliases)
+        if aliases:
+            stats.applied[f"{entry}: reshape-like outputs sharing their input's bytes"] = len(aliases)
         plans[entry] = plan
         act_bytes = max(act_bytes, end)
         stats.applied[f"{entry}: activation peak bytes"] = end
@@ -177,8 +186,41 @@ def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
     return program, stats
 
 
-def _kv_view(node, kv, kv_offset: int) -> Placement:
-    slot = (node.attrs["layer"] * 2 + ("key", "value").index(node.attrs["kind"]))
+ALIAS_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+def find_aliases(graph: Graph, io_names: set[str]) -> dict[str, str]:
+    """Value -> root value for reshape-like outputs that can share their input's bytes.
+
+    The input must be stored contiguously (an activation, an entry input or a constant; not a cache
+    view, itself possibly an alias) and the output must not be an entry output (those have their own
+    io buffers the caller reads)."""
+    producers = {id(o): (n, i) for n in graph.nodes for i, o in enumerate(n.outputs)}
+    aliases: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op not in ALIAS_OPS or len(node.outputs) != 1 or not node.inputs:
+            continue
+        x, o = node.inputs[0], node.outputs[0]
+        if o.name in io_names or x.dtype != o.dtype:
+            continue
+        src = producers.get(id(x))
+        if src is not None and cache_kind(*src) is not None:
+            continue
+        aliases[o.name] = aliases.get(x.name, x.name)
+    return aliases
+
+
+def cache_kind(node, index: int) -> str | None:
+    """"key" / "value" when output `index` of node is a view of the KV cache, else None."""
+    if node.op == "KVAppend":
+        return node.attrs["kind"]
+    if node.op == "QKVRotary" and index > 0:
+        return ("key", "value")[index - 1]
+    return None
+
+
+def _kv_view(layer: int, kind: str, kv, kv_offset: int) -> Placement:
+    slot = layer * 2 + ("key", "value").index(kind)
     per_slot = kv.max_batch * kv.kv_heads * kv.max_seq * kv.head_dim
     strides = (kv.kv_heads * kv.max_seq * kv.head_dim, kv.max_seq * kv.head_dim, kv.head_dim, 1)
     return Placement("kv_cache", kv_offset + slot * per_slot * itemsize(kv.dtype),

@@ -146,9 +146,10 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
         v = values[name]
         return _numel(v.shape, env) * np.dtype(v.dtype).itemsize
 
-    times = {n.kernel: [] for n in e.nodes}
+    launched = [n for n in e.nodes if n.kernel]  # "": an aliased reshape, no kernel
+    times = {n.kernel: [] for n in launched}
     for _ in range(repeats):
-        for n in e.nodes:
+        for n in launched:
             start, end = cuda.Event(), cuda.Event()
             start.record(model.dev.stream)
             model.kernels.launch(n.kernel, tuple(n.grid), tuple(n.block), n.smem, model.arena, node=n.name)
@@ -156,7 +157,7 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
             end.synchronize()
             times[n.kernel].append(end.time_since(start) * 1e3)
     rows = []
-    for n in e.nodes:
+    for n in launched:
         moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
         if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
             moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])

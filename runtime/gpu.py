@@ -39,7 +39,8 @@ class GpuModel:
         self.upload_seconds = time.perf_counter() - t
         self.symbols = [s.name for s in m.symbols]
         self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
-        self.launches = {name: [(n.kernel, tuple(n.grid), tuple(n.block), n.smem, n.name) for n in e.nodes]
+        self.launches = {name: [(n.kernel, tuple(n.grid), tuple(n.block), n.smem, n.name) for n in e.nodes
+                                if n.kernel]  # "": an aliased reshape, nothing to run
                          for name, e in m.entries.items()}
         kernels = sorted({k for ls in self.launches.values() for k, *_ in ls})
         self.kernels = KernelTable(self.dev, self.module, kernels)

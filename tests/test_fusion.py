@@ -70,7 +70,8 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
     layers = program.kv_cache.layers
     for entry in ("prefill", "decode"):
         counted = ops(program, entry)
-        assert counted["RMSNormalization"] == 2 * layers + 1, counted
+        # the first norm reads the embedding; every later one is fused with its residual add
+        assert counted["RMSNormalization"] == 1 and counted["AddRMSNormalization"] == 2 * layers, counted
         assert counted["Attention"] == layers, counted
         assert counted["Softmax"] == 0
         # one linear layer per projection group: qkv, o, gate/up, down per layer, and the lm head
@@ -79,6 +80,33 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
         graph = program.entries[entry]
         for kv in (n for n in graph.nodes if n.op == "KVAppend"):
             assert {u.op for u in graph.users(kv.outputs[0])} <= {"Attention"}, entry
+        for rot in (n for n in graph.nodes if n.op == "QKVRotary"):
+            for present in rot.outputs[1:]:
+                assert {u.op for u in graph.users(present)} == {"Attention"}, entry
+
+
+# spelled with the opset-23 RotaryEmbedding op (position ids + cos/sin caches): not folded yet
+ROTATE_HALF = [n for n in LLAMA_LIKE if n != "llama-opset23"]
+
+
+@pytest.mark.parametrize("name", ROTATE_HALF)
+def test_decode_layer_is_a_handful_of_kernels(name):
+    """QKV split + rotary + cache appends fold into one QKVRotary, the attention writes [B, S, H*D],
+    SwiGLU reads the merged gate/up halves in place, reshapes alias: per layer at most 9 launches."""
+    program = compiled(name, True)
+    layers = program.kv_cache.layers
+    for entry in ("prefill", "decode"):
+        counted = ops(program, entry)
+        assert counted["QKVRotary"] == layers and counted["KVAppend"] == 0, counted
+        assert counted["Split"] == 0 and counted["Transpose"] == 0, counted
+        graph, plan = program.entries[entry], program.plans[entry]
+        launched = [n for n in graph.nodes if not all(o.name in plan.aliases for o in n.outputs)]
+        per_layer = Counter(n.op for n in launched if n.op in (
+            "AddRMSNormalization", "Linear", "QKVRotary", "Attention", "FusedElementwise"))
+        # AddRMSNorm x2, Linear x4, QKVRotary, Attention, SwiGLU (+ the final norm, lm head, and
+        # the step's shared rotary/mask prologue elementwise groups)
+        assert per_layer["Linear"] == 4 * layers + 1
+        assert sum(per_layer.values()) <= 9 * layers + 8, per_layer
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])

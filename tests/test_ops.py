@@ -1065,6 +1065,75 @@ def test_kv_append_overflow(rng):
         interpret(g, {"x": np.ones((1, 1, 3, 2), F32)}, state={"kv_cache": cache}, symbols={"past_seq": 2})
 
 
+@covers("AddRMSNormalization")
+@pytest.mark.parametrize("dtype", [F32, np.float16])
+def test_add_rmsnorm(rng, dtype):
+    """AddRMSNormalization(a, b, w) = (RMSNormalization(a + b, w), a + b), the sum rounded to the dtype
+    first: equal to onnxruntime running Add then RMSNormalization (opset 23)."""
+    a, b = rand(rng, (2, 3, 16), dtype), rand(rng, (2, 3, 16), dtype)
+    w = rand(rng, (16,), dtype)
+    g = Graph("arms")
+    va, vb, vw = Value("a", str(np.dtype(dtype)), a.shape), Value("b", str(np.dtype(dtype)), b.shape), \
+        Value("w", str(np.dtype(dtype)), w.shape)
+    y, s_ = Value("y", va.dtype, a.shape), Value("s", va.dtype, a.shape)
+    g.inputs = [va, vb, vw]
+    g.nodes = [Node("AddRMSNormalization", [va, vb, vw], [y, s_], {"epsilon": 1e-5})]
+    g.outputs = [y, s_]
+    verify(g)
+    got = interpret(g, {"a": a, "b": b, "w": w})
+    tt = H.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = H.make_model(H.make_graph(
+        [H.make_node("Add", ["a", "b"], ["s"]),
+         H.make_node("RMSNormalization", ["s", "w"], ["y"], epsilon=1e-5, axis=-1)], "g",
+        [H.make_tensor_value_info(n, tt, list(x.shape)) for n, x in (("a", a), ("b", b), ("w", w))],
+        [H.make_tensor_value_info("y", tt, list(a.shape)), H.make_tensor_value_info("s", tt, list(a.shape))]),
+        opset_imports=[H.make_opsetid("", 23)])
+    want = ReferenceEvaluator(model).run(None, {"a": a, "b": b, "w": w})
+    np.testing.assert_array_equal(got["s"], want[1])
+    tol = 1e-5 if dtype == F32 else 2e-3
+    np.testing.assert_allclose(got["y"].astype(np.float64), want[0].astype(np.float64), rtol=tol, atol=tol)
+
+
+@covers("QKVRotary")
+@pytest.mark.parametrize("batch, seq, past, rot, cos_batch", [(2, 3, 0, 8, 2), (1, 1, 5, 8, 1), (3, 2, 4, 4, 3)])
+def test_qkv_rotary(rng, batch, seq, past, rot, cos_batch):
+    """QKVRotary = split [B, S, (Hq + 2Hk) * D] into heads, rotate-half rotary on q and k over the first
+    `rot` dims (element by element below), append k and v to the cache in place; q and presents out."""
+    layers, max_batch, hq, hk, d, max_seq = 2, 3, 4, 2, 8, 8
+    b, s_, p_ = S.sym("batch"), S.sym("seq"), S.sym("past_seq")
+    g = Graph("qkvr")
+    g.symbols = {"batch": SymbolInfo(1), "seq": SymbolInfo(1), "past_seq": SymbolInfo(0)}
+    qkv = Value("qkv", "float32", (b, s_, (hq + 2 * hk) * d))
+    cb = b if cos_batch > 1 else 1
+    cos, sin = Value("cos", "float32", (cb, s_, rot)), Value("sin", "float32", (cb, s_, rot))
+    q = Value("q", "float32", (b, hq, s_, d))
+    pk, pv = (Value(n, "float32", (b, hk, S.add(p_, s_), d)) for n in ("pk", "pv"))
+    g.inputs = [qkv, cos, sin]
+    g.nodes = [Node("QKVRotary", [qkv, cos, sin], [q, pk, pv],
+                    {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": 1, "past": p_})]
+    g.outputs = [q, pk, pv]
+    verify(g)
+    cache = rand(rng, (layers, 2, max_batch, hk, max_seq, d), F32)
+    before = cache.copy()
+    x, c, sn = rand(rng, (batch, seq, (hq + 2 * hk) * d), F32), rand(rng, (cos_batch, seq, rot), F32), \
+        rand(rng, (cos_batch, seq, rot), F32)
+    got = interpret(g, {"qkv": x, "cos": c, "sin": sn}, state={"kv_cache": cache}, symbols={"past_seq": past})
+    heads = x.reshape(batch, seq, hq + 2 * hk, d).astype(np.float64)
+    want = heads.copy()
+    for bi, si, h, e in np.ndindex(batch, seq, hq + hk, rot):
+        partner = -heads[bi, si, h, e + rot // 2] if e < rot // 2 else heads[bi, si, h, e - rot // 2]
+        cbi = bi if cos_batch > 1 else 0
+        want[bi, si, h, e] = heads[bi, si, h, e] * c[cbi, si, e] + partner * sn[cbi, si, e]
+    want = want.transpose(0, 2, 1, 3)
+    assert_close(got["q"], want[:, :hq].astype(F32))
+    after = before.copy()
+    after[1, 0, :batch, :, past:past + seq] = want[:, hq:hq + hk]
+    after[1, 1, :batch, :, past:past + seq] = want[:, hq + hk:]
+    np.testing.assert_allclose(cache, after, rtol=1e-6, atol=1e-6)  # written in place, nothing else touched
+    assert_close(got["pk"], after[1, 0, :batch, :, :past + seq])
+    assert_close(got["pv"], after[1, 1, :batch, :, :past + seq])
+
+
 # -- coverage --------------------------------------------------------------------------------
 
 

@@ -164,7 +164,7 @@ def test_every_value_placed_inside_its_region(name, max_batch, max_seq):
                 assert p.nbytes >= pm.value_bytes(v, program.bounds.get(entry, {}), program.roles,
                                                   max_seq if program.kind == "decoder" else None)
         for name_, p in plan.placements.items():
-            if p.region == "io":
+            if p.region == "io" and name_ not in plan.aliases:  # an alias shares its root's bytes
                 io_spans.append((entry, name_, p.offset, p.nbytes))
         # the dims buffer comes first in io, before any entry input/output
         n_syms = max(len(plan.symbols), 1)
@@ -175,8 +175,39 @@ def test_every_value_placed_inside_its_region(name, max_batch, max_seq):
         assert o1 + s1 <= o2, f"io {e1}:{n1} and {e2}:{n2} overlap"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_reshape_aliases_share_their_roots_bytes_for_as_long_as_they_are_read(name):
+    """A reshape-like output over a contiguous input shares the input's placement (no kernel); the
+    root's buffer stays reserved until the alias's last reader, and a graph output never aliases."""
+    program = planned(name, 2, 32)
+    aliased = 0
+    for entry, graph in program.entries.items():
+        plan = program.plans[entry]
+        producers = {o.name: n for n in graph.nodes for o in n.outputs}
+        last_read = {}
+        for step, n in enumerate(graph.nodes):
+            for i in n.inputs:
+                if i is not None:
+                    last_read[i.name] = step
+        for name_, root in plan.aliases.items():
+            aliased += 1
+            node = producers[name_]
+            assert node.op in pm.ALIAS_OPS
+            assert plan.placements[name_] == plan.placements[root]
+            assert plan.placements[root].strides is None
+            assert name_ not in {o.name for o in graph.outputs}
+            assert root not in plan.aliases, "aliases point at their root, not at another alias"
+            if root in plan.lifetimes and name_ in last_read:
+                assert plan.lifetimes[root][1] >= last_read[name_]
+        assert pm.check_plan(program) == []
+    assert aliased, "every fixture has a reshape to alias"
+
+
 @pytest.mark.parametrize("name", DECODERS)
 def test_kv_append_outputs_are_strided_views_of_the_cache(name):
+    """Every cache write's output (KVAppend's, QKVRotary's two presents) is a view of its own slot."""
+    from atlasc.passes.plan_memory import cache_kind
+
     program = planned(name, 2, 32)
     kv = program.kv_cache
     assert kv is not None and kv.max_batch == 2 and kv.max_seq == 32
@@ -184,18 +215,19 @@ def test_kv_append_outputs_are_strided_views_of_the_cache(name):
     for entry, graph in program.entries.items():
         plan = program.plans[entry]
         region = plan.regions["kv_cache"]
-        appends = [n for n in graph.nodes if n.op == "KVAppend"]
-        assert len(appends) == 2 * kv.layers
+        writes = [(n, o, cache_kind(n, i)) for n in graph.nodes for i, o in enumerate(n.outputs)
+                  if cache_kind(n, i) is not None]
+        assert len(writes) == 2 * kv.layers
         slots = set()
-        for node in appends:
-            p = plan.placements[node.outputs[0].name]
+        for node, out, kind in writes:
+            p = plan.placements[out.name]
             assert p.region == "kv_cache"
             assert p.strides == (kv.kv_heads * kv.max_seq * kv.head_dim, kv.max_seq * kv.head_dim, kv.head_dim, 1)
             assert region.offset <= p.offset and p.offset + slot_bytes <= region.offset + region.nbytes
             slot = (p.offset - region.offset) // slot_bytes
-            assert slot == node.attrs["layer"] * 2 + ("key", "value").index(node.attrs["kind"])
+            assert slot == node.attrs["layer"] * 2 + ("key", "value").index(kind)
             slots.add(slot)
-            assert node.outputs[0].name not in plan.lifetimes, "a cache view is not an activation"
+            assert out.name not in plan.lifetimes, "a cache view is not an activation"
         assert slots == set(range(2 * kv.layers))
 
 

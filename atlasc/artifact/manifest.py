@@ -331,7 +331,7 @@ class NodeSpec(_Spec):
     inputs: tuple[str | None, ...]  # value names; None for an omitted optional input
     outputs: tuple[str, ...]
     attrs: Json
-    kernel: str  # symbol name in the cubin
+    kernel: str  # symbol name in the cubin; "" for a reshape whose output aliases its input (no launch)
     grid: tuple[Dim, Dim, Dim]
     block: tuple[int, int, int]
     smem: int  # dynamic shared memory, bytes

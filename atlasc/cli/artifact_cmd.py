@@ -32,7 +32,8 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                 "source": {"name": m.source.name, "sha256": m.source.sha256}, "archs": list(m.archs),
                 "options": m.options,
                 "entries": {k: {"inputs": [i.name for i in e.inputs], "outputs": [o.name for o in e.outputs],
-                                "kernels": len(e.nodes), "bindings": e.bindings} for k, e in m.entries.items()},
+                                "kernels": sum(1 for n in e.nodes if n.kernel), "bindings": e.bindings}
+                            for k, e in m.entries.items()},
                 "memory": {"arena_bytes": m.memory.arena_bytes,
                            "regions": {k: {"offset": r.offset, "nbytes": r.nbytes}
                                        for k, r in m.memory.regions.items()},
@@ -57,13 +58,14 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
             entries.add_column(col)
         for name, e in m.entries.items():
             entries.add_row(name, "\n".join(f"{i.name} {i.dtype}{_dims(i.shape)}" for i in e.inputs),
-                            "\n".join(f"{o.name} {o.dtype}{_dims(o.shape)}" for o in e.outputs), str(len(e.nodes)),
+                            "\n".join(f"{o.name} {o.dtype}{_dims(o.shape)}" for o in e.outputs),
+                            str(sum(1 for n in e.nodes if n.kernel)),
                             ", ".join(f"{k}={v}" for k, v in e.bindings.items()) or "-")
         out.print(entries)
         kernels = Table(title="kernels per arch", title_justify="left", show_edge=False)
         for col in ("arch", "cubin bytes", "kernels"):
             kernels.add_column(col)
-        total = sum(len(e.nodes) for e in m.entries.values())
+        total = sum(1 for e in m.entries.values() for n in e.nodes if n.kernel)
         for arch in m.archs:
             kernels.add_row(arch, str(m.members[f"cubin/{arch}.cubin"].size), str(total))
         out.print(kernels)

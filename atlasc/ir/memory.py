@@ -9,6 +9,9 @@ Offsets are bytes from the arena's start, every one a multiple of ALIGNMENT. A v
 contiguously (row-major in its runtime shape) unless `strides` is set: then element (i0, i1, ...)
 lives at offset + itemsize * sum(i_k * strides[k]), strides being dims over the graph's symbols
 (a KV-cache view, for instance, walks the cache with max_seq as its row stride).
+
+An alias (a Reshape/Unsqueeze/Squeeze/Flatten/Identity output over a contiguous input) shares its
+input's bytes: `aliases` maps it to its root value, and codegen emits no kernel for it.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class MemoryPlan:
     dims_offset: int = 0  # int64[len(symbols)] holding the symbol values at run time
     symbols: tuple[str, ...] = ()  # order of the dims buffer
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # activation -> (first, last) step
+    aliases: dict[str, str] = field(default_factory=dict)  # value -> the value whose bytes it reuses (no kernel)
 
     def placement(self, value) -> Placement:
         """The placement of a Value (or a value name)."""

@@ -51,7 +51,7 @@ def decode_attrs(op: str, attrs: dict) -> dict:
         v = decode(v)
         if isinstance(v, list) and k in schema and schema[k].kind in ("ints", "dims"):
             v = tuple(v)
-        if k in schema and schema[k].kind == "steps":  # FusedElementwise's program: nested tuples
+        if k in schema and schema[k].kind in ("steps", "any"):  # nested tuples (FusedElementwise's program)
             v = _deep_tuple(v)
         out[k] = v
     return out

@@ -9,6 +9,10 @@ The reference runs each step with that op's OWN reference, in order, with numpy 
 fused group computes bit-identically to the nodes it replaced. The shape rule checks the program
 (known elementwise ops, refs to earlier steps, every step's own shape/dtype rule) and that the
 external inputs broadcast exactly to `out_shape`: every step is then computable per output element.
+
+`slices` (optional, one entry per input) reads input i as `x[..., start:start + length]` where entry
+i is `(start, length)` (None: the whole input): a Split or Slice along the last axis feeding the group
+is absorbed this way (e.g. SwiGLU reading the gate and up halves of one merged projection).
 """
 
 from __future__ import annotations
@@ -70,9 +74,29 @@ def step_types(ins: list, program) -> list[TensorType]:
     return types
 
 
+def sliced_types(ins: list, slices) -> list:
+    """The input types as the program sees them (last axis cut to each input's slice)."""
+    if not slices:
+        return list(ins)
+    if len(slices) != len(ins):
+        raise ShapeError(f"FusedElementwise: {len(slices)} slices for {len(ins)} inputs")
+    out = []
+    for t, sl in zip(ins, slices):
+        if sl is None:
+            out.append(t)
+            continue
+        start, length = sl
+        last = t.shape[-1] if t.shape else None
+        if not isinstance(last, int) or not (0 <= start and 0 < length and start + length <= last):
+            raise ShapeError(f"FusedElementwise: slice {sl} does not fit an input of last dim {last}")
+        out.append(TensorType(t.dtype, tuple(t.shape[:-1]) + (length,)))
+    return out
+
+
 def _infer(ins, attrs):
     if any(t is None for t in ins):
         raise ShapeError("FusedElementwise: inputs may not be omitted")
+    ins = sliced_types(ins, attrs.get("slices"))
     out_shape = tuple(attrs["out_shape"])
     types = step_types(ins, attrs["program"])
     if broadcast_shapes(*(t.shape for t in ins), context="FusedElementwise: ") != out_shape:
@@ -87,6 +111,8 @@ def _infer(ins, attrs):
 
 
 def _reference(ins, attrs):
+    if attrs.get("slices"):
+        ins = [x if sl is None else x[..., sl[0]:sl[0] + sl[1]] for x, sl in zip(ins, attrs["slices"])]
     results = []
     for op_name, step_attr, refs in attrs["program"]:
         op = OPS[op_name]
@@ -100,6 +126,7 @@ def _reference(ins, attrs):
 
 
 register("FusedElementwise", inputs=(1, -1), kind="elementwise",
-         attrs={"program": Attr("steps"), "out_shape": Attr("dims"), "out_dtype": Attr("dtype")},
+         attrs={"program": Attr("steps"), "out_shape": Attr("dims"), "out_dtype": Attr("dtype"),
+                "slices": Attr("any", ())},
          infer=_infer, reference=_reference,
          doc="a chain of elementwise ops computed per output element (steps run their own references)")

@@ -157,6 +157,25 @@ register("RMSNormalization", inputs=2, kind="reduction",
          infer=_norm_infer("RMSNormalization", 1), reference=_rmsnorm_ref,
          doc="ONNX RMSNormalization (opset 23); computed in float32")
 
+def _add_rmsnorm_infer(ins, attrs):
+    a, b, w = ins
+    if a.dtype != b.dtype or tuple(S.dim(d) for d in a.shape) != tuple(S.dim(d) for d in b.shape):
+        raise ShapeError("AddRMSNormalization: both addends must have one dtype and shape")
+    y = _norm_infer("AddRMSNormalization", 1)([a, w], attrs)[0]
+    return [y, TensorType(a.dtype, a.shape)]
+
+
+def _add_rmsnorm_ref(ins, attrs):
+    s = ins[0] + ins[1]  # rounded to the dtype, like the Add it replaces
+    return [_rmsnorm_ref([s, ins[2]], attrs)[0], s]
+
+
+register("AddRMSNormalization", inputs=3, outputs=2, kind="reduction",
+         attrs={"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)},
+         infer=_add_rmsnorm_infer, reference=_add_rmsnorm_ref,
+         doc="Residual add + RMSNorm: s = a + b (rounded), y = RMSNormalization(s, w); outputs y and s")
+
+
 # -- RotaryEmbedding (opset 23) --------------------------------------------------------------
 
 
@@ -207,6 +226,8 @@ def _attention_infer(ins, attrs):
         b, hq, sq, _ = q.shape
         _, hk, skv, _ = k.shape
         y = TensorType(q.dtype, (b, hq, sq, v.shape[3]))
+        if attrs["out_bshd"]:
+            y = TensorType(q.dtype, (b, sq, S.mul(hq, v.shape[3])))
         dv = v.shape[3]
         dk = k.shape[3]
     elif len(q.shape) == 3:
@@ -264,7 +285,7 @@ def _attention_ref(ins, attrs):
     scores = capped + bias
     probs = _softmax(scores, -1)
     y = np.matmul(probs, vf).astype(dtype)
-    if rank3:
+    if rank3 or attrs["out_bshd"]:
         y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], sq, -1)
     # qk_matmul_output: 0 the scaled Q.K^T, 1 after softcap, 2 after softcap + mask/causal bias, 3 the softmax
     qk = {0: raw, 1: capped, 2: scores, 3: probs}[attrs["qk_matmul_output_mode"]]
@@ -274,6 +295,8 @@ def _attention_ref(ins, attrs):
 register("Attention", inputs=(3, 6), outputs=(1, 4), kind="opaque",
          attrs={"is_causal": Attr("int", 0), "kv_num_heads": Attr("int", 0), "q_num_heads": Attr("int", 0),
                 "qk_matmul_output_mode": Attr("int", 0), "scale": Attr("float", 0.0),
-                "softcap": Attr("float", 0.0), "softmax_precision": Attr("int", 0)},
+                "softcap": Attr("float", 0.0), "softmax_precision": Attr("int", 0),
+                "out_bshd": Attr("int", 0)},
          infer=_attention_infer, reference=_attention_ref,
-         doc="ONNX Attention (opset 23): GQA by head grouping, optional past, bool/additive mask, causal")
+         doc="ONNX Attention (opset 23): GQA by head grouping, optional past, bool/additive mask, causal; "
+             "atlasc's out_bshd=1 (set by fuse-attention) writes a 4-D attention's output as [B, S, H*Dv]")
