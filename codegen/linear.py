@@ -45,7 +45,7 @@ GEMV_CONFIG: dict[int, tuple[int, int]] = {1: (2, 4), 2: (2, 4), 4: (1, 4), 8: (
 # M=2 a tie (114 us in all for both); M>=4 MMA by 1.5x (M=4) to 20x (M=32)
 DECODE_PATH: dict[int, str] = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "mma", 32: "mma"}
 # J -> 32-k steps (1 KB of weights each) in flight per warp. ptxas, sm90, each variant alone: J=1 78
-# registers, J=2 76, J=4 110, the prefill 146 (U=2), no spills
+# registers, J=2 76, J=4 110, the prefill 168 (U=2), no spills
 MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
 MMA_PREFILL_U = 2
 PATH_ENV = "ATLAS_LINEAR_PATH"
