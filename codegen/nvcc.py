@@ -82,22 +82,25 @@ def cache_dir() -> Path:
     return Path(root) / "cubin"
 
 
-def chunk_threshold() -> int:
-    """Modules with more kernels than this are compiled in parallel chunks and linked (ATLAS_NVCC_CHUNK)."""
-    return int(os.environ.get("ATLAS_NVCC_CHUNK", "400"))
+def chunk_size() -> int:
+    """Kernels per nvcc translation unit of a chunked build (ATLAS_NVCC_CHUNK, default 24).
+
+    Fixed, not derived from the machine's core count, so that a build is byte-identical everywhere."""
+    return max(1, int(os.environ.get("ATLAS_NVCC_CHUNK", "24")))
 
 
 def compile_module(module, archs: tuple[str, ...], *, on_done=None) -> dict[str, bytes]:
     """Compile a GeneratedModule: one nvcc per arch, or, for big modules, nvcc on chunks of kernels in
     parallel (relocatable device code) linked by nvlink into one cubin per arch.
 
-    nvcc compiles one translation unit on one core; a 32-layer model has thousands of kernels, so
-    chunking is what lets a build use every core of the machine.
+    nvcc compiles one translation unit on one core, and a Linear kernel with its GEMV and tensor-core
+    variants takes seconds, so a module of more than two chunks' worth of kernels is split into
+    chunks of `chunk_size()`: that is what lets a build use every core of the machine.
     """
     kernels = getattr(module, "kernels", None)
-    if not kernels or len(kernels) <= chunk_threshold():
+    size = chunk_size()
+    if not kernels or len(kernels) <= 2 * size:
         return compile_cubins(module.source, archs, on_done=on_done)
-    size = max(1, chunk_threshold() // 4)
     chunks = [module.prelude + "\n" + "\n".join(kernels[i:i + size]) + "\n" for i in range(0, len(kernels), size)]
     return compile_chunked(module.source, chunks, archs, on_done=on_done)
 
