@@ -44,6 +44,11 @@ GEMV_CONFIG: dict[int, tuple[int, int]] = {1: (2, 4), 2: (2, 4), 4: (1, 4), 8: (
 # 1B o / 8B gate_up, us simt vs mma): M=1 15.1/15.4, 35.1/30.6, 4.5/3.8, 58.1/63.9 (a tie: GEMV kept);
 # M=2 a tie (114 us in all for both); M>=4 MMA by 1.5x (M=4) to 20x (M=32)
 DECODE_PATH: dict[int, str] = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "mma", 32: "mma"}
+# ... except that M = 1 takes the MMA path too when N is at most this: there the GEMV's one warp per
+# row pair leaves too few blocks and bytes in flight, and the MMA decode's split-K across 8 warps wins
+# (H200 lab, v3 in docs/perf.md: 1B o 4.52 -> 3.84 us, 8B down 35.1 -> 30.6; 8B qkv N=6144 a tie,
+# 8B gate_up N=28672 9% slower)
+MMA_M1_MAX_N = 4096
 # J -> 32-k steps (1 KB of weights each) in flight per warp. ptxas, sm90, each variant alone: J=1 78
 # registers, J=2 76, J=4 110, the prefill 168 (U=2), no spills
 MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
@@ -116,7 +121,9 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     path = path_choice()
     k_static = w_v.shape[1]
     mma = dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 and path != "simt"
-    use_mma = {mt: mma and (path == "mma" or DECODE_PATH[mt] == "mma") for mt in variants}
+    narrow = isinstance(w_v.shape[0], int) and w_v.shape[0] <= MMA_M1_MAX_N
+    use_mma = {mt: mma and (path == "mma" or DECODE_PATH[mt] == "mma" or (mt == 1 and narrow and path == "table"))
+               for mt in variants}
     runs = mma_runs(variants, use_mma)
     mma_prefill = tiled and mma
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"

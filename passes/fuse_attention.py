@@ -57,6 +57,16 @@ def _chain(graph: Graph, value: Value, producers) -> tuple[Value, list[Node]]:
     return value, list(reversed(nodes))
 
 
+def _candidates(source: Value, nodes: list[Node]) -> list[tuple[Value, list[Node]]]:
+    """Every 4-D value along a chain as a possible [B, H, S, D] source, the chain's start first."""
+    out = []
+    for i in range(len(nodes) + 1):
+        src = source if i == 0 else nodes[i - 1].outputs[0]
+        if len(src.shape) == 4:
+            out.append((src, nodes[i:]))
+    return out
+
+
 def _probe(graph: Graph, source: Value, nodes: list[Node], out: Value, expected) -> float | None:
     """The constant c with chain(x) == c * expected(x) on random x at two symbol settings, else None."""
     syms = sorted(graph.symbols)
@@ -137,21 +147,34 @@ def _match(graph: Graph, node: Node):
     q_prime, k_prime = s_node.inputs
     if len(q_prime.shape) != 4 or len(k_prime.shape) != 4 or len(v_prime.shape) != 4:
         return "not 4-D attention"
-    q_src, q_nodes = _chain(graph, q_prime, producers)
-    k_src, k_nodes = _chain(graph, k_prime, producers)
-    v_src, v_nodes = _chain(graph, v_prime, producers)
-    if any(len(x.shape) != 4 for x in (q_src, k_src, v_src)):
+    chains = [_candidates(*_chain(graph, x, producers)) for x in (q_prime, k_prime, v_prime)]
+    if not all(chains):
         return "a chain source is not [batch, heads, seq, head_dim]"
-    hq, hk = q_src.shape[1], k_src.shape[1]
-    if not isinstance(hq, int) or not isinstance(hk, int) or hq % hk or v_src.shape[1] != hk:
-        return f"head counts {hq} / {hk} do not group"
-    group = hq // hk
-    cq = _probe(graph, q_src, q_nodes, q_prime, lambda x: x)
-    ck = _probe(graph, k_src, k_nodes, k_prime, lambda x: np.swapaxes(_repeat(x, group), -1, -2))
-    cv = _probe(graph, v_src, v_nodes, v_prime, lambda x: _repeat(x, group))
-    if cq is None or ck is None or cv is None:
-        which = [n for n, c in (("Q", cq), ("K", ck), ("V", cv)) if c is None]
-        return f"the {'/'.join(which)} chain is not a repeat_kv/transpose/scale of a [B, H, S, D] tensor"
+    found = None
+    for q_src, q_nodes in chains[0]:  # the longest chains first; GPT-2's ends at its head transpose
+        for k_src, k_nodes in chains[1]:
+            hq, hk = q_src.shape[1], k_src.shape[1]
+            if not isinstance(hq, int) or not isinstance(hk, int) or hq % hk:
+                continue
+            group = hq // hk
+            cq = _probe(graph, q_src, q_nodes, q_prime, lambda x: x)
+            ck = _probe(graph, k_src, k_nodes, k_prime, lambda x, g=group: np.swapaxes(_repeat(x, g), -1, -2))
+            if cq is None or ck is None:
+                continue
+            for v_src, v_nodes in chains[2]:
+                if v_src.shape[1] != hk:
+                    continue
+                cv = _probe(graph, v_src, v_nodes, v_prime, lambda x, g=group: _repeat(x, g))
+                if cv is not None:
+                    found = (q_src, k_src, v_src, cq, ck, cv)
+                    break
+            if found:
+                break
+        if found:
+            break
+    if found is None:
+        return "the Q/K/V chains are not a repeat_kv/transpose/scale of [B, H, S, D] tensors"
+    q_src, k_src, v_src, cq, ck, cv = found
     if not np.isclose(cv, 1.0, rtol=1e-3):
         return "V is scaled"
     d = q_src.shape[3]

@@ -252,7 +252,8 @@ def test_linear_kernels_compile():
     assert "atlas::linear_mma_prefill<__half, 2, " in mod.source
     for j in (1, 2, 4):
         assert f"atlas::linear_mma_decode<__half, 2, {j}, " in mod.source
-    assert any("if (mma && M > 1 && M <= 4) atlas::linear_mma_decode<__half, 2, 1, " in k for k in small)
+    # N = 8 is narrow: M = 1 takes the tensor-core decode too (codegen/linear.py MMA_M1_MAX_N)
+    assert any("if (mma && M <= 4) atlas::linear_mma_decode<__half, 2, 1, " in k for k in small)
     compile_or_skip(mod.source)
 
 
@@ -272,6 +273,13 @@ def test_linear_path_choice(monkeypatch):
         assert ("linear_mma_prefill" in src) == has_mma and ("linear_mma_decode" in src) == has_mma
         assert ("if (mma && M <= 8) " in src) == m1_mma
         assert "linear_tiled" in src and "linear_gemv<__half, 2, 1, " in src  # the fallbacks stay
+    # the table: M = 1 takes the MMA path only for narrow outputs (N <= MMA_M1_MAX_N)
+    monkeypatch.setenv(linear.PATH_ENV, "table")
+    for n, m1_mma in ((8, True), (linear.MMA_M1_MAX_N + 8, False)):
+        src = "".join(generate(build_linear("float16", 4, ks=(64,), ns=(n,))).source.split('extern "C"')[1:])
+        assert "linear_mma_decode<__half, 2, 1," in src
+        assert ("if (mma && M <= 4) " in src) == m1_mma  # from M = 1
+        assert ("if (mma && M > 1 && M <= 4) " in src) == (not m1_mma)
     monkeypatch.setenv(linear.PATH_ENV, "fast")
     with pytest.raises(CodegenError, match="ATLAS_LINEAR_PATH='fast'"):
         generate(build_linear("float16", 4, ks=(4096,), ns=(8,)))

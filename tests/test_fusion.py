@@ -22,8 +22,21 @@ from conftest import FIXTURES
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
 TOL = {"fp32": {"atol": 1e-4, "rtol": 1e-3}, "fp16": {"atol": 3e-2, "rtol": 3e-2}}
-# fixtures whose attention is spelled as Llama's (GPT-2's Conv1D/split-heads attention is not matched yet)
+# fixtures spelled as Llama's (RMSNorm, rotary); GPT-2 has LayerNorm, learned positions, split heads
 LLAMA_LIKE = [n for n in DECODERS if not n.startswith("gpt2")]
+GPT2_LIKE = [n for n in DECODERS if n.startswith("gpt2")]
+
+
+@pytest.mark.parametrize("name", GPT2_LIKE)
+def test_gpt2_split_heads_attention_is_fused(name):
+    """GPT-2's Split -> Reshape -> Transpose heads (no rotary) feed one Attention per layer, which
+    writes [B, S, H*D] straight into c_proj."""
+    program = compiled(name, True)
+    for entry in ("prefill", "decode"):
+        counted = ops(program, entry)
+        assert counted["Attention"] == program.kv_cache.layers and counted["Softmax"] == 0, counted
+        atts = [n for n in program.entries[entry].nodes if n.op == "Attention"]
+        assert all(n.attrs.get("out_bshd") for n in atts)
 
 
 @functools.cache
