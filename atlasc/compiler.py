@@ -218,6 +218,7 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
         source=SourceInfo(model_path.name, sha256_file(model_path)),
         options={"archs": list(options.archs), "dtype": options.dtype, "max_batch": options.max_batch,
                  "max_seq": options.max_seq, "fusion": options.fusion,
+                 **({"prefill_logits": "last"} if options.prefill_logits == "last" else {}),
                  **({"quant": options.quant, "group_size": options.group_size, "quant_skip": list(options.quant_skip)}
                     if options.quant != "none" else {})},
         archs=tuple(options.archs), symbols=symbols, memory=memory, kv_cache=kv_spec,

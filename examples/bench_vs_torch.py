@@ -40,7 +40,7 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     art_path = workdir / f"{cfg_name}.atlas"
     t = time.perf_counter()
     result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
-                                                               max_seq=prompt + gen))
+                                                               max_seq=prompt + gen, prefill_logits="last"))
     kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
     print(f"[atlasc] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}",
           flush=True)

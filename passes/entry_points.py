@@ -110,6 +110,8 @@ def entry_points(program: Program) -> tuple[Program, RewriteStats]:
     prefill = graph
     prefill.name = "prefill"
     decode = graph.clone("decode").substitute({seq: 1})
+    if opts.prefill_logits == "last":
+        _last_position_logits(prefill, stats)
     program.entries = {"prefill": prefill, "decode": decode}
     program.bounds = {
         "prefill": {batch: opts.max_batch, seq: opts.max_seq, past: opts.max_seq - 1},
@@ -138,6 +140,37 @@ def _append_sampling(graph: Graph, stats: RewriteStats) -> None:
     graph.nodes.append(Node("Sample", [logits, fparams, iparams], [tokens], name="sample_next_token"))
     graph.outputs.append(tokens)
     stats.applied["logits => Sample(logits) (next token on the device)"] = 1
+
+
+def _last_position_logits(graph: Graph, stats: RewriteStats) -> None:
+    """Prefill computes logits for the last position only: the LM head reads hidden[:, S-1:S].
+
+    Left padding keeps every sequence's last real token at position S - 1, so next-token sampling is
+    unchanged while the head's FLOPs and the logits buffer shrink by S. Between the head and the
+    output only Casts are allowed (anything else might mix positions)."""
+    producers = graph.producers()
+    logits = graph.outputs[0]
+    chain = []
+    node = producers.get(id(logits))
+    while node is not None and node.op == "Cast":
+        chain.append(node)
+        node = producers.get(id(node.inputs[0]))
+    if node is None or node.op not in ("Linear", "LinearQ8", "LinearQ4") or len(node.inputs[0].shape) != 3:
+        raise ShapeError(f"--prefill-logits last: the decoder's logits {logits.name} do not come from a linear "
+                         "LM head over [batch, seq, hidden]", hint="compile with --prefill-logits all")
+    if any(len(graph.users(v)) != 1 for v in [node.outputs[0], *(c.outputs[0] for c in chain[1:])]):
+        raise ShapeError("--prefill-logits last: the LM head's output has other readers",
+                         hint="compile with --prefill-logits all")
+    h = node.inputs[0]
+    b, s, k = h.shape
+    last = Value(h.name + "__last", h.dtype, (b, 1, k))
+    graph.nodes.insert(graph.nodes.index(node), Node("Slice", [h], [last], {
+        "starts": (S.add(s, -1),), "ends": (s,), "axes": (1,), "steps": (1,)}, name=f"last_position:{h.name}"))
+    node.inputs = [last, *node.inputs[1:]]
+    for n in [node, *chain]:  # the head and the Casts after it now see one position
+        out = n.outputs[0]
+        out.shape = (b, 1, *out.shape[2:])
+    stats.applied["prefill logits => last position only"] = 1
 
 
 def _set_symbol_bounds(graph: Graph, upper: dict[str, int]) -> None:

@@ -383,3 +383,17 @@ def test_dtype_must_match_the_export(tmp_path):
     r = atlasc("compile", FIXTURES / "gpt2.onnx", "-o", out, "--arch", "sm80", "--dtype", "fp16")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "float32" in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("value, model, needle", [
+    ("first", "llama.onnx", "--prefill-logits must be all or last"),
+    ("last", "bert.onnx", None),  # an encoder has no prefill: the option is ignored
+])
+def test_prefill_logits_option(tmp_path, value, model, needle):
+    out = tmp_path / "x.atlas"
+    r = atlasc("compile", FIXTURES / model, "-o", out, "--arch", "sm80", "--prefill-logits", value)
+    assert "Traceback" not in r.stderr
+    if needle:
+        assert r.returncode == 2 and needle in r.stderr and not out.exists()
+    else:
+        assert r.returncode == 0 and out.exists(), r.stderr

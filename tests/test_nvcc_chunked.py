@@ -34,3 +34,23 @@ def test_chunked_build_links_every_kernel(tmp_path, monkeypatch):
         assert all(k.encode() in cubin for k in kernels)
         tokens = generate(CpuModel(art), [[5, 17, 42]], 4).tokens
     assert tokens == ort_greedy(FIXTURES / "llama.onnx", [[5, 17, 42]], 4)[0]
+
+
+def test_prefill_logits_last_keeps_the_tokens_and_the_last_position(tmp_path, monkeypatch):
+    """--prefill-logits last: the LM head runs on one position; tokens and last-position logits are
+    those of the all-positions build (CPU executor over the real artifacts)."""
+    import numpy as np
+
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    results = {}
+    for mode in ("all", "last"):
+        path = tmp_path / f"llama-{mode}.atlas"
+        compile_model(FIXTURES / "llama.onnx", path,
+                      CompileOptions(archs=("sm80",), max_batch=2, max_seq=32, prefill_logits=mode))
+        with open_artifact(path) as art:
+            assert (art.manifest.entries["prefill"].outputs[0].shape[1] == 1) == (mode == "last")
+            results[mode] = generate(CpuModel(art), [[5, 17, 42, 9], [3, 4]], 6, keep_logits=True)
+    assert results["last"].tokens == results["all"].tokens
+    # float32 (numpy matmul over 1 row vs all rows may round differently in the last bit)
+    np.testing.assert_allclose(results["last"].prefill_logits, results["all"].prefill_logits[:, -1:], rtol=1e-5,
+                               atol=1e-6)

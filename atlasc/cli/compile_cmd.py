@@ -14,7 +14,8 @@ from rich.table import Table
 from atlasc.cli import _bytes, _err, _existing_file, _out, app, state
 from atlasc.errors import UsageError
 
-CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "quant_skip"}
+CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "quant_skip",
+               "prefill_logits"}
 
 
 def _load_config(path: Path) -> dict:
@@ -68,6 +69,10 @@ def compile_command(
     calib: Annotated[Path | None, typer.Option("--calib", help="Quantized decoders: an .npz of calibration "
                                                "token ids [prompts, length] (key input_ids) for the accuracy "
                                                "report; random prompts when absent.")] = None,
+    prefill_logits: Annotated[str | None, typer.Option("--prefill-logits", help="Decoders: 'all' (logits of every "
+                                                       "prompt position) or 'last' (only what the next token "
+                                                       "needs: the LM head runs on one position). "
+                                                       "Default all.")] = None,
 ) -> None:
     """Compile an ONNX model into one .atlas file: passes, static memory plan, CUDA per arch (nvcc).
 
@@ -99,8 +104,11 @@ def compile_command(
         if quant_opts["quant"] == "none":
             raise UsageError("--calib only matters with --quant int8 or int4")
         quant_opts["calib"] = str(calib)
+    prefill_logits = (prefill_logits or cfg.get("prefill_logits") or "all").lower()
+    if prefill_logits not in ("all", "last"):
+        raise UsageError(f"--prefill-logits must be all or last, not {prefill_logits}")
     options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
-                             fusion=fusion, verify=verify, **quant_opts)
+                             fusion=fusion, verify=verify, prefill_logits=prefill_logits, **quant_opts)
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:

@@ -27,6 +27,7 @@ class CompileOptions:
     group_size: int = 128  # int4: weights per fp16 scale along K
     quant_skip: tuple[str, ...] = ()  # fnmatch patterns of linear layers kept in float
     calib: str | None = None  # .npz of calibration token ids for the quantization report
+    prefill_logits: str = "all"  # decoders: "all" positions' logits from prefill, or only the "last"
 
 
 @dataclass(frozen=True)
