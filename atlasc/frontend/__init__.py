@@ -7,7 +7,7 @@ import os
 import onnx
 
 from atlasc.frontend.handlers import HANDLERS
-from atlasc.frontend.importer import Importer
+from atlasc.frontend.importer import Importer, handler_key
 from atlasc.frontend.load import load_model
 from atlasc.frontend.simplify import cse
 from atlasc.ir.graph import Graph
@@ -21,11 +21,10 @@ def unsupported_ops(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
     opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
     seen: dict[str, tuple[str, str, str]] = {}
     for node in model.graph.node:
-        domain = node.domain or ""
-        if domain in ("", "ai.onnx") and node.op_type in SUPPORTED_OPS:
+        key = handler_key(node.op_type, node.domain)
+        if key in SUPPORTED_OPS:
             continue
-        key = f"{domain}::{node.op_type}" if domain else node.op_type
-        seen.setdefault(key, (key, str(opsets.get(domain, "?")), node.name or "(unnamed)"))
+        seen.setdefault(key, (key, str(opsets.get(node.domain or "", "?")), node.name or "(unnamed)"))
     return list(seen.values())
 
 

@@ -317,6 +317,45 @@ def h_rotary(imp, node, ins):
     imp.emit(node, "RotaryEmbedding", ins, _ir_attrs("RotaryEmbedding", node))
 
 
+def h_matmul_nbits(imp, node, ins):
+    """com.microsoft MatMulNBits (4-bit, symmetric: no zero points or all 8) -> LinearQ4, as stored.
+
+    MatMulNBits packs B [N, K/block, block/2] as unsigned nibbles, low nibble first, w = (q - zp) *
+    scale with zp = 8 by default: exactly LinearQ4's [N, K/2] layout (q + 8), so no requantization;
+    the scales become float16 (LinearQ4's scale type; exact for float16 exports)."""
+    a = node.attrs
+    bits, block, k, n = int(a.get("bits", 4)), int(a["block_size"]), int(a["K"]), int(a["N"])
+    where = "MatMulNBits"
+    if bits != 4:
+        raise ShapeError(f"{where} with bits={bits} is not supported (4-bit only)")
+    if len(ins) > 4 and ins[4] is not None:
+        raise ShapeError(f"{where} with g_idx (act-order) is not supported")
+    if block < 16 or block & (block - 1) or k % block:
+        raise ShapeError(f"{where}: block_size {block} must be a power of two >= 16 dividing K = {k}")
+    packed, scales = ins[1], ins[2]
+    if not (isinstance(packed, Known) and isinstance(scales, Known)) or packed.symbolic or scales.symbolic:
+        raise ShapeError(f"{where}: B and scales must be initializers")
+    zp = ins[3] if len(ins) > 3 else None
+    if zp is not None:
+        z = np.asarray(zp.array) if isinstance(zp, Known) else None
+        if z is None:
+            raise ShapeError(f"{where}: zero points must be an initializer")
+        symmetric = np.all(z == 0x88) if z.dtype == np.uint8 else np.all(z == 8)
+        if not symmetric:
+            raise ShapeError(f"{where} with zero points other than 8 (asymmetric int4) is not supported yet",
+                             hint="export with symmetric quantization (no zero points)")
+    b = np.asarray(packed.array)
+    if b.dtype != np.uint8 or b.size != n * k // 2:
+        raise ShapeError(f"{where}: B must be uint8 [N, K/block, block/2] = {n} x {k // block} x {block // 2}")
+    s = np.asarray(scales.array)
+    if s.size != n * (k // block):
+        raise ShapeError(f"{where}: scales must hold N * K/block = {n * (k // block)} values, got {s.size}")
+    wq = Known.numeric(np.ascontiguousarray(b.reshape(n, k // 2)))
+    scale = Known.numeric(s.reshape(n, k // block).astype(np.float16))
+    bias = ins[5] if len(ins) > 5 else None
+    imp.emit(node, "LinearQ4", [ins[0], wq, scale] + ([bias] if bias is not None else []), {"group_size": block})
+
+
 _SAME = [
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Equal", "Less", "LessOrEqual", "Greater",
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Sigmoid", "Erf",
@@ -353,6 +392,7 @@ HANDLERS.update({
     "LayerNormalization": h_layernorm,
     "Attention": h_attention,
     "RotaryEmbedding": h_rotary,
+    "com.microsoft::MatMulNBits": h_matmul_nbits,
     **{op: h_reduce(op) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                                     "ReduceSumSquare", "ReduceL2")},
 })

@@ -33,6 +33,11 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this big ...
 FOLD_GROWTH = 1  # ... or as big as its inputs together (no folding of Expand/Tile blow-ups)
 
 
+def handler_key(op_type: str, domain: str | None) -> str:
+    """The handler table's key: the op type for the default domain, `domain::Op` otherwise."""
+    return op_type if (domain or "") in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
 def _symbol_name(dim_param: str) -> str:
     name = re.sub(r"\W+", "_", dim_param.strip()).strip("_")
     return name or "dim"
@@ -70,7 +75,7 @@ class Importer:
         for node in gsg.nodes:
             ins = [self._lookup(t) for t in node.inputs]
             try:
-                HANDLERS[node.op](self, node, ins)
+                HANDLERS[handler_key(node.op, node.domain)](self, node, ins)
             except ShapeError as e:
                 if e.message.startswith("node "):
                     raise
@@ -92,12 +97,11 @@ class Importer:
     def _check_supported(self, handlers) -> None:
         seen: dict[str, tuple[str, str, str]] = {}
         for node in self.model.graph.node:
-            domain = node.domain or ""
-            if domain in ("", "ai.onnx") and node.op_type in handlers:
+            key = handler_key(node.op_type, node.domain)
+            if key in handlers:
                 continue
-            key = f"{domain}::{node.op_type}" if domain else node.op_type
             if key not in seen:
-                seen[key] = (key, str(self.opsets.get(domain, "?")), node.name or "(unnamed)")
+                seen[key] = (key, str(self.opsets.get(node.domain or "", "?")), node.name or "(unnamed)")
         if seen:
             raise UnsupportedModelError(list(seen.values()))
 
