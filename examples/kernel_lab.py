@@ -85,6 +85,25 @@ def generate(k: int, n: int, m: int, variant: str):
             os.environ[linear.PATH_ENV] = saved
 
 
+def time_launches(dev, go, arenas) -> float:
+    """Median us per launch of go(arena): a captured graph of LAUNCHES launches rotating among the
+    arenas, replayed REPLAYS times after a warm-up."""
+    cuda = dev.cuda
+    graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % len(arenas)]) for i in range(LAUNCHES)])
+    for _ in range(3):
+        graph.launch()
+    start, end = cuda.Event(), cuda.Event()
+    times = []
+    for _ in range(REPLAYS):
+        start.record(dev.stream)
+        graph.launch()
+        end.record(dev.stream)
+        end.synchronize()
+        times.append(end.time_since(start) / LAUNCHES * 1e3)
+    graph.close()
+    return statistics.median(times)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape (8B o_proj), M = 1")
@@ -149,19 +168,7 @@ def main(argv=None) -> int:
                 scale = float(np.max(np.abs(ref[:m])))
                 ok = err <= 2e-2 * scale
                 failed |= not ok
-                graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % ARENAS]) for i in range(LAUNCHES)])
-                for _ in range(3):
-                    graph.launch()
-                start, end = cuda.Event(), cuda.Event()
-                times = []
-                for _ in range(REPLAYS):
-                    start.record(dev.stream)
-                    graph.launch()
-                    end.record(dev.stream)
-                    end.synchronize()
-                    times.append(end.time_since(start) / LAUNCHES * 1e3)  # us per launch
-                graph.close()
-                us = statistics.median(times)
+                us = time_launches(dev, go, arenas)
                 nbytes = (n * k + m * k + m * n) * 2
                 gbs = nbytes / (us * 1e-6) / 1e9
                 tflops = 2 * m * n * k / (us * 1e-6) / 1e12
