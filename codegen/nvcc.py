@@ -192,6 +192,14 @@ def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
     # rebuilds byte-identical (a random temporary name would not)
     key = hashlib.sha256(source.encode()).hexdigest()[:16]
     tmp = Path(tempfile.gettempdir()) / f"atlasc-nvcc-{key}-{arch}"
+    # the folder is the same for every process compiling this source (parallel builds of one model):
+    # hold it exclusively, or one process's cleanup pulls the files from under another's nvcc
+    with open(tmp.with_name(tmp.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _run_nvcc_in(exe, source, arch, args, tmp)
+
+
+def _run_nvcc_in(exe: str, source: str, arch: str, args: list[str], tmp: Path) -> bytes:
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         src = tmp / "kernels.cu"

@@ -54,3 +54,18 @@ def test_prefill_logits_last_keeps_the_tokens_and_the_last_position(tmp_path, mo
     # float32 (numpy matmul over 1 row vs all rows may round differently in the last bit)
     np.testing.assert_allclose(results["last"].prefill_logits, results["all"].prefill_logits[:, -1:], rtol=1e-5,
                                atol=1e-6)
+
+
+def test_concurrent_builds_of_one_module_do_not_collide(tmp_path, monkeypatch):
+    """Parallel builds of the same model (GPU test workers, CI) compile identical chunks in the same
+    hash-named folder: each holds it exclusively, so neither deletes the other's files mid-nvcc."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from atlasc.codegen import nvcc
+
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    prelude = "static __device__ __forceinline__ int twice(int x) { return 2 * x; }\n"
+    chunks = [prelude + f'extern "C" __global__ void k{i}(int* p) {{ p[{i}] = twice({i}); }}\n' for i in range(6)]
+    with ThreadPoolExecutor(4) as pool:
+        cubins = list(pool.map(lambda j: nvcc.compile_chunked(f"race{j}", chunks, ("sm80",))["sm80"], range(4)))
+    assert all(c[:4] == b"\x7fELF" for c in cubins)
