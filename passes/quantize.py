@@ -20,6 +20,16 @@ Also records `program.quantization`: per layer, the relative error ||x W^T - x W
 64 seeded standard-normal activation rows, and the weight bytes before / after. Quantization runs in
 row chunks (a few MB of float32 at a time), so memory stays bounded by one layer's output.
 
+Pre-quantized exports (every mode, --quant none too): a MatMul whose weight is a DequantizeLinear of
+stored integers becomes a quantized layer with those integers, without requantizing:
+
+    MatMul(x, DequantizeLinear(q [K, N], s, [zp], axis=0, block_size=G))   int4 values (zp 0, or uint4
+        with zp 8)                                   => LinearQ4(x, pack(q^T), s^T, group_size=G)
+    MatMul(x, DequantizeLinear(q [K, N], s [N], [zp], axis=1))              int8 (zp 0, or uint8 with
+        zp 128)                                      => LinearQ8(x, q^T, s)
+Scales become float16 (exact for float16 exports). Any other DequantizeLinear (asymmetric zero
+points, blocked int8, a weight not fed to a MatMul) is a one-line ShapeError.
+
 Requires: fuse-linear, merge-linear (quantizing after the merge makes one Q/K/V weight). Guarantees:
 the graph verifies; outputs differ from the float program by the quantization error only; does
 nothing when options.quant == "none".
@@ -31,8 +41,8 @@ import fnmatch
 
 import numpy as np
 
-from atlasc.errors import UsageError
-from atlasc.ir.graph import Node, Value, constant
+from atlasc.errors import ShapeError, UsageError
+from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -125,6 +135,52 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int) -> tuple[np
     return wq, scale, float(np.sqrt(num / den)) if den > 0 else 0.0
 
 
+def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
+    """MatMul(x, DequantizeLinear(q, s[, zp])) => LinearQ4 / LinearQ8 on the stored integers."""
+    producers = graph.producers()
+    for node in list(graph.nodes):
+        if node.op != "MatMul" or len(node.inputs[1].shape) != 2:
+            continue
+        dq = producers.get(id(node.inputs[1]))
+        if dq is None or dq.op != "DequantizeLinear":
+            continue
+        q_v, s_v = dq.inputs[0], dq.inputs[1]
+        zp_v = dq.inputs[2] if len(dq.inputs) > 2 else None
+        x = node.inputs[0]
+        if x.dtype != s_v.dtype:
+            raise ShapeError(f"node '{node.name}': MatMul of {x.dtype} by a DequantizeLinear to {s_v.dtype}")
+        q = q_v.data.astype(np.int32)
+        if zp_v is not None:
+            zero = np.unique(zp_v.data)
+            if zero.size != 1:
+                raise ShapeError(f"node '{dq.name}': DequantizeLinear with per-channel zero points (asymmetric) "
+                                 "is not supported yet", hint="export symmetric quantization")
+            q = q - int(zero[0])
+        k, n = q.shape
+        axis, block = dq.attrs["axis"] % 2, int(dq.attrs["block_size"])
+        scale = s_v.data.astype(np.float16)
+        if block > 0 and axis == 0 and k % block == 0 and q.min() >= -8 and q.max() <= 7 and block % 2 == 0:
+            wq = constant(f"{q_v.name}__q4", pack_int4(q.T))
+            sc = constant(f"{s_v.name}__scale", np.ascontiguousarray(scale.T))
+            new = Node("LinearQ4", [x, wq, sc], list(node.outputs), {"group_size": block}, name=node.name)
+        elif block == 0 and axis == 1 and scale.shape == (n,) and q.min() >= -128 and q.max() <= 127:
+            wq = constant(f"{q_v.name}__q8", np.ascontiguousarray(q.T.astype(np.int8)))
+            new = Node("LinearQ8", [x, wq, constant(f"{s_v.name}__scale", scale)], list(node.outputs), {},
+                       name=node.name)
+        else:
+            raise ShapeError(f"node '{dq.name}': DequantizeLinear weight (axis {axis}, block_size {block}, "
+                             f"values {q.min()}..{q.max()}) is not int4 blocked along K nor int8 per output "
+                             "channel", hint="those are the pre-quantized layouts atlasc maps to its kernels")
+        graph.nodes[graph.nodes.index(node)] = new
+        stats.applied["MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)"] = \
+            stats.applied.get("MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)", 0) + 1
+    graph.cleanup()
+    left = [n.name for n in graph.nodes if n.op == "DequantizeLinear"]
+    if left:
+        raise ShapeError(f"DequantizeLinear '{left[0]}' is not the weight of a MatMul: only quantized MatMul "
+                         "weights are supported")
+
+
 def _skipped(node: Node, patterns: tuple[str, ...]) -> str | None:
     names = (node.inputs[1].name, node.name, node.outputs[0].name)
     for p in patterns:
@@ -140,12 +196,14 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
     mode = opts.quant
     if mode not in MODES:
         raise UsageError(f"--quant must be one of {', '.join(MODES)}, not {mode}")
-    if mode == "none":
-        return program, stats
+    for graph in program.entries.values():
+        _import_prequantized(graph, stats)
     group = int(opts.group_size)
     if mode == "int4" and (group < 2 or group % 2):
         raise UsageError(f"--group-size must be an even number >= 2, not {group}")
     rule = f"Linear(x, W) => LinearQ{8 if mode == 'int8' else 4}(x, Wq, scale)"
+    if mode == "none":
+        return program, stats
     candidates = []
     for graph in program.entries.values():
         for node in graph.nodes:

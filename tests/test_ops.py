@@ -1065,6 +1065,38 @@ def test_kv_append_overflow(rng):
         interpret(g, {"x": np.ones((1, 1, 3, 2), F32)}, state={"kv_cache": cache}, symbols={"past_seq": 2})
 
 
+@covers("DequantizeLinear")
+@pytest.mark.parametrize("xt, st, axis, block, zp", [
+    (np.int8, F32, 1, 0, False), (np.uint8, np.float16, 1, 0, True), (np.int8, F32, 0, 4, True),
+    (np.uint8, np.float16, 1, 2, False), (np.int8, F32, 0, 0, False)])
+def test_dequantize_linear(rng, xt, st, axis, block, zp):
+    """(x - zero_point) * scale per tensor, per axis or per block, against onnx's reference (opset 21)."""
+    x = rng.integers(np.iinfo(xt).min, np.iinfo(xt).max, (8, 6)).astype(xt)
+    if block:
+        sshape = tuple(-(-d // block) if i == axis else d for i, d in enumerate(x.shape))
+    else:
+        sshape = (x.shape[axis],) if axis == 1 else ()
+    scale = rng.uniform(0.01, 0.2, sshape).astype(st)
+    feeds = {"x": x, "s": scale}
+    ins = ["x", "s"]
+    if zp:
+        feeds["z"] = rng.integers(0, 5, sshape).astype(xt)
+        ins.append("z")
+    attrs = {"axis": axis, "block_size": block}
+    model = H.make_model(H.make_graph(
+        [H.make_node("DequantizeLinear", ins, ["y"], **attrs)], "g",
+        [H.make_tensor_value_info(k, H.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)) for k, v in feeds.items()],
+        [H.make_tensor_value_info("y", H.np_dtype_to_tensor_dtype(np.dtype(st)), list(x.shape))]),
+        opset_imports=[H.make_opsetid("", 21)])
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    g = Graph("dq")
+    vals = [Value(k, str(v.dtype), v.shape) for k, v in feeds.items()]
+    y = Value("y", str(np.dtype(st)), x.shape)
+    g.inputs, g.nodes, g.outputs = vals, [Node("DequantizeLinear", vals, [y], attrs)], [y]
+    verify(g)
+    np.testing.assert_array_equal(interpret(g, feeds)["y"], want)
+
+
 @covers("AddRMSNormalization")
 @pytest.mark.parametrize("dtype", [F32, np.float16])
 def test_add_rmsnorm(rng, dtype):

@@ -356,6 +356,16 @@ def h_matmul_nbits(imp, node, ins):
     imp.emit(node, "LinearQ4", [ins[0], wq, scale] + ([bias] if bias is not None else []), {"group_size": block})
 
 
+def h_dequantize_linear(imp, node, ins):
+    """DequantizeLinear of a constant (int8/uint8, or int4/uint4 widened to them): kept as a node, not
+    folded to floats, so that passes/quantize.py can map a quantized MatMul weight to LinearQ4/Q8 with
+    the stored integers (no requantization)."""
+    x = ins[0]
+    if not isinstance(x, Known) or x.symbolic:
+        raise ShapeError("DequantizeLinear is supported on constant weights only")
+    imp.emit(node, "DequantizeLinear", ins[:3], _ir_attrs("DequantizeLinear", node), fold=False)
+
+
 _SAME = [
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Equal", "Less", "LessOrEqual", "Greater",
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Sigmoid", "Erf",
@@ -393,6 +403,7 @@ HANDLERS.update({
     "Attention": h_attention,
     "RotaryEmbedding": h_rotary,
     "com.microsoft::MatMulNBits": h_matmul_nbits,
+    "DequantizeLinear": h_dequantize_linear,
     **{op: h_reduce(op) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                                     "ReduceSumSquare", "ReduceL2")},
 })

@@ -33,6 +33,14 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this big ...
 FOLD_GROWTH = 1  # ... or as big as its inputs together (no folding of Expand/Tile blow-ups)
 
 
+def _widen_4bit(arr: np.ndarray) -> np.ndarray:
+    """ONNX int4 / uint4 initializers (ml_dtypes arrays) as int8 / uint8 holding the same values."""
+    name = arr.dtype.name
+    if name in ("int4", "uint4"):
+        return arr.astype(np.int8 if name == "int4" else np.uint8)
+    return arr
+
+
 def handler_key(op_type: str, domain: str | None) -> str:
     """The handler table's key: the op type for the default domain, `domain::Op` otherwise."""
     return op_type if (domain or "") in ("", "ai.onnx") else f"{domain}::{op_type}"
@@ -71,7 +79,7 @@ class Importer:
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
             if isinstance(t, gs.Constant):
-                self.set_known(t.name, Known.numeric(np.asarray(t.values)))
+                self.set_known(t.name, Known.numeric(_widen_4bit(np.asarray(t.values))))
         for node in gsg.nodes:
             ins = [self._lookup(t) for t in node.inputs]
             try:
@@ -222,13 +230,15 @@ class Importer:
         return self.graph.bounds()
 
     # -- emission -------------------------------------------------------------------------
-    def emit(self, node, op: str, ins: list, attrs: dict, n_out: int | None = None, out_names=None) -> list:
-        """Fold (if every input is known) or emit `op`; bind the ONNX outputs; return the results."""
+    def emit(self, node, op: str, ins: list, attrs: dict, n_out: int | None = None, out_names=None,
+             fold: bool = True) -> list:
+        """Fold (if every input is known, unless fold=False) or emit `op`; bind the ONNX outputs; return
+        the results."""
         opdef = get(op)
         attrs = opdef.fill_attrs(attrs)
         names = out_names or [o.name for o in node.outputs]
         n_out = n_out if n_out is not None else len(names)
-        folded = self._try_fold(op, ins, attrs)
+        folded = self._try_fold(op, ins, attrs) if fold else None
         if folded is not None:
             for name, k in zip(names, folded[:n_out]):
                 if name:

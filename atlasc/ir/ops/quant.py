@@ -110,3 +110,59 @@ register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_q8_infer, reference=_q
 register("LinearQ4", inputs=(3, 4), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
          reference=_q4_ref,
          doc="x @ ((int4 nibbles of wq [N, K/2]) * scale[N, K/group])^T (+ bias); float32, one rounding")
+
+
+# -- DequantizeLinear (ONNX opset 21, constants only: a pre-quantized export's weights) --------------
+
+
+def _dq_infer(ins, attrs):
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    if x.dtype not in ("int8", "uint8"):
+        raise ShapeError(f"DequantizeLinear: input dtype {x.dtype} (supported: int8, uint8, int4, uint4)")
+    if scale.dtype not in ("float32", "float16"):
+        raise ShapeError(f"DequantizeLinear: scale dtype {scale.dtype} (supported: float32, float16)")
+    if zp is not None and zp.dtype != x.dtype:
+        raise ShapeError(f"DequantizeLinear: zero point is {zp.dtype}, input {x.dtype}")
+    rank = len(x.shape)
+    block = int(attrs["block_size"])
+    if rank:
+        axis = attrs["axis"] % rank
+        if block > 0:
+            want = tuple(-(-d // block) if i == axis else d for i, d in enumerate(x.shape))
+            if tuple(scale.shape) != want:
+                raise ShapeError(f"DequantizeLinear: blocked scale must be {list(want)}, got {list(scale.shape)}")
+        elif len(scale.shape) == 1 and scale.shape[0] not in (1, x.shape[axis]):
+            raise ShapeError(f"DequantizeLinear: per-axis scale of {scale.shape[0]} for axis size {x.shape[axis]}")
+        elif len(scale.shape) > 1:
+            raise ShapeError("DequantizeLinear: scale must be a scalar, 1-D per axis, or blocked")
+    return [TensorType(scale.dtype, tuple(x.shape))]
+
+
+def expand_scale(s: np.ndarray, shape: tuple, axis: int, block: int) -> np.ndarray:
+    """A DequantizeLinear scale (or zero point) broadcast to the input's shape."""
+    if block > 0:
+        return np.repeat(s, block, axis=axis).take(range(shape[axis]), axis=axis)
+    if s.ndim == 0 or s.size == 1:
+        return np.broadcast_to(s.reshape(()), shape)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return np.broadcast_to(s.reshape(view), shape)
+
+
+def _dq_ref(ins, attrs):
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    axis = attrs["axis"] % max(x.ndim, 1)
+    block = int(attrs["block_size"])
+    s = expand_scale(scale, x.shape, axis, block).astype(np.float32)
+    q = x.astype(np.float32)
+    if zp is not None:
+        q = q - expand_scale(zp, x.shape, axis, block).astype(np.float32)
+    return [(q * s).astype(scale.dtype)]
+
+
+register("DequantizeLinear", inputs=(2, 3), kind="opaque",
+         attrs={"axis": Attr("int", 1), "block_size": Attr("int", 0)}, infer=_dq_infer, reference=_dq_ref,
+         doc="ONNX DequantizeLinear (opset 21) of a constant: (x - zero_point) * scale, per tensor, axis or "
+             "block; passes/quantize.py turns a MatMul weight of this form into LinearQ4/LinearQ8")
