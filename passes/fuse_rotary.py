@@ -15,7 +15,9 @@ The region between X and the three values is found by walking forward from X thr
 movement ops; its only other non-constant inputs must be two tensors that reshape to [B or 1, S, R]
 (cos and sin; Unsqueeze/Reshape chains above them are walked back). It is accepted when evaluating it
 on random X, cos and sin at two symbol settings equals QKVRotary's reference (either assignment of
-the two tensors to cos and sin is tried). The Split, transposes, rotary arithmetic and both KVAppend
+the two tensors to cos and sin is tried). The opset-23 `RotaryEmbedding` op takes half-width tables
+[.., R/2]: those are tried as cos = concat(c, c), and the fused node reads such a concatenation
+(one small node per step, shared by the layers). The Split, transposes, rotary arithmetic and both KVAppend
 kernels then become one kernel that reads X once.
 
 Requires: entry-points, fuse-attention. Guarantees: outputs equal the decomposed graph's within float
@@ -34,7 +36,7 @@ from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
 MOVEMENT = {"Reshape", "Transpose", "Split", "Slice", "Unsqueeze", "Squeeze", "Identity", "Flatten"}
-REGION_OPS = MOVEMENT | {"Neg", "Concat", "Mul", "Add", "Sub", "FusedElementwise"}
+REGION_OPS = MOVEMENT | {"Neg", "Concat", "Mul", "Add", "Sub", "FusedElementwise", "RotaryEmbedding"}
 PROBE_SIZES = ((2, 3, 5, 7), (3, 5, 2, 11))
 
 
@@ -94,7 +96,9 @@ def _rank3_source(value: Value, producers, batch, seq) -> tuple[Value, list[Node
         value = node.inputs[0]
 
 
-def _expected(x, cos, sin, hq, hk, d):
+def _expected(x, cos, sin, hq, hk, d, half=False):
+    if half:
+        cos, sin = np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
     b, s, _ = x.shape
     heads = x.reshape(b, s, hq + 2 * hk, d).transpose(0, 2, 1, 3)
     r = cos.shape[-1]
@@ -104,7 +108,7 @@ def _expected(x, cos, sin, hq, hk, d):
 
 
 def _probe(graph: Graph, x: Value, cos: Value, sin: Value, nodes: list[Node], outs: list[Value],
-           hq: int, hk: int, d: int) -> bool:
+           hq: int, hk: int, d: int, half: bool = False) -> bool:
     """Does the region compute QKVRotary's q, k, v (before the appends) at two symbol settings?"""
     syms = sorted(graph.symbols)
     for sizes in PROBE_SIZES:
@@ -123,7 +127,7 @@ def _probe(graph: Graph, x: Value, cos: Value, sin: Value, nodes: list[Node], ou
             got = interpret(sub, feeds, symbols=env)
         except Exception:  # noqa: BLE001 - any failure means "not this pattern"
             return False
-        want = _expected(feeds[x.name], feeds[cos.name], feeds[sin.name], hq, hk, d)
+        want = _expected(feeds[x.name], feeds[cos.name], feeds[sin.name], hq, hk, d, half)
         for o, w in zip(outs, want):
             y = got[o.name]
             if y.shape != w.shape or not np.allclose(y.astype(np.float64), w.astype(np.float64),
@@ -169,18 +173,35 @@ def _match(graph: Graph, att: Node):
     if any(f is None for f in found):
         return "cos/sin do not reshape to [batch or 1, seq, rotary_dim]"
     (a, chain_a), (b, chain_b) = found
-    if a.dtype != x.dtype or b.dtype != x.dtype or a.shape[2] != b.shape[2] or a.shape[2] % 2 or a.shape[2] > d:
+    if a.dtype != x.dtype or b.dtype != x.dtype or a.shape[2] != b.shape[2] or a.shape[2] > d:
         return "cos/sin dtype or width do not fit the heads"
     nodes = [n for n in graph.nodes if any(n is m for m in chain_a + chain_b + region)]
-    for cos, sin in ((a, b), (b, a)):
-        if _probe(graph, x, cos, sin, nodes, targets, hq, hk, d):
-            break
-    else:
+    widths = [False] + ([True] if 2 * a.shape[2] <= d else [])  # full tables, or RotaryEmbedding's halves
+    match = next(((cos, sin, half) for half in widths for cos, sin in ((a, b), (b, a))
+                  if (half or a.shape[2] % 2 == 0) and _probe(graph, x, cos, sin, nodes, targets, hq, hk, d, half)),
+                 None)
+    if match is None:
         return "the region does not compute rotate-half rotary of q and k"
+    cos, sin, half = match
+    if half:
+        cos, sin = (_doubled(graph, t) for t in (cos, sin))
     q_new = Value(q_val.name + "__rot", q_val.dtype, q_val.shape)
     attrs = {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": pk.attrs["layer"], "past": pk.attrs["past"]}
     fused = Node("QKVRotary", [x, cos, sin], [q_new, k_val, v_val], attrs, name=f"qkv_rotary:{q_val.name}")
     return fused, q_val, (pk, pv)
+
+
+def _doubled(graph: Graph, t: Value) -> Value:
+    """concat(t, t) along the last axis (made once per table and graph, after t's producer)."""
+    name = t.name + "__x2"
+    for n in graph.nodes:
+        if n.outputs and n.outputs[0].name == name:
+            return n.outputs[0]
+    out = Value(name, t.dtype, (*t.shape[:-1], 2 * t.shape[-1]))
+    producer = graph.producers().get(id(t))
+    at = graph.nodes.index(producer) + 1 if producer is not None else 0
+    graph.nodes.insert(at, Node("Concat", [t, t], [out], {"axis": -1}, name=f"rotary_table:{t.name}"))
+    return out
 
 
 def fuse_rotary(program: Program) -> tuple[Program, RewriteStats]:

@@ -98,11 +98,7 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
                 assert {u.op for u in graph.users(present)} == {"Attention"}, entry
 
 
-# spelled with the opset-23 RotaryEmbedding op (position ids + cos/sin caches): not folded yet
-ROTATE_HALF = [n for n in LLAMA_LIKE if n != "llama-opset23"]
-
-
-@pytest.mark.parametrize("name", ROTATE_HALF)
+@pytest.mark.parametrize("name", LLAMA_LIKE)  # llama-opset23 spells rotary as the RotaryEmbedding op
 def test_decode_layer_is_a_handful_of_kernels(name):
     """QKV split + rotary + cache appends fold into one QKVRotary, the attention writes [B, S, H*D],
     SwiGLU reads the merged gate/up halves in place, reshapes alias: per layer at most 9 launches."""
