@@ -40,7 +40,7 @@ from atlasc.ir.serialize import encode_attrs
 from atlasc.passes.plan_memory import dim_upper
 from atlasc.pipeline import PipelineReport, run_pipeline
 
-Progress = Callable[[str, str], None]
+Progress = Callable[..., None]  # (stage, detail[, (done, total)])
 
 
 @dataclass
@@ -85,7 +85,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     and a manifest that describes every launch; same inputs and options give a byte-identical file;
     on any error no file is left at out_path (an existing one is untouched).
     """
-    say = progress or (lambda stage, detail: None)
+    say = progress or (lambda stage, detail, done=None: None)
     model_path, out_path = Path(model_path), Path(out_path)
     seconds: dict[str, float] = {}
     t = time.perf_counter()
@@ -95,7 +95,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     _check_dtype(graph, options.dtype)
 
     t = time.perf_counter()
-    program = Program({"main": graph}, options)
+    program = Program({"main": graph}, options, progress=say)
     program, report = run_pipeline(program, verify_each=options.verify, dump_ir=dump_ir,
                                    on_pass=lambda name: say("pass", name))
     seconds["passes"] = time.perf_counter() - t

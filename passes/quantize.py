@@ -225,6 +225,9 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
                          hint="pick a group size that divides K, e.g. 32, 64 or 128")
     made: dict[int, tuple[Value, Value, dict]] = {}  # id(W) -> (wq, scale, layer record): shared weights once
     layers = []
+    say = program.progress or (lambda stage, detail, done=None: None)
+    total_bytes = sum({id(n.inputs[1]): n.inputs[1].data.nbytes for n in candidates}.values())
+    done_bytes = 0
     for node in candidates:
         w = node.inputs[1]
         k = int(w.shape[1])
@@ -232,7 +235,10 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             stats.declined[f"{rule} at {node.name}"] = f"group size {group} does not divide K = {k}"
             continue
         if id(w) not in made:
+            say("quantize", f"{mode} {w.name} ({len(made) + 1} weights, {done_bytes / 1e9:.2f} of "
+                            f"{total_bytes / 1e9:.2f} GB)", (done_bytes, total_bytes))
             wq, scale, err = _quantize_layer(w.data, mode, group, seed=len(made))
+            done_bytes += w.data.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
                    "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes)}
             made[id(w)] = (constant(f"{w.name}__q{mode[3:]}", wq), constant(f"{w.name}__scale", scale), rec)

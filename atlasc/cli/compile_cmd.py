@@ -114,8 +114,10 @@ def compile_command(
     with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:
         task = progress.add_task("compiling", total=None)
 
-        def on_progress(stage: str, detail: str) -> None:
-            progress.update(task, description=f"{stage}: {detail}")
+        def on_progress(stage: str, detail: str, done: tuple[int, int] | None = None) -> None:
+            # a bar where the stage knows its size (quantizing weights), a pulsing one otherwise
+            total, completed = (done[1], done[0]) if done else (None, 0)
+            progress.update(task, description=f"{stage}: {detail}", total=total, completed=completed)
 
         result = compile_model(model, output, options, dump_ir=dump_ir, progress=on_progress)
 

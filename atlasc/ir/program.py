@@ -7,6 +7,8 @@ shared by reference between entries, so one weights image serves them all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 
 from atlasc.ir.graph import Graph
@@ -59,3 +61,5 @@ class Program:
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
     float_weights: dict[str, object] = field(default_factory=dict)  # quantized node name -> its float weight Value
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)
+    # progress of long passes: (stage, detail, (done, total) or None); set by the compile driver
+    progress: Callable[..., None] | None = field(default=None, repr=False, compare=False)
