@@ -163,6 +163,308 @@ __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
   }
 }
 
+// -- decode path (attention.py: ATLAS_ATTENTION_PATH=fast) --------------------------------------
+// One block of NW warps per item (b, kv head hk, tile of up to R query rows): the rows of a tile are
+// the (query head, query row) pairs that share hk (GQA: rows rr = i * group + g of head hk * group + g),
+// so every K/V row is read from DRAM once per tile (once per (b, hk) at decode, where group * Sq <= R).
+// The tile's query rows are staged in shared memory as float. Warps take blocks of 32 keys
+// (kb = warp, warp + NW, ...). Scores: lane l owns key kb * 32 + l and reads its whole K row with
+// 16-byte loads (KC vectors in flight), dotting it with every row of the tile. Online softmax per row
+// over the block (warp max; each lane keeps its partial sum l). Values: lanes split the head dim
+// (EV elements per lane and load, LPR = D / EV lanes cover one V row, coalesced, KPI = 32 / LPR rows
+// per warp-wide load, or VPL = LPR / 32 loads per lane and row when D > 32 * EV; VC loads in flight per
+// lane); a key's probability comes from its owner lane by a shuffle. The warps'
+// (m, l, acc[R][D]) are merged through shared memory and Y is rounded once when stored.
+// Numerics as attention_rows: float32 scores and accumulation; masked keys contribute 0; a row whose
+// every key is masked (-inf) yields 0. Requires unit stride along the head dim and 16-byte aligned K/V
+// rows (checked at run time: otherwise the whole launch runs attention_rows, which takes any layout).
+template <typename T> __device__ __forceinline__ void to_float16B(const uint4& u, float* f);
+template <> __device__ __forceinline__ void to_float16B<__half>(const uint4& u, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __half22float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+template <> __device__ __forceinline__ void to_float16B<float>(const uint4& u, float* f) {
+  f[0] = __uint_as_float(u.x);
+  f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z);
+  f[3] = __uint_as_float(u.w);
+}
+
+// N elements of T (N * sizeof(T) in 2, 4, 8, 16 bytes, aligned to that size) as raw bits
+template <int BYTES> struct RawVec;
+template <> struct RawVec<2> { typedef unsigned short type; };
+template <> struct RawVec<4> { typedef unsigned int type; };
+template <> struct RawVec<8> { typedef uint2 type; };
+template <> struct RawVec<16> { typedef uint4 type; };
+
+template <typename T, int N> __device__ __forceinline__ typename RawVec<N * sizeof(T)>::type ldg_vec(const T* p) {
+  return __ldg(reinterpret_cast<const typename RawVec<N * sizeof(T)>::type*>(p));
+}
+template <typename T, int N, typename R> __device__ __forceinline__ void raw_to_float(const R& u, float* f) {
+  const T* x = reinterpret_cast<const T*>(&u);
+  if constexpr (sizeof(T) == 2) {
+    if constexpr (N == 1) {
+      f[0] = __half2float(x[0]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const float2 y = __half22float2(reinterpret_cast<const __half2*>(x)[i]);
+        f[2 * i] = y.x;
+        f[2 * i + 1] = y.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = static_cast<float>(x[i]);
+  }
+}
+
+// the largest divisor of n that is at most cap
+__host__ __device__ constexpr int att_divisor_upto(int n, int cap) { return cap <= 1 ? 1 : (n % cap == 0 ? cap : att_divisor_upto(n, cap - 1)); }
+
+// every 16-byte vector of every K/V row is aligned: unit stride along D, base and strides in whole vectors
+template <typename T> __device__ __forceinline__ bool rows_vec_ok(const View<T, 4>& v, long long vec) {
+  if (v.stride[3] != 1 || (reinterpret_cast<unsigned long long>(v.p) & 15ULL) != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if (v.shape[i] > 1 && v.stride[i] % vec != 0) return false;
+  return true;
+}
+
+constexpr int ATT_DECODE_KC = 16;  // K vectors (16 bytes) in flight per lane
+constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
+
+template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL>
+__device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
+  constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
+  constexpr int NV = D / VEC;                 // K vectors per row
+  // K vectors in flight: the whole row up to 256 bytes, half of ATT_DECODE_KC for longer rows (ptxas
+  // hoists the next chunk's loads: fp32 D=256 spilled with 16)
+  constexpr int KC = att_divisor_upto(NV, NV <= ATT_DECODE_KC ? ATT_DECODE_KC : ATT_DECODE_KC / 2);
+  constexpr int LPR = D / EV < 32 ? D / EV : 32;  // lanes per V row
+  constexpr int KPI = 32 / LPR;                   // V rows per warp-wide load
+  constexpr int VPL = D / EV / LPR;               // V loads per lane and row
+  constexpr int NA = VPL * EV;                    // accumulators per lane and query row
+  constexpr int ITERS = 32 / KPI;                 // warp-wide V loads per block of 32 keys
+  constexpr int IC = att_divisor_upto(ITERS, ATT_DECODE_VC / VPL > 0 ? ATT_DECODE_VC / VPL : 1);
+  static_assert(NV * VEC == D && NV % KC == 0, "K: whole 16-byte vectors");
+  static_assert(EV <= VEC && LPR * KPI == 32 && VPL * LPR * EV == D, "V: lanes split the head dim");
+
+  const long long B = a.q.shape[0], Hq = a.q.shape[1], Sq = a.q.shape[2];
+  const long long Hk = a.k.shape[1], S_new = a.k.shape[2];
+  const long long P = HAS_PAST ? a.past : 0;
+  const long long Skv = P + S_new;
+  bool ok = Hk > 0 && Hq % Hk == 0 && a.q.shape[3] == D && a.k.shape[3] == D && a.v.shape[3] == D &&
+            rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30);
+  if constexpr (HAS_PAST) ok = ok && rows_vec_ok(a.pk, VEC) && rows_vec_ok(a.pv, VEC);
+  if (!ok) {  // uniform over the launch
+    attention_rows<T, MT, ACC, HAS_PAST, HAS_MASK, CAUSAL, 0, -1>(a);
+    return;
+  }
+  const long long group = Hq / Hk;
+  const float scale = a.scale != 0.f ? a.scale : (float)(1.0 / sqrt((double)D));
+  const long long rows = group * Sq;  // query rows per (b, kv head)
+  const long long tiles = (rows + R - 1) / R;
+  const long long items = B * Hk * tiles;
+
+  // shared memory (attention.py fast_smem: 16 * ceil(12 R / 16) + 4 * (R D + NW R D + 3 NW R) bytes)
+  long long* moff = reinterpret_cast<long long*>(atlas_attn_smem);  // [R] mask row offsets
+  int* lim = reinterpret_cast<int*>(moff + R);                        // [R] last key allowed (-1: no row)
+  float* q_s = reinterpret_cast<float*>(atlas_attn_smem + 16 * ((12 * R + 15) / 16));  // [R][D]
+  float* part = q_s + R * D;                                          // [NW][R][D] warps' accumulators
+  float* mls = part + NW * R * D;                                     // [NW][R][2] warps' m, l
+  float* fac = mls + 2 * NW * R;                                      // [NW][R] weight of a warp's acc
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kk = lane / LPR, vi = lane % LPR;
+
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const long long tile = item % tiles, hk = (item / tiles) % Hk, b = item / (tiles * Hk);
+    const long long r0 = tile * R;
+    __syncthreads();  // the previous item's readers of the shared arrays are done
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+      const int r = idx / D, dd = idx % D;
+      const long long rr = r0 + r;
+      float x = 0.f;
+      if (rr < rows) {
+        const long long h = hk * group + rr % group, i = rr / group;
+        x = load(a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] + dd * a.q.stride[3]);
+      }
+      q_s[idx] = x;
+    }
+    if (threadIdx.x < R) {
+      const long long rr = r0 + threadIdx.x;
+      const long long h = hk * group + rr % group, i = rr / group;
+      lim[threadIdx.x] = rr < rows ? (int)(CAUSAL ? imin(i + P, Skv - 1) : Skv - 1) : -1;
+      moff[threadIdx.x] = HAS_MASK ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
+    }
+    __syncthreads();
+    // keys this tile can see: all, or (causal) up to its last row's limit
+    int kend = (int)Skv;
+    if constexpr (CAUSAL) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + P + 1);
+    const T* kbase = a.k.p + b * a.k.stride[0] + hk * a.k.stride[1];
+    const T* vbase = a.v.p + b * a.v.stride[0] + hk * a.v.stride[1];
+    const T* pkbase = HAS_PAST ? a.pk.p + b * a.pk.stride[0] + hk * a.pk.stride[1] : kbase;
+    const T* pvbase = HAS_PAST ? a.pv.p + b * a.pv.stride[0] + hk * a.pv.stride[1] : vbase;
+    auto krow = [&](int j) -> const T* {
+      if (HAS_PAST && j < P) return pkbase + j * a.pk.stride[2];
+      return kbase + (j - P) * a.k.stride[2];
+    };
+    auto vrow = [&](int j) -> const T* {
+      if (HAS_PAST && j < P) return pvbase + j * a.pv.stride[2];
+      return vbase + (j - P) * a.v.stride[2];
+    };
+
+    float m_run[R], l_part[R], acc[R][NA];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m_run[r] = -INFINITY;
+      l_part[r] = 0.f;
+#pragma unroll
+      for (int t = 0; t < NA; ++t) acc[r][t] = 0.f;
+    }
+    const int nblk = (kend + 31) / 32;
+    for (int kb = warp; kb < nblk; kb += NW) {
+      // scores of the block's 32 keys: lane owns key j
+      const int j = kb * 32 + lane;
+      const bool valid = j < kend;
+      const uint4* kp = reinterpret_cast<const uint4*>(krow(valid ? j : kend - 1));
+      float dot0[R], dot1[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = 0.f;
+#pragma unroll 1
+      for (int c = 0; c < NV; c += KC) {  // chunks not unrolled: ptxas would hoist every chunk's loads
+        uint4 kv[KC];
+#pragma unroll
+        for (int u = 0; u < KC; ++u) kv[u] = __ldg(kp + c + u);
+#pragma unroll
+        for (int u = 0; u < KC; ++u) {
+          float kf[VEC];
+          to_float16B<T>(kv[u], kf);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const float4* qv = reinterpret_cast<const float4*>(q_s + r * D + (c + u) * VEC);
+            float& dot = (u & 1) ? dot1[r] : dot0[r];
+#pragma unroll
+            for (int e = 0; e < VEC / 4; ++e) {
+              const float4 qq = qv[e];
+              dot = fmaf(qq.x, kf[4 * e], dot);
+              dot = fmaf(qq.y, kf[4 * e + 1], dot);
+              dot = fmaf(qq.z, kf[4 * e + 2], dot);
+              dot = fmaf(qq.w, kf[4 * e + 3], dot);
+            }
+          }
+        }
+      }
+      // online softmax over the block, per query row
+      float p[R];
+      bool live = false;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float s = -INFINITY;
+        if (valid && j <= lim[r]) {
+          float bias = 0.f;
+          if constexpr (HAS_MASK) {
+            const View<MT, 4>& m = a.mask;
+            bias = j < m.shape[3] ? mask_bias(load(m.p + moff[r] + j * m.stride[3])) : -INFINITY;
+          }
+          s = (dot0[r] + dot1[r]) * scale + bias;
+        }
+        const float m_new = fmaxf(m_run[r], warp_max(s));
+        if (m_new == -INFINITY) {  // every key so far masked for this row: nothing to add
+          p[r] = 0.f;
+          continue;
+        }
+        live = true;
+        const float corr = expf(m_run[r] - m_new);  // 0 when m_run was -inf
+        p[r] = expf(s - m_new);                     // 0 for masked keys
+        l_part[r] = l_part[r] * corr + p[r];
+#pragma unroll
+        for (int t = 0; t < NA; ++t) acc[r][t] *= corr;
+        m_run[r] = m_new;
+      }
+      if (!live) continue;  // warp-uniform: a fully masked block reads no values
+      // values: lane reads elements (vi + w * LPR) * EV + [0, EV) of key row kb * 32 + it * KPI + kk
+      // V chunks: unrolled for one load per lane and row; rows of more than 32 loads run them as a
+      // loop (fp32 D=256 spilled when unrolled)
+#pragma unroll(VPL == 1 ? ITERS / IC : 1)
+      for (int it0 = 0; it0 < ITERS; it0 += IC) {
+        typename RawVec<EV * sizeof(T)>::type vv[IC][VPL];
+#pragma unroll
+        for (int it = 0; it < IC; ++it) {
+          const int jj = kb * 32 + (it0 + it) * KPI + kk;
+          const T* vp = vrow(jj);
+#pragma unroll
+          for (int w = 0; w < VPL; ++w) {  // keys past the end: zeros (their p is 0)
+            vv[it][w] = {};
+            if (jj < kend) vv[it][w] = ldg_vec<T, EV>(vp + (vi + w * LPR) * EV);
+          }
+        }
+#pragma unroll
+        for (int it = 0; it < IC; ++it) {
+          float pj[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], (it0 + it) * KPI + kk);
+#pragma unroll
+          for (int w = 0; w < VPL; ++w) {
+            float vf[EV];
+            raw_to_float<T, EV>(vv[it][w], vf);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int e = 0; e < EV; ++e) acc[r][w * EV + e] = fmaf(pj[r], vf[e], acc[r][w * EV + e]);
+          }
+        }
+      }
+    }
+
+    // the warp's state: lanes with the same vi hold partial sums over different keys
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float l = warp_sum(l_part[r]);
+#pragma unroll
+      for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int t = 0; t < NA; ++t) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+      if (lane < LPR) {
+#pragma unroll
+        for (int w = 0; w < VPL; ++w)
+#pragma unroll
+          for (int e = 0; e < EV; ++e) part[(warp * R + r) * D + (vi + w * LPR) * EV + e] = acc[r][w * EV + e];
+      }
+      if (lane == 0) {
+        mls[(warp * R + r) * 2] = m_run[r];
+        mls[(warp * R + r) * 2 + 1] = l;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {  // row r: the final max M and sum L, then each warp's weight exp(m_w - M) / L
+      const int r = threadIdx.x;
+      float M = -INFINITY;
+      for (int w = 0; w < NW; ++w) M = fmaxf(M, mls[(w * R + r) * 2]);
+      float L = 0.f;
+      if (M != -INFINITY)
+        for (int w = 0; w < NW; ++w) L += mls[(w * R + r) * 2 + 1] * expf(mls[(w * R + r) * 2] - M);
+      for (int w = 0; w < NW; ++w)
+        fac[w * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : expf(mls[(w * R + r) * 2] - M) / L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+      const int r = idx / D, dd = idx % D;
+      const long long rr = r0 + r;
+      if (rr >= rows) continue;
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) o = fmaf(part[(w * R + r) * D + dd], fac[w * R + r], o);
+      const long long h = hk * group + rr % group, i = rr / group;
+      store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
+    }
+  }
+}
+
 // RotaryEmbedding: x and out as [B, S, H, D] views; cos/sin as [rows, S?, half] (see attention.py):
 // with position ids cs[pos[b, s], k], else cs[b, s, k]. One thread per output element, grid-stride.
 template <typename T, typename CT, bool HAS_POS, bool INTERLEAVED>

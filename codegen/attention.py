@@ -5,12 +5,28 @@ tensors become [B, H, S, D] views (head stride D * elem stride), RotaryEmbedding
 become [B, S, H, D] views (a 4-D [B, H, S, D] input just permutes its strides), attention masks are
 right-aligned to [B, Hq, Sq, mask_len] with stride 0 on broadcast dims. KV-cache views (strided K/V
 inputs, KVAppend's `present`) therefore need no special case in the kernels.
+
+Attention has two kernels, chosen at code generation by the environment variable ATLAS_ATTENTION_PATH:
+- "rows" (the default, also when unset): `attention_rows`, one block per (batch, query head, query row)
+  whose warps walk the keys one at a time. Every variant (softcap, qk / present outputs, any layout).
+- "fast": `attention_decode`, the decode path (not yet GPU-validated, hence opt-in): one block of
+  FAST_WARPS warps per (batch, kv head, tile of up to FAST_MAX_ROWS query rows of that kv head's
+  group), so each K/V row is read once for all the query heads that share it; a lane scores a whole
+  key row with 16-byte loads (32 keys per warp at once), lanes split the head dim for V. Emitted for
+  fp16 / fp32, Dk == Dv a compile-time head dim of at most FAST_MAX_HEAD_DIM whose 16-byte vectors
+  pack into a warp (fp16: 8, 16, 32, 64, 128, 256; fp32: 4 ... 256), unit stride along the head dim,
+  optional past, bool / additive mask, causal; `fast_decline` names why a node keeps `attention_rows`
+  (softcap, qk or present outputs, other head dims, a non-unit head-dim stride). At run time the kernel
+  also checks that K/V rows are 16-byte aligned and otherwise runs attention_rows itself.
+Any other value of ATLAS_ATTENTION_PATH is a CodegenError.
 """
 
 from __future__ import annotations
 
+import os
+
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value
@@ -19,6 +35,52 @@ from atlasc.ir.ops.kvcache import KINDS
 ATT_THREADS = 128
 FLOATS = ("float32", "float16")
 MAX_HEAD_DIM = 1024
+PATH_ENV = "ATLAS_ATTENTION_PATH"
+PATHS = ("rows", "fast")
+FAST_WARPS = 8  # NW of attention_decode: warps per block, splitting the keys
+FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to group 8; 4 for D > 128)
+FAST_MAX_HEAD_DIM = 256
+
+
+def path_choice() -> str:
+    """ATLAS_ATTENTION_PATH (default "rows"); CodegenError for an unknown value."""
+    path = os.environ.get(PATH_ENV, "") or "rows"
+    if path not in PATHS:
+        raise CodegenError(f"{PATH_ENV}={path!r} is not an Attention path (expected one of: {', '.join(PATHS)})")
+    return path
+
+
+def fast_smem(d: int, r: int, nw: int = FAST_WARPS) -> int:
+    """attention_decode_smem<D, R, NW>() of attention.cu: row info, q tile, warps' partial states."""
+    return 16 * ((12 * r + 15) // 16) + 4 * (r * d + nw * r * d + 3 * nw * r)
+
+
+def fast_v_elems(d: int, itemsize: int) -> int | None:
+    """EV of attention_decode: elements per lane and V load (a power of two, at most 16 bytes, up to
+    d / 32 so that the lanes of a warp cover a row), such that d / EV lanes divide 32 or are a multiple
+    of 32; None when the row is not whole 16-byte vectors (K loads) or no EV fits."""
+    vec = 16 // itemsize
+    if d <= 0 or d % vec:
+        return None
+    ev = 1
+    while ev * 2 <= vec and ev * 2 * 32 <= d:
+        ev *= 2
+    while ev >= 1:
+        lanes = d // ev
+        if d % ev == 0 and (32 % lanes == 0 or lanes % 32 == 0):
+            return ev
+        ev //= 2
+    return None
+
+
+def _static_int(d) -> int | None:
+    return None if S.is_symbolic(d) else int(d)
+
+
+def _unit_last_stride(ctx: KernelContext, value: Value) -> bool:
+    """value's innermost (head-dim) stride is 1: contiguous, or a view whose last stride is 1."""
+    strides = ctx.plan.placement(value).strides
+    return strides is None or (len(strides) > 0 and _static_int(strides[-1]) == 1)
 
 
 def _declare4(ctx: KernelContext, name: str, t: str, base: str, dims: list[tuple[str, str]]) -> str:
@@ -54,6 +116,69 @@ def _float_literal(x: float) -> str:
     return f"{float(x)!r}f"
 
 
+def fast_decline(ctx: KernelContext, node: Node) -> str | None:
+    """Why attention_decode does not serve this node (None: it does)."""
+    ins = list(node.inputs) + [None] * (6 - len(node.inputs))
+    q_v, k_v, v_v, _mask_v, pk_v, pv_v = ins[:6]
+    outs = list(node.outputs) + [None] * (4 - len(node.outputs))
+    attrs = node.attrs
+    if (attrs.get("softcap", 0.0) or 0.0) > 0:
+        return "softcap"
+    if any(_placed(ctx, o) for o in outs[1:]):
+        return "present or qk outputs"
+    rank3 = len(q_v.shape) == 3
+    if rank3:
+        hq, hk = int(attrs.get("q_num_heads", 0) or 0), int(attrs.get("kv_num_heads", 0) or 0)
+        if not hq or not hk:
+            return "3-D inputs without head counts"
+        dk, dv = S.floordiv(k_v.shape[2], hk), S.floordiv(v_v.shape[2], hk)
+    else:
+        hq, hk = _static_int(q_v.shape[1]), _static_int(k_v.shape[1])
+        dk, dv = k_v.shape[3], v_v.shape[3]
+    if hq is None or hk is None or hk <= 0 or hq % hk:
+        return f"head counts {q_v.shape[1]} / {k_v.shape[1]} (static, q heads a multiple of kv heads)"
+    d, d_v = _static_int(dk), _static_int(dv)
+    if d is None or d != d_v:
+        return f"head dims {dk} / {dv} (static and equal)"
+    if d > FAST_MAX_HEAD_DIM or fast_v_elems(d, to_numpy(q_v.dtype).itemsize) is None:
+        return (f"head dim {d} (whole 16-byte vectors per row, V lanes packing into a warp; "
+                f"at most {FAST_MAX_HEAD_DIM})")
+    for value in (k_v, v_v, pk_v, pv_v):
+        if value is not None and not _unit_last_stride(ctx, value):
+            return f"{value.name} has a non-unit stride along the head dim"
+    return None
+
+
+def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int, rows_smem: int) -> KernelCode:
+    """attention_decode for a node fast_decline accepted (its args are already bound)."""
+    q_v, k_v = node.inputs[0], node.inputs[1]
+    attrs = node.attrs
+    t = c_type(q_v.dtype)
+    if len(q_v.shape) == 3:
+        hq, hk = int(attrs["q_num_heads"]), int(attrs["kv_num_heads"])
+        d, sq = int(S.floordiv(k_v.shape[2], hk)), q_v.shape[1]
+        batch = q_v.shape[0]
+    else:
+        hq, hk, d, sq, batch = int(q_v.shape[1]), int(k_v.shape[1]), int(k_v.shape[3]), q_v.shape[2], q_v.shape[0]
+    group = hq // hk
+    rows_up = group * ctx.upper(sq)
+    # head dims over 128: half the rows (fp32, D 256, R 8 needs more than 255 registers: spills)
+    r = max(1, min(FAST_MAX_ROWS if d <= 128 else FAST_MAX_ROWS // 2, rows_up))
+    items = ctx.upper(batch) * hk * max(1, -(-rows_up // r))
+    mask_t, has_past, has_mask, causal = flags
+    ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
+    tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {FAST_WARPS}, {acc}, {has_past}, {has_mask}, {causal}"
+    body = f"  atlas::attention_decode<{tmpl}>(args);"
+    smem = max(fast_smem(d, r), rows_smem)
+    threads = FAST_WARPS * 32
+    # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
+    # ptxas caps the registers at 128 for 2 blocks per SM and spills (sm80 and sm90, nvcc 13); with it
+    # ptxas takes what the loads in flight need (ptxas -v: 110 to 200 registers, no spills)
+    preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, 1) {ctx.kernel}'
+                f"(unsigned char* __restrict__ arena);")
+    return KernelCode(body, (max(1, min(MAX_GRID, items)), 1, 1), (threads, 1, 1), smem, preamble)
+
+
 @emitter("Attention")
 def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     ins = list(node.inputs) + [None] * (6 - len(node.inputs))
@@ -62,6 +187,7 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     y_v, presk_v, presv_v, qk_v = outs[:4]
     attrs = node.attrs
     dt = q_v.dtype
+    path = path_choice()
     if dt not in FLOATS:
         raise CodegenError(f"{node.name}: Attention on {dt} (supported: {', '.join(FLOATS)})")
     if (pk_v is None) != (pv_v is None):
@@ -136,6 +262,11 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.lines.append(f"  {args}.softcap = {_float_literal(attrs.get('softcap', 0.0) or 0.0)};")
     mask_t = c_type(mask_v.dtype) if has_mask else "bool"
     causal = bool(attrs.get("is_causal", 0))
+    flags = (mask_t, str(has_past).lower(), str(has_mask).lower(), str(causal).lower())
+    if path == "fast" and fast_decline(ctx, node) is None:
+        # the kernel may run attention_rows itself (K/V rows not 16-byte aligned): its shared memory too
+        rows_smem = 4 * (((dk_up + 3) // 4) * 4 + FAST_WARPS * (dv_up + 2))
+        return _emit_fast(ctx, node, flags, acc, rows_smem)
     tmpl = (f"{t}, {mask_t}, {acc}, {str(has_past).lower()}, {str(has_mask).lower()}, "
             f"{str(causal).lower()}, {present}, {qk_mode}")
     body = f"  atlas::attention_rows<{tmpl}>({args});"

@@ -148,6 +148,83 @@ def build_attention(dtype: str = "float32") -> Builder:
     return b
 
 
+def left_padded_mask(kind: str):
+    """Generator of a [B, 1, S, T] mask: batch row b masks its first pad_b keys (left padding, random),
+    batch row 0 masks every key when B > 1 (a fully masked row: the output is 0); bool (True = attend)
+    or additive (0 or a small negative bias where attended, -inf where masked)."""
+
+    def gen(rng, shape):
+        b, _, _, t = shape
+        pads = rng.integers(0, max(1, t), b)
+        if b > 1:
+            pads[0] = t
+        keep = np.arange(t)[None, :] >= pads[:, None]  # [B, T]
+        keep = np.broadcast_to(keep[:, None, None, :], shape)
+        if kind == "bool":
+            return keep.copy()
+        bias = -rng.uniform(0.0, 1.0, shape).astype(np.float32)
+        return np.where(keep, bias, -np.inf).astype(kind)
+
+    return gen
+
+
+DECODE_UPPER = {"batch": 5, "seq": 3, "past_seq": 4100}
+
+
+def build_attention_decode(dtype: str = "float16") -> Builder:
+    """Decode-shaped Attention (the compiler's decoders: K/V are the cache views [B, Hk, past + seq, D],
+    the query has seq = 1 at decode, a few rows for chunks): GQA groups 1, 4, 8, head dims 64 and 128,
+    bool / additive left-padded masks, causal, past inputs, 3-D inputs, the [B, S, H*D] output layout.
+    Plus two nodes the decode kernel must hand to attention_rows: K stored transposed (a non-unit
+    head-dim stride, declined at code generation) and `k_odd`, whose rows the GPU test lays out with an
+    odd stride (not 16-byte aligned: attention_decode checks that at run time and runs attention_rows)."""
+    b = Builder(f"attention_decode_{dtype}", {k: (1 if k != "past_seq" else 0, v) for k, v in DECODE_UPPER.items()})
+    hk = 2
+    total = S.add(S.sym("past_seq"), S.sym("seq"))
+    mask = lambda name, kind, heads=1: b.input(name, kind, ("batch", heads, "seq", total),  # noqa: E731
+                                               gen=left_padded_mask(kind))
+    kv = {}
+    for d in (64, 128):
+        kv[d] = (b.input(f"k{d}", dtype, ("batch", hk, total, d)), b.input(f"v{d}", dtype, ("batch", hk, total, d)))
+    qs = {(d, g): b.input(f"q{d}_g{g}", dtype, ("batch", g * hk, "seq", d)) for d in (64, 128) for g in (1, 4, 8)}
+    add64, bool128 = mask("amask", dtype), mask("bmask", "bool")
+    # group 1 (MHA), additive mask, the compiler's [B, S, H*D] output
+    b.node("Attention", [qs[64, 1], *kv[64], add64], {"out_bshd": 1})
+    # group 4, additive mask broadcast over heads; group 8, bool mask
+    b.node("Attention", [qs[64, 4], *kv[64], add64])
+    b.node("Attention", [qs[64, 8], *kv[64], mask("bmask64", "bool")], {"out_bshd": 1})
+    b.node("Attention", [qs[128, 8], *kv[128], bool128])
+    # group 4, no mask, a scale; group 1, causal (no past: keys up to the row index) with a bool mask
+    b.node("Attention", [qs[128, 4], *kv[128]], {"scale": 0.05})
+    b.node("Attention", [qs[128, 1], *kv[128], bool128], {"is_causal": 1})
+    # a per-head additive mask [B, Hq, S, T]
+    b.node("Attention", [qs[64, 4], *kv[64], mask("hmask", dtype, heads=4 * hk)])
+    # past inputs (the cache) + new keys, causal, bool mask over past + new
+    pk = b.input("pk", dtype, ("batch", hk, "past_seq", 128))
+    pv = b.input("pv", dtype, ("batch", hk, "past_seq", 128))
+    kn = b.input("kn", dtype, ("batch", hk, "seq", 128))
+    vn = b.input("vn", dtype, ("batch", hk, "seq", 128))
+    b.node("Attention", [qs[128, 4], kn, vn, bool128, pk, pv], {"is_causal": 1})
+    # 3-D inputs [B, S, H*D]: 8 query heads over 2 kv heads, additive mask
+    q3 = b.input("q3", dtype, ("batch", "seq", 8 * 64))
+    k3 = b.input("k3", dtype, ("batch", total, hk * 64))
+    v3 = b.input("v3", dtype, ("batch", total, hk * 64))
+    b.node("Attention", [q3, k3, v3, add64], {"q_num_heads": 8, "kv_num_heads": hk})
+    # head dim 256 (the largest the decode kernel takes), group 4
+    b.node("Attention", [b.input("q256", dtype, ("batch", 4 * hk, "seq", 256)),
+                         b.input("k256", dtype, ("batch", hk, total, 256)),
+                         b.input("v256", dtype, ("batch", hk, total, 256)), add64])
+    # handed to attention_rows: K transposed (declined), k_odd with unaligned rows (run-time check)
+    b.node("Attention", [qs[64, 4], b.input("kt", dtype, ("batch", hk, total, 64)), kv[64][1], add64])
+    b.node("Attention", [qs[64, 4], b.input("k_odd", dtype, ("batch", hk, total, 64)), kv[64][1], add64])
+    return b
+
+
+# values of build_attention_decode laid out as KV-cache views (rows at the maxima's strides)
+DECODE_PADDED = {"k64", "v64", "k128", "v128", "k256", "v256", "pk", "pv", "kn", "vn", "k3", "v3", "k_odd"}
+DECODE_TRANSPOSED = {"kt"}
+
+
 def build_rotary(dtype: str = "float32") -> Builder:
     """RotaryEmbedding: 4-D / 3-D, position ids or per-token caches, interleaved, partial rotary."""
     b = Builder(f"rotary_{dtype}", {"batch": (1, 3), "seq": (1, 11)})
@@ -358,3 +435,103 @@ def test_snapshot_matmul_kv_append():
         path.write_text(text)
     assert path.exists(), f"missing snapshot {path}: run with ATLAS_UPDATE_SNAPSHOTS=1 to create it"
     assert text == path.read_text(), "generated code changed: if on purpose, rerun with ATLAS_UPDATE_SNAPSHOTS=1"
+
+
+# -- the decode attention path (ATLAS_ATTENTION_PATH=fast) ---------------------------------------
+
+
+def _kernels_of(source: str) -> list[str]:
+    import re
+
+    return re.findall(r"atlas::attention_(decode|rows)<", source)
+
+
+def test_attention_path_env(monkeypatch):
+    """rows is the default; fast is opt-in; anything else is a CodegenError naming the variable."""
+    b = build_attention_decode("float16")
+    monkeypatch.delenv("ATLAS_ATTENTION_PATH", raising=False)
+    default = generate(b, dtype="float16").source
+    assert set(_kernels_of(default)) == {"rows"}
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
+    assert generate(b, dtype="float16").source == default
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "flash")
+    with pytest.raises(CodegenError, match="ATLAS_ATTENTION_PATH='flash'"):
+        generate(b, dtype="float16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_fast_falls_back(monkeypatch, dtype):
+    """With ATLAS_ATTENTION_PATH=fast, only the variants attention_decode handles get it: softcap, qk and
+    present outputs, Dv != Dk and a transposed K keep attention_rows (fast_decline says why)."""
+    from atlasc.codegen import attention
+
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    att = build_attention(dtype)
+    graph, plan, _ = planned(att)
+    reasons = {}
+    for node in graph.nodes:
+        from atlasc.codegen.generate import KernelContext
+
+        ctx = KernelContext(node, plan, att.upper, "k", None)
+        reasons[node.name] = attention.fast_decline(ctx, node)
+    # build_attention: 1 present outputs, 2 Dv 24 != Dk 16, 3 softcap, 4 short mask + past + causal
+    # (fast), 5 3-D with present outputs, 6-9 qk outputs (7-9 with a softcap)
+    assert reasons["attention1"] == "present or qk outputs"
+    assert reasons["attention2"].startswith("head dims")
+    assert reasons["attention3"] == "softcap"
+    assert reasons["attention4"] is None
+    assert reasons["attention5"] == "present or qk outputs"
+    assert reasons["attention6"] == "present or qk outputs"  # qk mode 0; modes 1-3 also have a softcap
+    assert all(reasons[f"attention{i}"] in ("softcap", "present or qk outputs") for i in range(7, 10))
+    assert _kernels_of(generate(att, dtype=dtype).source) == ["rows"] * 3 + ["decode"] + ["rows"] * 5
+
+    dec = build_attention_decode(dtype)
+    mod = generate(dec, dtype=dtype, plan_kw={dec.g.name: {"padded": DECODE_PADDED, "transposed": DECODE_TRANSPOSED}})
+    kinds = _kernels_of(mod.source)
+    # the transposed K (second to last node) is declined; k_odd is only known unaligned at run time
+    assert kinds == ["decode"] * 10 + ["rows", "decode"]
+    launches = mod.launches[dec.g.name]
+    assert all(launch.block == (attention.FAST_WARPS * 32, 1, 1) for i, launch in enumerate(launches) if i != 10)
+    # q64 group 4 over 2 kv heads at batch 5, seq 3: 4 * 3 = 12 rows per kv head -> 2 tiles of 8
+    assert launches[1].grid == (5 * 2 * 2, 1, 1)
+    assert launches[1].smem == max(attention.fast_smem(64, 8), 4 * (64 + 8 * 66))
+    # a head dim attention_decode cannot split: 24 (fp16 or fp32 lanes would not pack into a warp)
+    assert attention.fast_v_elems(24, 2) is None and attention.fast_v_elems(128, 2) == 4
+    assert attention.fast_v_elems(96, 2) == 1 and attention.fast_v_elems(256, 4) == 4
+
+
+def _nvcc_log(source: str, arch: str, tmp_path) -> str:
+    """nvcc's output (with the compiler's own flags, -warn-spills among them) for one arch."""
+    import subprocess
+
+    from atlasc.codegen.nvcc import NvccNotFoundError, flags, nvcc_path
+
+    try:
+        exe = nvcc_path()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    src = tmp_path / f"{arch}.cu"
+    src.write_text(source)
+    proc = subprocess.run([exe, *flags(arch), "-Xptxas=-v", src.name, "-o", f"{arch}.cubin"], capture_output=True,
+                          text=True, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_decode_compiles_without_spills(monkeypatch, tmp_path, dtype):
+    """The decode kernels (head dims 8 to 256, GQA, masks, causal, past) compile for sm80 and sm90 and
+    ptxas reports no spills (the wrapper declaration's launch bounds let it take up to 255 registers)."""
+    import re
+
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    dec, att, kv = build_attention_decode(dtype), build_attention(dtype), build_kv(dtype)
+    mod = generate(dec, att, kv, dtype=dtype,
+                   plan_kw={dec.g.name: {"padded": DECODE_PADDED, "transposed": DECODE_TRANSPOSED},
+                            att.g.name: {"padded": {"k", "v"}}})
+    assert _kernels_of(mod.source).count("decode") == 11 + 1 + 1
+    for arch in ARCHS:
+        log = _nvcc_log(mod.source, arch, tmp_path)
+        assert "spill" not in log.replace("0 bytes spill", ""), log[-3000:]
+        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+        assert regs and max(regs) <= 255
