@@ -9,6 +9,9 @@ seeded random inputs, comparing every output with the numpy interpreter. Toleran
   differs, so the final rounding to fp16 may land one fp16 ulp apart: at |y| up to ~8 (K = 257 products
   of uniform [-1, 1] values) one ulp is 2^-7, hence atol 2e-2 for matmuls; attention / rotary outputs
   are O(1) (one ulp ~1e-3; the rotary reference even rounds every fp16 intermediate), hence 3e-3.
+Attention tests run with both kernels (ATLAS_ATTENTION_PATH=rows and =fast, set before generating);
+the decode-shaped cases average up to 4101 keys in float32 on both sides, so the same tolerances hold
+(fp32: summation order only, ~1e-7 relative; fp16: one rounding of an O(1) or smaller output).
 """
 
 from __future__ import annotations
@@ -17,9 +20,14 @@ import functools
 
 import numpy as np
 import pytest
+from atlasc.ir import symbolic as S
 from kernel_harness import check_against_reference
 from test_codegen_matmul_attention import (
+    DECODE_PADDED,
+    DECODE_TRANSPOSED,
+    DECODE_UPPER,
     build_attention,
+    build_attention_decode,
     build_kv,
     build_matmul,
     build_rotary,
@@ -28,6 +36,7 @@ from test_codegen_matmul_attention import (
 )
 
 pytestmark = pytest.mark.gpu
+PATHS = ["rows", "fast"]  # ATLAS_ATTENTION_PATH values: the current kernel and the decode path
 
 TOL = {
     "matmul": {"float32": (1e-4, 1e-4), "float16": (1e-3, 2e-2)},
@@ -56,11 +65,14 @@ def test_matmul_gemm(dtype, transposed):
     _run(b, envs, dtype, "matmul", 1, plan_kw)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("padded", [False, True], ids=["contiguous", "cache_strided_kv"])
-def test_attention(dtype, padded):
+def test_attention(monkeypatch, path, dtype, padded):
     """4-D/3-D, GQA, causal + past, bool/float/short masks, softcap, scale, present and qk outputs;
-    zero past; K/V optionally laid out with cache-like row strides."""
+    zero past; K/V optionally laid out with cache-like row strides. With path=fast the short-mask node
+    runs attention_decode (the others are declined: test_codegen_matmul_attention)."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
     b = build_attention(dtype)
     envs = [{"batch": 2, "seq": 9, "past_seq": 12}, {"batch": 1, "seq": 3, "past_seq": 0},
             {"batch": 2, "seq": 1, "past_seq": 7}]
@@ -75,10 +87,12 @@ def test_rotary(dtype):
     _run(b, envs, dtype, "other", 3, {"transposed": {"x0"}})
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_kv_append(dtype):
+def test_kv_append(monkeypatch, path, dtype):
     """KVAppend at past 0 and past > 0: the present views (gathered through their cache strides), an
     Attention reading them, and the whole cache afterwards (new rows written, nothing else touched)."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
     b = build_kv(dtype)
     graph = b.done()
     rtol, atol = TOL["other"][dtype]
@@ -96,3 +110,47 @@ def test_kv_append(dtype):
         np.testing.assert_array_equal(state["kv_cache"][1, 0, :n, :, p:p + s], feeds["k_new"])
         np.testing.assert_array_equal(got["kvappend1_out0"][:, :, p:], feeds["k_new"])
         cache = state["kv_cache"]  # the next step appends to this cache
+
+
+def _decode_plan(graph, upper, kv_cache=None):
+    """plan_for with the decode builder's cache views, and `k_odd` re-placed at the end of the arena with
+    rows 65 elements apart (not 16-byte aligned: attention_decode must notice and run attention_rows)."""
+    from atlasc.ir.dtypes import to_numpy
+    from atlasc.ir.memory import Placement, align
+
+    plan, kv_offset = plan_for(graph, upper, kv_cache, padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
+    v = next(x for x in graph.inputs if x.name == "k_odd")
+    b, h, t, d = (S.evaluate(x, upper) for x in v.shape)
+    row = d + 1
+    off = align(plan.arena_bytes)
+    n = b * h * t * row * to_numpy(v.dtype).itemsize
+    plan.placements[v.name] = Placement("activations", off, n, (h * t * row, t * row, row, 1))
+    plan.arena_bytes = align(off + n)
+    return plan, kv_offset
+
+
+# (batch, query rows, past): contexts past + seq of 1, 2, 18, 301, 4101 keys at decode (seq 1), and
+# chunks of 3 rows (every GQA tile then has rows of several positions)
+DECODE_ENVS = [{"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 5, "seq": 1, "past_seq": 1},
+               {"batch": 5, "seq": 1, "past_seq": 17}, {"batch": 1, "seq": 1, "past_seq": 300},
+               {"batch": 5, "seq": 1, "past_seq": 300}, {"batch": 1, "seq": 1, "past_seq": 4100},
+               {"batch": 5, "seq": 1, "past_seq": 4100}, {"batch": 5, "seq": 3, "past_seq": 17},
+               {"batch": 2, "seq": 3, "past_seq": 300}]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_decode(monkeypatch, path, dtype):
+    """Decode shapes (build_attention_decode): K/V as KV-cache views with row strides of the maximal
+    context (4103), GQA groups 1/4/8, head dims 64/128/256, left-padded bool and additive masks with a
+    fully masked batch row (batch 0 when B > 1: output 0), causal, past inputs, 3-D inputs, the
+    [B, S, H*D] output; plus a transposed K and an unaligned K, which attention_rows serves."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
+    b = build_attention_decode(dtype)
+    graph = b.done()
+    rtol, atol = TOL["other"][dtype]
+    rng = np.random.default_rng(5)
+    assert b.upper == DECODE_UPPER
+    for env in DECODE_ENVS:
+        feeds = b.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=_decode_plan)
