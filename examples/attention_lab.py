@@ -187,7 +187,8 @@ def main(argv=None) -> int:
                         a.free()
                     print(f"  {model} T={ctx:<5d} B={batch:<3d} {path:5s} {us:9.2f} us  {gbs:7.0f} GB/s  "
                           f"{rows[-1][6]:5.1f}%  {rows[-1][8]}", flush=True)
-    print(f"\n{'model':5s} {'T':>5s} {'B':>4s} {'path':5s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} {'grid':>6s}  check")
+    print(f"\n{'model':5s} {'T':>5s} {'B':>4s} {'path':5s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
+          f"{'grid':>6s}  check")
     for model, ctx, batch, path, us, gbs, pct, grid, ok in rows:
         print(f"{model:5s} {ctx:5d} {batch:4d} {path:5s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {grid:6d}  {ok}")
     if len(paths) > 1:
