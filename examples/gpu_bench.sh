@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine for speed: the Linear kernel lab, then atlasc vs transformers on
-# Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the tables are printed last.
+# One call on the GPU machine for speed: the kernel labs (Linear fp16, int4/int8, decode attention),
+# then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
+# tables are printed last. LABS=0 skips the labs (e.g. for an 8B run).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -8,9 +9,14 @@ mkdir -p "$out"
 export ATLAS_CACHE_DIR="${ATLAS_CACHE_DIR:-/tmp/atlasc-cache}"
 config="${1:-llama-3.2-1b}"
 batches="${2:-1,8,32}"
-python3 examples/kernel_lab.py 2>&1 | tee "$out/kernel_lab.log"
+if [ "${LABS:-1}" != 0 ]; then
+    python3 examples/kernel_lab.py --ms 1,8,32,128 2>&1 | tee "$out/kernel_lab.log"
+    python3 examples/quant_lab.py --ms 1,8 2>&1 | tee "$out/quant_lab.log"
+    python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
+fi
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 \
     --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
 echo "== summary =="
-tail -n 25 "$out/kernel_lab.log"
+[ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 14 "$out/quant_lab.log" && \
+    tail -n 20 "$out/attention_lab.log"
 tail -n 12 "$out/bench_$config.log"
