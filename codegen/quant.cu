@@ -3,7 +3,40 @@
 // Layout: wq is a contiguous [N, row_bytes] constant: int8 [N, K] (row_bytes = K) or packed int4
 // uint8 [N, K/2] (low nibble = even k, high nibble = odd k, value + 8); scale is float16 [N] (int8)
 // or [N, K/G] (int4). x and y are Views whose leading dims flatten to M rows (any strides).
-// One warp per output feature (warps loop grid-stride over features): its lanes walk the packed row
+//
+// Tensor-core path (linear_quant_mma; float16 x, sm80+, checked at run time by qlin_mma_ok):
+// mma.sync m16n8k16 (fp16 in, fp32 accumulate) with A = 16 weight rows x 16 k, B = 16 k x 8 rows of
+// x, as linear_mma_decode in linear.cu. A warp step covers 16 rows x 64 bytes: lane (g = lane / 4,
+// c = lane % 4) streams one 16-byte load (ld.global.nc.L1::no_allocate) of each of rows n0 + g and
+// n0 + g + 8 at byte 16c of the step, i.e. 32 int4 weights (k 32c .. 32c+31 of a 128-k step) or 16
+// int8 weights (k 16c .. 16c+15 of a 64-k step), and reads x row 8j + g at the same k through L1.
+// Dequantization in registers, exact (the fp16 A operands are the integers q themselves):
+// - int4: a 32-bit word holds k 0..7; (u & 0x000F000F) | 0x64006400 is the half2 (1024 + n_k0,
+//   1024 + n_k4), minus 1032 = q exactly; the high nibbles (mask 0x00F000F0: 1024 + 16 n) take an
+//   fma by 1/16 and -72; u >> 8 gives k 2, 3, 6, 7. A word yields the pairs (k0, k4), (k1, k5),
+//   (k2, k6), (k3, k7): 9 instructions per 8 weights.
+// - int8: u ^ 0x80808080 makes the bytes q + 128; __byte_perm with 0x64 high bytes builds the half2
+//   (1024 + q + 128) of bytes (0, 2) and (1, 3), minus 1152 = q exactly: 5 instructions per 4 weights.
+// Inside one k16 tile the k order is free as long as A and B agree: the fragment slots (2c, 2c+1 |
+// 2c+8, 2c+9) hold the pairs above, and the x halves are paired the same way with __byte_perm (x is
+// loaded 16 bytes at a time, in k order). Products q * x are exact in the fp32 accumulator:
+// - int8: acc = sum_k q x per row, times scale[n] in float32 at the end;
+// - int4 with G % 128 == 0 (a 128-k step inside one group): each step's mma chain starts from zero
+//   and is added as acc += scale[n, group] * part in float32;
+// - int4 with G % 128 != 0 (G % 32 == 0: a lane's 32 k inside one group): the A operand is the fp16
+//   product q * scale (mul.rn.f16x2), one rounding per weight (relative error <= 2^-11, far inside
+//   the float16 output's own rounding and the tests' tolerance), then one fp32 accumulation.
+// Only the summation order differs from the float32 reference otherwise; bias in float32, one rounding
+// at the store. Work split: an item is F = 8 / S blocks of 16 features x 8J rows of x; the block's 8
+// warps are F feature blocks x S ways of split-K (interleaved steps, U steps of loads in flight per
+// warp), the S partial fragments summed through shared memory in warp order (deterministic). Blocks
+// loop grid-stride over items (feature blocks major, then 8J-row tiles of M: M > 8J re-reads a block's
+// weights, from L2). Weight rows n >= N read row N-1 and x rows m >= M read row M-1; neither is stored.
+// The path needs float16 x with unit stride along K and 16-byte aligned rows, a 16-byte aligned wq,
+// K % 128 == 0 (int4) or K % 64 == 0 (int8); the emitter also requires G % 32 == 0 for int4.
+//
+// Fallback (linear_quant: float32 x, other K / G, misaligned pointers, strided x):
+// one warp per output feature (warps loop grid-stride over features): its lanes walk the packed row
 // with 16-byte loads (scalar byte loads when the row is not 16-byte aligned), dequantize in registers
 // (int8 -> float * scale; nibble -> (v - 8) * group scale: exact in float32, as the reference), and
 // accumulate QM rows of x at a time in float32; a warp-shuffle reduce, the bias in float32, one
@@ -57,13 +90,9 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
     if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
     for (long long m0 = 0; m0 < M; m0 += QLIN_QM) {
       const int rows = int(M - m0 < QLIN_QM ? M - m0 : QLIN_QM);
-      long long xoff[QLIN_QM], yoff[QLIN_QM];
+      long long xoff[QLIN_QM];  // y's row offsets are computed at the store (fewer live registers)
 #pragma unroll
-      for (int m = 0; m < QLIN_QM; ++m) {
-        const long long mm = m0 + (m < rows ? m : 0);
-        xoff[m] = lin_row_offset(x, mm);
-        yoff[m] = lin_row_offset(y, mm);
-      }
+      for (int m = 0; m < QLIN_QM; ++m) xoff[m] = lin_row_offset(x, m0 + (m < rows ? m : 0));
       float acc[QLIN_QM];
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) acc[m] = 0.f;
@@ -83,8 +112,260 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) {
         const float s = warp_sum(acc[m]);
-        if (m < rows && lane == m) store(y.p + yoff[m] + n * yn, s + b);
+        if (m < rows && lane == m) store(y.p + lin_row_offset(y, m0 + m) + n * yn, s + b);
       }
+    }
+  }
+}
+
+
+// -- tensor-core path (see the header) ------------------------------------------------------------
+
+constexpr int QLIN_STEP_BYTES = 64;  // bytes of one weight row per warp step (16 per lane c)
+
+__device__ __forceinline__ unsigned qlin_hsub2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ unsigned qlin_hfma2(unsigned a, unsigned b, unsigned c) {
+  unsigned r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ unsigned qlin_hmul2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// (low half of a, low half of b) and (high half of a, high half of b)
+__device__ __forceinline__ unsigned qlin_lo(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
+__device__ __forceinline__ unsigned qlin_hi(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
+
+// 8 int4 of one row (u: k 0..7, byte b = k 2b low nibble, 2b+1 high) -> half2 q pairs (k0, k4),
+// (k1, k5), (k2, k6), (k3, k7), exact: (1024 + n) - 1032 and (1024 + 16 n) / 16 - 72
+__device__ __forceinline__ void qlin_q4_pairs(unsigned u, unsigned (&p)[4]) {
+  const unsigned v = u >> 8;
+  p[0] = qlin_hsub2((u & 0x000F000Fu) | 0x64006400u, 0x64086408u);
+  p[1] = qlin_hfma2((u & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+  p[2] = qlin_hsub2((v & 0x000F000Fu) | 0x64006400u, 0x64086408u);
+  p[3] = qlin_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+}
+
+// 4 int8 of one row (u: k 0..3) -> half2 q pairs (k0, k2), (k1, k3), exact: (1024 + q + 128) - 1152
+__device__ __forceinline__ void qlin_q8_pairs(unsigned u, unsigned (&p)[2]) {
+  const unsigned v = u ^ 0x80808080u;
+  p[0] = qlin_hsub2(__byte_perm(v, 0x64646464u, 0x4240), 0x64806480u);
+  p[1] = qlin_hsub2(__byte_perm(v, 0x64646464u, 0x4341), 0x64806480u);
+}
+
+// element offset of row m < M (row-major over the leading R-1 dims) of a View
+template <typename T, int R> __device__ __forceinline__ long long qlin_row(const View<T, R>& v, long long m) {
+  if constexpr (R == 1) {
+    return 0;
+  } else if constexpr (R == 2) {
+    return m * v.stride[0];
+  } else {
+    return lin_row_offset(v, m);
+  }
+}
+
+// whether the tensor-core path applies (see the header)
+template <typename T, int R, int BITS>
+__device__ __forceinline__ bool qlin_mma_ok(const View<T, R>& x, const unsigned char* wq, long long M, long long N,
+                                            long long K) {
+#if __CUDA_ARCH__ >= 800
+  constexpr long long I32 = 1LL << 31;  // the path indexes rows and steps with int
+  bool ok = LinVec<T>::MMA && K % (BITS == 4 ? 128 : 64) == 0 && M < I32 && N < I32 && K < I32 &&
+            x.stride[R - 1] == 1 &&
+            (reinterpret_cast<uintptr_t>(x.p) % 16 == 0) && (reinterpret_cast<uintptr_t>(wq) % 16 == 0);
+#pragma unroll
+  for (int i = 0; i < R - 1; ++i) ok = ok && (x.shape[i] == 1 || x.stride[i] % 8 == 0);
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// one int4 step: wlo / whi = 32 k of rows g / g + 8 (lane c's k 32c .. 32c+31 of the step), xr[j] + k
+// the x row 8j + g at the same k. EXACT (G % 128 == 0): slo / shi are the rows' group scales (float),
+// applied to the step's fp32 partial; otherwise s2lo / s2hi are half2 (s, s) multiplied into A.
+template <typename T, int J, bool EXACT>
+__device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
+                                           const T* const (&xr)[J], int k, float slo, float shi,
+                                           unsigned s2lo, unsigned s2hi) {
+  float part[J][4];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) part[j][q] = 0.f;
+  const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {  // word w: k 8w .. 8w+7 of the lane's 32
+    unsigned plo[4], phi[4];
+    qlin_q4_pairs(ulo[w], plo);
+    qlin_q4_pairs(uhi[w], phi);
+    if constexpr (!EXACT) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        plo[i] = qlin_hmul2(plo[i], s2lo);
+        phi[i] = qlin_hmul2(phi[i], s2hi);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      // x halves 8w .. 8w+7: (x0, x1) (x2, x3) (x4, x5) (x6, x7); tiles (k0, k4 | k1, k5), (k2, k6 | k3, k7)
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 8 * w));
+      float (&d)[4] = EXACT ? part[j] : acc[j];
+      lin_mma(d, plo[0], phi[0], plo[1], phi[1], qlin_lo(xv.x, xv.z), qlin_hi(xv.x, xv.z));
+      lin_mma(d, plo[2], phi[2], plo[3], phi[3], qlin_lo(xv.y, xv.w), qlin_hi(xv.y, xv.w));
+    }
+  }
+  if constexpr (EXACT) {  // C fragment: c0, c1 on row g, c2, c3 on row g + 8
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      acc[j][0] = fmaf(slo, part[j][0], acc[j][0]);
+      acc[j][1] = fmaf(slo, part[j][1], acc[j][1]);
+      acc[j][2] = fmaf(shi, part[j][2], acc[j][2]);
+      acc[j][3] = fmaf(shi, part[j][3], acc[j][3]);
+    }
+  }
+}
+
+// one int8 step: wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
+template <typename T, int J>
+__device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
+                                           const T* const (&xr)[J], int k) {
+  const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // words 2h, 2h + 1: k 8h .. 8h+7 of the lane's 16
+    unsigned pl0[2], ph0[2], pl1[2], ph1[2];
+    qlin_q8_pairs(ulo[2 * h], pl0);
+    qlin_q8_pairs(uhi[2 * h], ph0);
+    qlin_q8_pairs(ulo[2 * h + 1], pl1);
+    qlin_q8_pairs(uhi[2 * h + 1], ph1);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      // x halves 8h .. 8h+7: tiles (k0, k2 | k1, k3) of each word
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 8 * h));
+      lin_mma(acc[j], pl0[0], ph0[0], pl0[1], ph0[1], qlin_lo(xv.x, xv.y), qlin_hi(xv.x, xv.y));
+      lin_mma(acc[j], pl1[0], ph1[0], pl1[1], ph1[1], qlin_lo(xv.z, xv.w), qlin_hi(xv.z, xv.w));
+    }
+  }
+}
+
+// the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1)
+template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS>
+__device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
+                                                 const __half* __restrict__ scale, const T* __restrict__ bias,
+                                                 long long bias_stride, const View<T, R>& y, long long M,
+                                                 long long N, long long K, float* red) {
+  static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
+  static_assert(S == 1 || S == 2 || S == 4 || S == 8, "split-K ways: 1, 2, 4 or 8");
+  constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
+  constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
+  constexpr bool EXACT = BITS == 8 || GS % 128 == 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int fb = warp / S, ks = warp % S;
+  // 32-bit indices (qlin_mma_ok: M, N, K < 2^31); byte and element offsets of rows stay 64-bit
+  int steps = int((BITS == 4 ? K / 2 : K) / QLIN_STEP_BYTES);
+  // an opaque trip count: with K known, a warp's whole k loop is one straight line whose x loads nvcc
+  // hoists (130+ registers: one block per SM)
+  asm("" : "+r"(steps));
+  const int n_rows = int(N), m_rows = int(M);
+  const long long row_bytes = (long long)steps * QLIN_STEP_BYTES;
+  const int groups = BITS == 4 ? int(K / GS) : 1;
+  const int tiles_m = (m_rows + 8 * J - 1) / (8 * J);
+  const long long items = (long long)(((n_rows + 15) / 16 + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int nb0 = int(item / tiles_m) * (16 * F), n0 = nb0 + 16 * fb, m0 = int(item % tiles_m) * (8 * J);
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+    if (n0 < n_rows) {  // warp-uniform
+      const int r0 = min(n0 + g, n_rows - 1), r1 = min(n0 + g + 8, n_rows - 1);
+      const unsigned char* w0 = wq + r0 * row_bytes + 16 * c;
+      const unsigned char* w1 = wq + r1 * row_bytes + 16 * c;
+      const __half* s0 = scale + (long long)r0 * groups;
+      const __half* s1 = scale + (long long)r1 * groups;
+      const T* xr[J];
+#pragma unroll
+      for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
+      for (int s = ks; s < steps; s += S * U) {
+        uint4 wlo[U], whi[U];
+        __half slo[U], shi[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int st = s + S * u;
+          wlo[u] = whi[u] = make_uint4(0u, 0u, 0u, 0u);
+          slo[u] = shi[u] = __ushort_as_half(0);
+          if (st < steps) {
+            wlo[u] = lin_ld_stream(w0 + st * QLIN_STEP_BYTES);
+            whi[u] = lin_ld_stream(w1 + st * QLIN_STEP_BYTES);
+            if constexpr (BITS == 4) {
+              const int grp = EXACT ? st * 128 / GS : (st * 128 + 32 * c) / GS;
+              slo[u] = __ldg(s0 + grp);
+              shi[u] = __ldg(s1 + grp);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int st = s + S * u;
+          if (st < steps) {
+            if constexpr (BITS == 4) {
+              qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
+                                      __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
+                                      __half_as_ushort(shi[u]) * 0x10001u);
+            } else {
+              qlin_step8<T, J>(acc, wlo[u], whi[u], xr, st * 64);
+            }
+          }
+        }
+      }
+    }
+    // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+    if constexpr (S == 1) {
+      if (n0 < n_rows) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = n0 + g + (q >= 2 ? 8 : 0);
+          if (n < n_rows) {
+            float mul = 1.f, b = 0.f;
+            if constexpr (BITS == 8) mul = __half2float(scale[n]);
+            if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+              const int m = m0 + 8 * j + 2 * c + (q & 1);
+              if (m < m_rows) store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(acc[j][q], mul, b) : acc[j][q] + b);
+            }
+          }
+        }
+      }
+    } else {
+      // red[r][warp][lane], r = 4j + q: warps f * S .. f * S + S - 1 hold feature block f's partials
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) red[((4 * j + q) * QLIN_WARPS + warp) * 32 + lane] = acc[j][q];
+      __syncthreads();
+      for (int slot = threadIdx.x; slot < F * 4 * J * 32; slot += QLIN_THREADS) {
+        const int f = slot / (4 * J * 32), r = (slot >> 5) % (4 * J), l = slot & 31, q = r & 3;
+        const int n = nb0 + 16 * f + (l >> 2) + (q >= 2 ? 8 : 0);
+        const int m = m0 + 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+        if (m < m_rows && n < n_rows) {
+          float sum = 0.f;
+#pragma unroll
+          for (int v = 0; v < S; ++v) sum += red[(r * QLIN_WARPS + f * S + v) * 32 + l];
+          float mul = 1.f, b = 0.f;
+          if constexpr (BITS == 8) mul = __half2float(scale[n]);
+          if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+          store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(sum, mul, b) : sum + b);
+        }
+      }
+      __syncthreads();  // red is rewritten by the next item
     }
   }
 }

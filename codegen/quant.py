@@ -1,12 +1,24 @@
 """LinearQ8 / LinearQ4: weight-only quantized projections (quant.cu).
 
 The emitter binds x and y as Views of their own rank (leading dims flatten to M rows), the packed
-weight and the float16 scales as contiguous arena buffers, and the optional bias [N]. One warp per
-output feature; see quant.cu for the numerics. Correct for any M (rows are processed 4 at a time);
-tuned paths (dp4a W4A8, tensor cores for prefill) are future work.
+weight and the float16 scales as contiguous arena buffers, and the optional bias [N]. Two paths:
+- the tensor-core path (linear_quant_mma: float16 x, K % 128 == 0 for int4 / K % 64 == 0 for int8, and
+  G % 32 == 0 for int4, all known here; aligned pointers and unit-stride x rows checked at run time by
+  qlin_mma_ok): 16-byte streaming loads of packed weights dequantized exactly into mma.sync A
+  fragments. M picks J (tiles of 8 rows of x) at run time among the variants M can reach: J = 1 for
+  M <= 8, 2 for M <= 16, 4 beyond (larger M loops over 32-row tiles). split_k picks S, the ways of
+  split-K across a block's 8 warps, from N and K: the smallest S that gives SPLIT_TARGET blocks.
+- the CUDA-core fallback (linear_quant: one warp per feature, any dtype / K / G / alignment).
+
+MMA_U maps (bits, J) to the 128-k (int4) / 64-k (int8) steps of weights in flight per warp (1 KB each).
+Environment variables read at code generation, for A/B timing (examples/quant_lab.py --variant /
+--split): ATLAS_QUANT_PATH = "table" (default: the tensor-core path where it applies) or "simt" (the
+fallback only); ATLAS_QUANT_SPLIT = 1, 2, 4 or 8 overrides split_k.
 """
 
 from __future__ import annotations
+
+import os
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
@@ -14,6 +26,68 @@ from atlasc.ir.graph import Node
 
 THREADS = 256  # QLIN_THREADS in quant.cu
 WARPS = THREADS // 32
+STEP_BYTES = 64  # QLIN_STEP_BYTES: bytes of a weight row per warp step (128 int4 / 64 int8 weights)
+# blocks the split-K choice aims for: ~4 per SM of an H200 (132 SMs), enough for 2-3 resident blocks
+# per SM with a small tail (the decode items are 32 KB of int4 for K = 4096)
+SPLIT_TARGET = 512
+# (bits, J) -> steps of weights in flight per warp (1 KB each), from ptxas reports (nvcc 13.0, sm80 and
+# sm90, `python examples/quant_lab.py --ptxas sm80,sm90`): the 8B decode kernels (M <= 8) take 68-76
+# registers for int4 (U = 3: 3 blocks per SM; U = 4 gave 80-83 on sm90, i.e. 2) and 58-64 for int8
+# (U = 2: 4 blocks; U = 4 gave 83-100). Near a register boundary ptxas spills a few bytes rather than
+# give up an occupancy step: the J = 2 / 4 values are the largest without spills on the GPU test's graph
+# (tests/test_quantize.py::test_quant_kernels_no_spills)
+MMA_U: dict[tuple[int, int], int] = {(4, 1): 3, (4, 2): 2, (4, 4): 1, (8, 1): 2, (8, 2): 2, (8, 4): 1}
+PATH_ENV = "ATLAS_QUANT_PATH"
+SPLIT_ENV = "ATLAS_QUANT_SPLIT"
+PATHS = ("table", "simt")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def path_choice() -> str:
+    """ATLAS_QUANT_PATH (default "table"); CodegenError for an unknown value."""
+    path = os.environ.get(PATH_ENV, "") or "table"
+    if path not in PATHS:
+        raise CodegenError(f"{PATH_ENV}={path!r} is not a quantized Linear path (expected one of: {', '.join(PATHS)})")
+    return path
+
+
+def mma_applies(dtype: str, bits: int, k, group: int) -> bool:
+    """Whether the tensor-core path is emitted: float16 x, a static K that whole steps cover, and for int4
+    a group size that keeps each lane's 32 k inside one group."""
+    if dtype != "float16" or not isinstance(k, int) or k <= 0:
+        return False
+    if bits == 8:
+        return k % STEP_BYTES == 0
+    return k % (2 * STEP_BYTES) == 0 and group % 32 == 0
+
+
+def mma_variants(m_upper: int) -> list[int]:
+    """The J values (8-row tiles of x per pass) compiled for rows up to m_upper: 1, then 2, then 4."""
+    out = [1]
+    if m_upper > 8:
+        out.append(2)
+    if m_upper > 16:
+        out.append(4)
+    return out
+
+
+def split_k(n: int, steps: int) -> int:
+    """Ways of split-K across the block's 8 warps: the smallest S in 1, 2, 4, 8 that makes at least
+    SPLIT_TARGET blocks of 8 / S 16-feature blocks, and no more ways than there are steps
+    (ATLAS_QUANT_SPLIT overrides)."""
+    forced = os.environ.get(SPLIT_ENV, "")
+    if forced:
+        if forced not in ("1", "2", "4", "8"):
+            raise CodegenError(f"{SPLIT_ENV}={forced!r} is not a split (expected 1, 2, 4 or 8)")
+        return int(forced)
+    blocks = _ceil(n, 16)
+    s = 1
+    while s < WARPS and 2 * s <= steps and _ceil(blocks, WARPS // s) < SPLIT_TARGET:
+        s *= 2
+    return s
 
 
 @emitter("LinearQ8", "LinearQ4")
@@ -42,12 +116,37 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         ctx.lines.append(f"  const {t}* bias = {b}.p; const long long bias_stride = {b}.stride[0];")
     else:
         ctx.lines.append(f"  const {t}* bias = nullptr; const long long bias_stride = 0;")
+    has_bias = str(b_v is not None).lower()
+    k_static = wq_v.shape[1] * 2 if bits == 4 and isinstance(wq_v.shape[1], int) else wq_v.shape[1]
+    n_upper = ctx.upper(wq_v.shape[0])
+    m_upper = 1
+    for d in x_v.shape[:-1]:
+        m_upper *= ctx.upper(d)
+    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}>("
+                f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL);")
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
         "  long long M = 1;",
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
-        f"  atlas::linear_quant<{t}, {r}, {bits}, {str(b_v is not None).lower()}>("
-        f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL);",
     ]
-    blocks = -(-ctx.upper(wq_v.shape[0]) // WARPS)
+    blocks = _ceil(n_upper, WARPS)
+    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
+        js = mma_variants(m_upper)
+        split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)
+        if split > 1:
+            lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
+        else:
+            lines.append("  float* qlin_red = nullptr;")
+        args = "x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red"
+        lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>(x, wq, M, N, K)) {{")
+        for i, j in enumerate(js):
+            cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
+            prefix = "    " if i == 0 else "    else "
+            lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
+                         f"{MMA_U[bits, j]}, {has_bias}>({args});")
+        lines += ["  } else {", f"    {fallback}", "  }"]
+        items = _ceil(_ceil(n_upper, 16), WARPS // split)
+        blocks = items * _ceil(m_upper, 8 * js[-1])  # the fallback loops grid-stride over any grid
+    else:
+        lines.append(f"  {fallback}")
     return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
