@@ -1,27 +1,38 @@
 """Kernel lab for the weight-only quantized Linear kernels (codegen/quant.py + quant.cu): check, then time.
 
     python examples/quant_lab.py                       # int4 g128 and int8 on the Llama-3-8B shapes, M = 1
-    python examples/quant_lab.py --ms 1,8 --quant int4 --shapes "8B qkv,8B down"
+    python examples/quant_lab.py --ms 1,4,8 --quant int4 --shapes "8B qkv,8B down"
+    python examples/quant_lab.py --variant table,simt  # the tensor-core path vs the CUDA-core fallback
+    python examples/quant_lab.py --split 4             # force the split-K ways (ATLAS_QUANT_SPLIT)
+    python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
 
 For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8) with
 random fp16 weights quantized by passes/quantize.py, generates the kernel the compiler emits, checks it
 once against numpy (x @ dequant(wq)^T in float32; tolerance 2e-2 of max |y|), then times it exactly as
 examples/kernel_lab.py does (CUDA graph of launches rotating among 3 arenas, median of replays).
 GB/s counts the bytes a decode step must read: packed weights + scales (+ x and y); % is of 4.30 TB/s.
+--variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
+"simt" = the CUDA-core fallback only); --ptxas compiles the same kernels for the given archs with
+`-Xptxas -v` and prints registers and spill bytes per kernel instead (exit 1 on any spill).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from kernel_lab import ARENAS, PEAK, SHAPES, time_launches
 
-from atlasc.codegen import generate_module
-from atlasc.codegen.nvcc import compile_cubins
+from atlasc.codegen import generate_module, quant
+from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
 from atlasc.ir.memory import MemoryPlan, Placement, align
@@ -56,23 +67,66 @@ def build(k: int, n: int, m_max: int, mode: str):
     return g, plan, {"m": m_max}
 
 
+def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = ""):
+    """(graph, plan, module) of build(k, n, m, mode) generated with ATLAS_QUANT_PATH=variant (and
+    ATLAS_QUANT_SPLIT=split when given)."""
+    g, plan, upper = build(k, n, m, mode)
+    saved = {v: os.environ.get(v) for v in (quant.PATH_ENV, quant.SPLIT_ENV)}
+    os.environ[quant.PATH_ENV] = variant
+    os.environ[quant.SPLIT_ENV] = split
+    try:
+        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = value
+
+
+def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
+    """kernel -> (registers, spill store bytes, spill load bytes): nvcc with the compiler's flags + -Xptxas -v."""
+    with tempfile.TemporaryDirectory(prefix="atlasc-ptxas-") as tmp:
+        (Path(tmp) / "k.cu").write_text(source)
+        proc = subprocess.run([nvcc_path(), *flags(arch), "-Xptxas=-v", "k.cu", "-o", "k.cubin"], cwd=tmp,
+                              capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-3000:]}")
+    out = {}
+    for block in (proc.stderr + proc.stdout).split("Compiling entry function ")[1:]:
+        name = block.split("'")[1]
+        regs = re.search(r"Used (\d+) registers", block)
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        out[name] = (int(regs.group(1)) if regs else 0, int(spill.group(1)), int(spill.group(2)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
     ap.add_argument("--ms", default="1", help="comma-separated M values")
     ap.add_argument("--quant", default="int4,int8", help="int4 (g128) and/or int8")
+    ap.add_argument("--variant", default="table", help=f"comma-separated paths of {', '.join(quant.PATHS)}")
+    ap.add_argument("--split", default="", help="force the split-K ways (1, 2, 4 or 8; default: quant.split_k)")
+    ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     args = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
     ms = tuple(int(m) for m in args.ms.split(","))
     modes = tuple(args.quant.split(","))
-    dev = Device()
+    variants = tuple(v for v in args.variant.split(",") if v)
+    bad = [v for v in variants if v not in quant.PATHS]
+    if bad:
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(quant.PATHS)})")
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
         for m in ms:
             for mode in modes:
-                g, plan, upper = build(k, n, m, mode)
-                mods[(name, m, mode)] = (g, plan, generate_module({"run": (g, plan)}, {"run": upper}))
+                for variant in variants:
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, variant, args.split)
+    if args.ptxas:
+        return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
+    dev = Device()
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
@@ -86,9 +140,9 @@ def main(argv=None) -> int:
             wq, scale = quantize_int4(w, GROUP) if mode == "int4" else quantize_int8(w)
             deq = dequantize_int4(wq, scale, GROUP) if mode == "int4" else dequantize_int8(wq, scale)
             ref = x.astype(np.float32) @ deq.T
-            for m in ms:
-                g, plan, mod = mods[(name, m, mode)]
-                module = dev.load_module(cubins[(name, m, mode)])
+            for m, variant in ((m, v) for m in ms for v in variants):
+                g, plan, mod = mods[(name, m, mode, variant)]
+                module = dev.load_module(cubins[(name, m, mode, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
                 arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
@@ -114,16 +168,37 @@ def main(argv=None) -> int:
                 us = time_launches(dev, go, arenas)
                 weight_bytes = wq.nbytes + scale.nbytes
                 gbs = (weight_bytes + (m * k + m * n) * 2) / (us * 1e-6) / 1e9
-                rows.append((name, f"{k}x{n}", m, mode, us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,
-                             "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"))
+                rows.append((name, f"{k}x{n}", m, f"{mode} {variant}", us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,
+                             launch.grid[0], "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"))
+                print(f"  {name:11s} M={m:<3d} {mode} {variant:5s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "
+                      f"{rows[-1][-1]}", flush=True)
                 for a in arenas:
                     a.free()
-    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'quant':5s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
-          f"{'MB read':>8s}  check")
-    for name, kn, m, mode, us, gbs, pct, nbytes, ok in rows:
-        print(f"{name:11s} {kn:>12s} {m:>3d} {mode:5s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {nbytes / 1e6:8.1f}  {ok}")
+    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'quant path':10s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
+          f"{'MB read':>8s} {'grid':>6s}  check")
+    for name, kn, m, mode, us, gbs, pct, nbytes, grid, ok in rows:
+        print(f"{name:11s} {kn:>12s} {m:>3d} {mode:10s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {nbytes / 1e6:8.1f} "
+              f"{grid:6d}  {ok}")
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
+
+
+def ptxas_main(mods, archs) -> int:
+    """Print registers / spills of every generated kernel for each arch; 1 if any kernel spills."""
+    jobs = [(key, arch) for key in mods for arch in archs]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        reports = list(pool.map(lambda job: ptxas_report(mods[job[0]][2].source, job[1]), jobs))
+    spills = False
+    print(f"{'shape':11s} {'M<=':>4s} {'quant path':10s} {'arch':5s} {'regs':>5s} {'spill st/ld':>12s}  "
+          "tensor-core call")
+    for ((name, m, mode, variant), arch), report in zip(jobs, reports):
+        source = mods[(name, m, mode, variant)][2].source
+        calls = re.findall(r"linear_quant_mma<([^>]*)>", source)
+        for kernel, (regs, st, ld) in report.items():
+            spills |= st > 0 or ld > 0
+            print(f"{name:11s} {m:>4d} {mode + ' ' + variant:10s} {arch:5s} {regs:5d} {st:>6d}/{ld:<5d}  "
+                  f"{'; '.join(calls) or '-'}  ({kernel})")
+    return 1 if spills else 0
 
 
 if __name__ == "__main__":
