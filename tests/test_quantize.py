@@ -200,3 +200,108 @@ def test_config_quant_key(cli, tmp_path):
     one_error(cli("compile", LLAMA, "-o", tmp_path / "q.atlas", *FLAGS, "--config", cfg), "--quant", "int3")
     cfg.write_text("quant: int4\ngroup_size: 48\nquant_skip: [logits*]\n")
     one_error(cli("compile", LLAMA, "-o", tmp_path / "q.atlas", *FLAGS, "--config", cfg), "48")
+
+
+# -- the tensor-core path's host-side choices (codegen/quant.py) ----------------------------------
+
+
+def test_quant_mma_choices(monkeypatch):
+    """Which nodes get the tensor-core path, which J variants, how many split-K ways."""
+    from atlasc.codegen import quant
+    from atlasc.codegen.generate import CodegenError
+
+    assert quant.mma_applies("float16", 4, 4096, 128) and quant.mma_applies("float16", 4, 128, 32)
+    assert quant.mma_applies("float16", 8, 64, 0) and quant.mma_applies("float16", 8, 14336, 0)
+    assert not quant.mma_applies("float32", 8, 4096, 0)  # fp32 x: the CUDA-core fallback
+    assert not quant.mma_applies("float16", 4, 96, 32)  # K % 128 != 0
+    assert not quant.mma_applies("float16", 4, 4096, 16)  # a lane's 32 k would span two groups
+    assert not quant.mma_applies("float16", 8, 96, 0)  # K % 64 != 0
+    assert quant.mma_variants(1) == quant.mma_variants(8) == [1]
+    assert quant.mma_variants(9) == quant.mma_variants(16) == [1, 2]
+    assert quant.mma_variants(17) == quant.mma_variants(4096) == [1, 2, 4]
+    monkeypatch.delenv(quant.SPLIT_ENV, raising=False)
+    steps = 4096 // 2 // quant.STEP_BYTES  # int4, K = 4096
+    # the 8B shapes: qkv / o / down take every warp on one 16-feature block; gate_up 2 blocks of 4 ways;
+    # lm_head (8016 blocks) no split; a K with one step cannot split
+    assert quant.split_k(6144, steps) == 8 and quant.split_k(4096, 14336 // 2 // quant.STEP_BYTES) == 8
+    assert quant.split_k(28672, steps) == 4 and quant.split_k(128256, steps) == 1
+    assert quant.split_k(256, 1) == 1 and quant.split_k(256, 2) == 2
+    for n, k_steps in ((6144, 32), (28672, 64), (128256, 32), (40, 1), (1000, 64)):
+        s = quant.split_k(n, k_steps)
+        blocks = -(-((n + 15) // 16) // (quant.WARPS // s))
+        assert s in (1, 2, 4, 8) and (s == 1 or blocks < 2 * quant.SPLIT_TARGET) and s <= max(1, k_steps)
+    monkeypatch.setenv(quant.SPLIT_ENV, "2")
+    assert quant.split_k(128256, steps) == 2
+    monkeypatch.setenv(quant.SPLIT_ENV, "3")
+    with pytest.raises(CodegenError, match="ATLAS_QUANT_SPLIT='3'"):
+        quant.split_k(128256, steps)
+
+
+def test_quant_emitter_paths(monkeypatch):
+    """float16 nodes the tensor-core path applies to get it (with the fallback behind qlin_mma_ok); the
+    others, float32 and ATLAS_QUANT_PATH=simt get the fallback only; the output is deterministic."""
+    from test_codegen_matmul_attention import generate
+    from test_kernels_quant_gpu import CASES, build_quant
+
+    from atlasc.codegen import quant
+
+    monkeypatch.delenv(quant.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(quant.PATH_ENV, raising=False)
+
+    def kernels(dtype):
+        b = build_quant(dtype)
+        mod = generate(b, plan_kw={b.g.name: {"transposed": {"xt", "xt8"}}})
+        return mod.source, mod.source.split('extern "C"')[1:]
+
+    src, ks = kernels("float16")
+    assert src == kernels("float16")[0]
+    for bits, k, n, group in CASES:
+        k_c = f"K = {k}LL;" if bits == 8 else f"K = (2LL * ({k // 2}LL));"
+        node_kernels = [x for x in ks if f"_LinearQ{bits}(" in x and f"N = {n}LL, {k_c}" in x]
+        assert len(node_kernels) >= 2, (bits, k, n)
+        fast = quant.mma_applies("float16", bits, k, group)
+        for x in node_kernels:
+            assert ("linear_quant_mma<" in x) == fast, (bits, k, n, group)
+            assert "atlas::linear_quant<__half, 2, " in x  # the run-time fallback
+    # M <= 100: J = 1, 2 and 4 (M-tiles of 32 rows)
+    assert "if (M <= 8) atlas::linear_quant_mma<__half, 2, 4, 128, 1, 8, " in src
+    assert "else if (M <= 16) atlas::linear_quant_mma<__half, 2, 4, 128, 2, 8, " in src
+    assert "else atlas::linear_quant_mma<__half, 2, 4, 128, 4, 8, " in src
+    assert "atlas::linear_quant_mma<__half, 3, 8, 0, 1, " in src  # the 3-D x
+    assert "linear_quant_mma" not in "".join(kernels("float32")[1])
+    monkeypatch.setenv(quant.PATH_ENV, "simt")
+    assert "linear_quant_mma" not in "".join(kernels("float16")[1])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_quant_kernels_no_spills():
+    """Every quantized Linear kernel of the GPU test's graphs and of the 8B decode shapes (M <= 8, the
+    kernels examples/quant_lab.py times) compiles for sm80 and sm90 without register spills."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_codegen_matmul_attention import generate
+    from test_kernels_quant_gpu import build_quant
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from quant_lab import SHAPES, ptxas_report
+    from quant_lab import generate as lab_generate
+
+    builders = [build_quant(dt) for dt in ("float32", "float16")]
+    sources = [generate(*builders, plan_kw={b.g.name: {"transposed": {"xt", "xt8"}} for b in builders}).source]
+    for name in ("8B qkv", "8B gate_up", "8B lm_head"):
+        k, n = SHAPES[name]
+        sources += [lab_generate(k, n, 8, mode)[2].source for mode in ("int4", "int8")]
+    jobs = [(s, arch) for s in sources for arch in ("sm80", "sm90")]
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda job: ptxas_report(*job), jobs))
+    seen = 0
+    for (_, arch), report in zip(jobs, reports):
+        for kernel, (regs, stores, loads) in report.items():
+            if "LinearQ" in kernel:
+                seen += 1
+                print(f"{arch} {kernel}: {regs} registers")
+                assert stores == 0 and loads == 0, f"{arch} {kernel}: {stores} / {loads} bytes of spills"
+    assert seen > 60
