@@ -13,7 +13,8 @@ weight and the float16 scales as contiguous arena buffers, and the optional bias
 MMA_U maps (bits, J) to the 128-k (int4) / 64-k (int8) steps of weights in flight per warp (1 KB each).
 Environment variables read at code generation, for A/B timing (examples/quant_lab.py --variant /
 --split): ATLAS_QUANT_PATH = "table" (default: the tensor-core path where it applies) or "simt" (the
-fallback only); ATLAS_QUANT_SPLIT = 1, 2, 4 or 8 overrides split_k.
+fallback only); ATLAS_QUANT_SPLIT = 1, 2, 4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U
+(steps_in_flight).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SPLIT_TARGET = 512
 MMA_U: dict[tuple[int, int], int] = {(4, 1): 3, (4, 2): 2, (4, 4): 1, (8, 1): 2, (8, 2): 2, (8, 4): 1}
 PATH_ENV = "ATLAS_QUANT_PATH"
 SPLIT_ENV = "ATLAS_QUANT_SPLIT"
+U_ENV = "ATLAS_QUANT_U"
 PATHS = ("table", "simt")
 
 
@@ -88,6 +90,16 @@ def split_k(n: int, steps: int) -> int:
     while s < WARPS and 2 * s <= steps and _ceil(blocks, WARPS // s) < SPLIT_TARGET:
         s *= 2
     return s
+
+
+def steps_in_flight(bits: int, j: int) -> int:
+    """MMA_U[bits, j], or ATLAS_QUANT_U when set (CodegenError unless 1 .. 8)."""
+    forced = os.environ.get(U_ENV, "")
+    if forced:
+        if forced not in tuple("12345678"):
+            raise CodegenError(f"{U_ENV}={forced!r} is not a step count (expected 1 .. 8)")
+        return int(forced)
+    return MMA_U[bits, j]
 
 
 @emitter("LinearQ8", "LinearQ4")
@@ -143,7 +155,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                         f"{MMA_U[bits, j]}, {has_bias}>({args});")
+                         f"{steps_in_flight(bits, j)}, {has_bias}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         items = _ceil(_ceil(n_upper, 16), WARPS // split)
         blocks = items * _ceil(m_upper, 8 * js[-1])  # the fallback loops grid-stride over any grid

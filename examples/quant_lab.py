@@ -3,7 +3,7 @@
     python examples/quant_lab.py                       # int4 g128 and int8 on the Llama-3-8B shapes, M = 1
     python examples/quant_lab.py --ms 1,4,8 --quant int4 --shapes "8B qkv,8B down"
     python examples/quant_lab.py --variant table,simt  # the tensor-core path vs the CUDA-core fallback
-    python examples/quant_lab.py --split 4             # force the split-K ways (ATLAS_QUANT_SPLIT)
+    python examples/quant_lab.py --split 4 --u 4       # force split-K ways / steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
 
 For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8) with
@@ -67,13 +67,14 @@ def build(k: int, n: int, m_max: int, mode: str):
     return g, plan, {"m": m_max}
 
 
-def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = ""):
+def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = ""):
     """(graph, plan, module) of build(k, n, m, mode) generated with ATLAS_QUANT_PATH=variant (and
-    ATLAS_QUANT_SPLIT=split when given)."""
+    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given)."""
     g, plan, upper = build(k, n, m, mode)
-    saved = {v: os.environ.get(v) for v in (quant.PATH_ENV, quant.SPLIT_ENV)}
+    saved = {v: os.environ.get(v) for v in (quant.PATH_ENV, quant.SPLIT_ENV, quant.U_ENV)}
     os.environ[quant.PATH_ENV] = variant
     os.environ[quant.SPLIT_ENV] = split
+    os.environ[quant.U_ENV] = u
     try:
         return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
     finally:
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", default="int4,int8", help="int4 (g128) and/or int8")
     ap.add_argument("--variant", default="table", help=f"comma-separated paths of {', '.join(quant.PATHS)}")
     ap.add_argument("--split", default="", help="force the split-K ways (1, 2, 4 or 8; default: quant.split_k)")
+    ap.add_argument("--u", default="", help="force the 1 KB steps in flight per warp (1 .. 8; default: quant.MMA_U)")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     args = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
         for m in ms:
             for mode in modes:
                 for variant in variants:
-                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, variant, args.split)
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, variant, args.split, args.u)
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()

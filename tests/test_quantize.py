@@ -235,6 +235,13 @@ def test_quant_mma_choices(monkeypatch):
     monkeypatch.setenv(quant.SPLIT_ENV, "3")
     with pytest.raises(CodegenError, match="ATLAS_QUANT_SPLIT='3'"):
         quant.split_k(128256, steps)
+    monkeypatch.delenv(quant.U_ENV, raising=False)
+    assert quant.steps_in_flight(4, 1) == quant.MMA_U[4, 1]
+    monkeypatch.setenv(quant.U_ENV, "5")
+    assert quant.steps_in_flight(4, 1) == quant.steps_in_flight(8, 4) == 5
+    monkeypatch.setenv(quant.U_ENV, "0")
+    with pytest.raises(CodegenError, match="ATLAS_QUANT_U='0'"):
+        quant.steps_in_flight(4, 1)
 
 
 def test_quant_emitter_paths(monkeypatch):
