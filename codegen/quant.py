@@ -12,9 +12,10 @@ weight and the float16 scales as contiguous arena buffers, and the optional bias
 
 MMA_U maps (bits, J) to the 128-k (int4) / 64-k (int8) steps of weights in flight per warp (1 KB each).
 Environment variables read at code generation, for A/B timing (examples/quant_lab.py --variant /
---split): ATLAS_QUANT_PATH = "table" (default: the tensor-core path where it applies) or "simt" (the
-fallback only); ATLAS_QUANT_SPLIT = 1, 2, 4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U
-(steps_in_flight).
+--split): ATLAS_QUANT_PATH = "simt" (default: the CUDA-core kernel only, the one validated on a GPU)
+or "table" (the tensor-core path where it applies: opt-in until a GPU run of
+tests/test_kernels_quant_gpu.py validates it, then it becomes the default); ATLAS_QUANT_SPLIT = 1, 2,
+4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U (steps_in_flight).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ MMA_U: dict[tuple[int, int], int] = {(4, 1): 3, (4, 2): 2, (4, 4): 1, (8, 1): 2,
 PATH_ENV = "ATLAS_QUANT_PATH"
 SPLIT_ENV = "ATLAS_QUANT_SPLIT"
 U_ENV = "ATLAS_QUANT_U"
-PATHS = ("table", "simt")
+PATHS = ("simt", "table")
+DEFAULT_PATH = "simt"  # "table" once the tensor-core path has passed the GPU tests
 
 
 def _ceil(a: int, b: int) -> int:
@@ -49,8 +51,8 @@ def _ceil(a: int, b: int) -> int:
 
 
 def path_choice() -> str:
-    """ATLAS_QUANT_PATH (default "table"); CodegenError for an unknown value."""
-    path = os.environ.get(PATH_ENV, "") or "table"
+    """ATLAS_QUANT_PATH (default DEFAULT_PATH); CodegenError for an unknown value."""
+    path = os.environ.get(PATH_ENV, "") or DEFAULT_PATH
     if path not in PATHS:
         raise CodegenError(f"{PATH_ENV}={path!r} is not a quantized Linear path (expected one of: {', '.join(PATHS)})")
     return path

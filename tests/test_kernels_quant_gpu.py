@@ -101,8 +101,12 @@ def _check(dtype: str):
                 assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} m={m}: err {err}"
 
 
+@pytest.mark.parametrize("path", ["simt", "table"])  # the CUDA-core kernel, the tensor-core path (opt-in)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_quant_kernels_match_reference(dtype):
+def test_quant_kernels_match_reference(dtype, path, monkeypatch):
+    from atlasc.codegen import quant
+
+    monkeypatch.setenv(quant.PATH_ENV, path)
     _check(dtype)
 
 
@@ -110,5 +114,6 @@ def test_quant_kernels_match_reference(dtype):
 def test_quant_kernels_split(split, monkeypatch):
     from atlasc.codegen import quant
 
+    monkeypatch.setenv(quant.PATH_ENV, "table")
     monkeypatch.setenv(quant.SPLIT_ENV, split)
     _check("float16")

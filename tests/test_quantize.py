@@ -254,6 +254,8 @@ def test_quant_emitter_paths(monkeypatch):
 
     monkeypatch.delenv(quant.SPLIT_ENV, raising=False)
     monkeypatch.delenv(quant.PATH_ENV, raising=False)
+    assert quant.path_choice() == quant.DEFAULT_PATH == "simt"  # opt-in until validated on a GPU
+    monkeypatch.setenv(quant.PATH_ENV, "table")
 
     def kernels(dtype):
         b = build_quant(dtype)
