@@ -381,7 +381,8 @@ def _check_cache_view(ctx: KernelContext, node: Node, out_v: Value, layer: int, 
 
 @emitter("QKVRotary")
 def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
-    qkv_v, cos_v, sin_v = node.inputs
+    qkv_v = node.inputs[0]
+    cos_v, sin_v = (node.inputs[1], node.inputs[2]) if len(node.inputs) > 1 else (None, None)
     q_v, pk_v, pv_v = node.outputs
     kv = ctx.kv_cache
     if kv is None:
@@ -395,8 +396,14 @@ def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
         _check_cache_view(ctx, node, out_v, layer, kind)
     t = c_type(qkv_v.dtype)
     ctx.view(qkv_v, "qkv", rank=3)
-    ctx.view(cos_v, "cs", rank=3)
-    ctx.view(sin_v, "sn", rank=3)
+    if cos_v is not None:
+        ctx.view(cos_v, "cs", rank=3)
+        ctx.view(sin_v, "sn", rank=3)
+    else:  # no rotary: rotary width 0, the tables are never read
+        for name in ("cs", "sn"):
+            ctx.lines.append(f"  atlas::View<{t}, 3> {name}; {name}.p = nullptr;")
+            ctx.lines.append(f"  for (int i = 0; i < 3; ++i) {{ {name}.shape[i] = i == 2 ? 0 : 1; "
+                             f"{name}.stride[i] = 0; }}")
     ctx.view(q_v, "q", rank=4)
     ctx.view(pk_v, "pk", rank=4)
     ctx.view(pv_v, "pv", rank=4)

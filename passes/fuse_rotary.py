@@ -17,8 +17,9 @@ movement ops; its only other non-constant inputs must be two tensors that reshap
 on random X, cos and sin at two symbol settings equals QKVRotary's reference (either assignment of
 the two tensors to cos and sin is tried). The opset-23 `RotaryEmbedding` op takes half-width tables
 [.., R/2]: those are tried as cos = concat(c, c), and the fused node reads such a concatenation
-(one small node per step, shared by the layers). The Split, transposes, rotary arithmetic and both KVAppend
-kernels then become one kernel that reads X once.
+(one small node per step, shared by the layers). A region with no other input at all (GPT-2: no
+rotary) becomes QKVRotary(X) without tables when it is the plain split into heads. The Split,
+transposes, rotary arithmetic and both KVAppend kernels then become one kernel that reads X once.
 
 Requires: entry-points, fuse-attention. Guarantees: outputs equal the decomposed graph's within float
 rounding (bit-identical when the export rotates in its own dtype, as Hugging Face exports do).
@@ -40,12 +41,16 @@ REGION_OPS = MOVEMENT | {"Neg", "Concat", "Mul", "Add", "Sub", "FusedElementwise
 PROBE_SIZES = ((2, 3, 5, 7), (3, 5, 2, 11))
 
 
-def _source_of_v(value: Value, producers) -> Value:
-    """Walk up movement ops from V's new values to the projection output X."""
+def _source_of_v(value: Value, producers, width: int) -> Value | None:
+    """The projection output X above V's new values: the highest [B, S, width] value reached by
+    walking up movement ops (GPT-2 reshapes a 2-D Gemm output to [B, S, 3 * H * D] first)."""
+    found = None
     while True:
+        if len(value.shape) == 3 and value.shape[2] == width:
+            found = value
         node = producers.get(id(value))
         if node is None or node.op not in MOVEMENT:
-            return value
+            return found
         value = node.inputs[0]
 
 
@@ -107,7 +112,7 @@ def _expected(x, cos, sin, hq, hk, d, half=False):
     return rotate_half(heads[:, :hq], c, sn), rotate_half(heads[:, hq:hq + hk], c, sn), heads[:, hq + hk:]
 
 
-def _probe(graph: Graph, x: Value, cos: Value, sin: Value, nodes: list[Node], outs: list[Value],
+def _probe(graph: Graph, x: Value, cos: Value | None, sin: Value | None, nodes: list[Node], outs: list[Value],
            hq: int, hk: int, d: int, half: bool = False) -> bool:
     """Does the region compute QKVRotary's q, k, v (before the appends) at two symbol settings?"""
     syms = sorted(graph.symbols)
@@ -115,19 +120,23 @@ def _probe(graph: Graph, x: Value, cos: Value, sin: Value, nodes: list[Node], ou
         env = {s: sizes[i % len(sizes)] + 4 * (i // len(sizes)) for i, s in enumerate(syms)}
         sub = Graph("probe")
         sub.symbols = {s: SymbolInfo(0, None) for s in syms}
-        sub.inputs = [x, cos, sin]
+        sub.inputs = [v for v in (x, cos, sin) if v is not None]
         sub.nodes = nodes
         sub.outputs = outs
         rng = np.random.default_rng(7)
         feeds = {}
-        for v in (x, cos, sin):
+        for v in sub.inputs:
             shape = tuple(S.evaluate(dd, env) for dd in v.shape)
             feeds[v.name] = rng.uniform(-1, 1, shape).astype(v.dtype)
         try:
             got = interpret(sub, feeds, symbols=env)
         except Exception:  # noqa: BLE001 - any failure means "not this pattern"
             return False
-        want = _expected(feeds[x.name], feeds[cos.name], feeds[sin.name], hq, hk, d, half)
+        if cos is None:  # no rotary: an empty table rotates nothing
+            empty = np.zeros((1, feeds[x.name].shape[1], 0), feeds[x.name].dtype)
+            want = _expected(feeds[x.name], empty, empty, hq, hk, d)
+        else:
+            want = _expected(feeds[x.name], feeds[cos.name], feeds[sin.name], hq, hk, d, half)
         for o, w in zip(outs, want):
             y = got[o.name]
             if y.shape != w.shape or not np.allclose(y.astype(np.float64), w.astype(np.float64),
@@ -152,8 +161,8 @@ def _match(graph: Graph, att: Node):
     hq, hk, d = q_val.shape[1], k_new.shape[1], q_val.shape[3]
     if not all(isinstance(i, int) for i in (hq, hk, d)) or v_new.shape[1] != hk or v_new.shape[3] != d:
         return "head counts or head dims are not static and consistent"
-    x = _source_of_v(v_new, producers)
-    if len(x.shape) != 3 or x.shape[2] != (hq + 2 * hk) * d or x.dtype != q_val.dtype:
+    x = _source_of_v(v_new, producers, (hq + 2 * hk) * d)
+    if x is None or x.dtype != q_val.dtype:
         return f"V does not come from one merged [B, S, ({hq} + 2*{hk}) * {d}] projection"
     batch, seq = x.shape[0], x.shape[1]
     targets = [q_val, k_new, v_new]
@@ -167,6 +176,10 @@ def _match(graph: Graph, att: Node):
             if v is None or v is x or v.is_constant or id(v) in inside or any(v is u for u in leaves):
                 continue
             leaves.append(v)
+    if not leaves:  # no rotary (GPT-2): the split into heads and the cache appends alone
+        if not _probe(graph, x, None, None, region, targets, hq, hk, d):
+            return "the region does not split the projection into q, k and v heads"
+        return _fused(x, [x], q_val, pk, pv, k_val, v_val, hq, hk, d)
     if len(leaves) != 2:
         return f"the rotary reads {len(leaves)} tensors besides the projection (want cos and sin)"
     found = [_rank3_source(v, producers, batch, seq) for v in leaves]
@@ -185,9 +198,13 @@ def _match(graph: Graph, att: Node):
     cos, sin, half = match
     if half:
         cos, sin = (_doubled(graph, t) for t in (cos, sin))
+    return _fused(x, [x, cos, sin], q_val, pk, pv, k_val, v_val, hq, hk, d)
+
+
+def _fused(x, inputs, q_val, pk, pv, k_val, v_val, hq, hk, d):
     q_new = Value(q_val.name + "__rot", q_val.dtype, q_val.shape)
     attrs = {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": pk.attrs["layer"], "past": pk.attrs["past"]}
-    fused = Node("QKVRotary", [x, cos, sin], [q_new, k_val, v_val], attrs, name=f"qkv_rotary:{q_val.name}")
+    fused = Node("QKVRotary", inputs, [q_new, k_val, v_val], attrs, name=f"qkv_rotary:{q_val.name}")
     return fused, q_val, (pk, pv)
 
 

@@ -37,6 +37,10 @@ def test_gpt2_split_heads_attention_is_fused(name):
         assert counted["Attention"] == program.kv_cache.layers and counted["Softmax"] == 0, counted
         atts = [n for n in program.entries[entry].nodes if n.op == "Attention"]
         assert all(n.attrs.get("out_bshd") for n in atts)
+        # the split into heads and both cache appends: one QKVRotary without tables (no rotary)
+        rot = [n for n in program.entries[entry].nodes if n.op == "QKVRotary"]
+        assert len(rot) == program.kv_cache.layers and all(len(n.inputs) == 1 for n in rot), counted
+        assert counted["KVAppend"] == 0 and counted["Split"] == 0 and counted["Transpose"] == 0, counted
 
 
 @functools.cache

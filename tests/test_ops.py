@@ -1166,6 +1166,29 @@ def test_qkv_rotary(rng, batch, seq, past, rot, cos_batch):
     assert_close(got["pv"], after[1, 1, :batch, :, :past + seq])
 
 
+@covers("QKVRotary")
+def test_qkv_rotary_without_tables(rng):
+    """QKVRotary(qkv) alone (GPT-2: no rotary) is the split into heads plus both cache appends."""
+    hq, hk, d, batch, seq, past = 2, 2, 4, 2, 3, 1
+    b, s_, p_ = S.sym("batch"), S.sym("seq"), S.sym("past_seq")
+    g = Graph("qkv")
+    g.symbols = {"batch": SymbolInfo(1), "seq": SymbolInfo(1), "past_seq": SymbolInfo(0)}
+    qkv = Value("qkv", "float32", (b, s_, (hq + 2 * hk) * d))
+    q = Value("q", "float32", (b, hq, s_, d))
+    pk, pv = (Value(n, "float32", (b, hk, S.add(p_, s_), d)) for n in ("pk", "pv"))
+    g.inputs, g.outputs = [qkv], [q, pk, pv]
+    g.nodes = [Node("QKVRotary", [qkv], [q, pk, pv],
+                    {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": 0, "past": p_})]
+    verify(g)
+    cache = rand(rng, (1, 2, 2, hk, 8, d), F32)
+    x = rand(rng, (batch, seq, (hq + 2 * hk) * d), F32)
+    got = interpret(g, {"qkv": x}, state={"kv_cache": cache}, symbols={"past_seq": past})
+    heads = x.reshape(batch, seq, hq + 2 * hk, d).transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(got["q"], heads[:, :hq])
+    np.testing.assert_array_equal(cache[0, 0, :batch, :, past:past + seq], heads[:, hq:hq + hk])
+    np.testing.assert_array_equal(got["pv"][:, :, past:], heads[:, hq + hk:])
+
+
 # -- coverage --------------------------------------------------------------------------------
 
 

@@ -51,19 +51,23 @@ register("KVAppend", inputs=1, kind="opaque", stateful=True,
 
 
 def _qkv_rotary_infer(ins, attrs):
-    qkv, cos, sin = ins
+    qkv = ins[0]
+    cos, sin = (ins[1], ins[2]) if len(ins) > 1 else (None, None)
     hq, hk, d = attrs["q_heads"], attrs["kv_heads"], attrs["head_dim"]
     if len(qkv.shape) != 3:
         raise ShapeError("QKVRotary: qkv must be [batch, seq, (q_heads + 2 kv_heads) * head_dim]")
     b, s, n = qkv.shape
     if n != (hq + 2 * hk) * d:
         raise ShapeError(f"QKVRotary: qkv width {n} is not ({hq} + 2 * {hk}) * {d}")
-    for t in (cos, sin):
-        if len(t.shape) != 3 or t.dtype != qkv.dtype:
-            raise ShapeError(f"QKVRotary: cos/sin must be {qkv.dtype}[batch or 1, seq, rotary_dim]")
-    r = cos.shape[2]
-    if sin.shape[2] != r or isinstance(r, S.Expr) or r % 2 or r > d:
-        raise ShapeError(f"QKVRotary: rotary_dim {r} must be even, static and <= head_dim {d}")
+    if (cos is None) != (sin is None):
+        raise ShapeError("QKVRotary: give both cos and sin, or neither (no rotary)")
+    if cos is not None:
+        for t in (cos, sin):
+            if len(t.shape) != 3 or t.dtype != qkv.dtype:
+                raise ShapeError(f"QKVRotary: cos/sin must be {qkv.dtype}[batch or 1, seq, rotary_dim]")
+        r = cos.shape[2]
+        if sin.shape[2] != r or isinstance(r, S.Expr) or r % 2 or r > d:
+            raise ShapeError(f"QKVRotary: rotary_dim {r} must be even, static and <= head_dim {d}")
     present = (b, hk, S.add(attrs["past"], s), d)
     return [TensorType(qkv.dtype, (b, hq, s, d)), TensorType(qkv.dtype, present), TensorType(qkv.dtype, present)]
 
@@ -79,10 +83,11 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def _qkv_rotary_ref(ins, attrs, state):
-    qkv, cos, sin = ins
+    qkv = ins[0]
     hq, hk, d = attrs["q_heads"], attrs["kv_heads"], attrs["head_dim"]
     b, s, _ = qkv.shape
     heads = qkv.reshape(b, s, hq + 2 * hk, d).transpose(0, 2, 1, 3)  # [b, H, s, d]
+    cos, sin = (ins[1], ins[2]) if len(ins) > 1 else (np.zeros((1, s, 0), qkv.dtype),) * 2  # no rotary
     r = cos.shape[-1]
     c = np.broadcast_to(cos, (b, s, r))[:, None]
     sn = np.broadcast_to(sin, (b, s, r))[:, None]
@@ -96,9 +101,9 @@ def _qkv_rotary_ref(ins, attrs, state):
     return [np.ascontiguousarray(q), *presents]
 
 
-register("QKVRotary", inputs=3, outputs=3, kind="opaque", stateful=True,
+register("QKVRotary", inputs=(1, 3), outputs=3, kind="opaque", stateful=True,
          attrs={"q_heads": Attr("int"), "kv_heads": Attr("int"), "head_dim": Attr("int"),
                 "layer": Attr("int"), "past": Attr("dim")},
          infer=_qkv_rotary_infer, reference=_qkv_rotary_ref,
          doc="Merged QKV [B, S, (Hq+2Hk)*D] -> rotated q [B, Hq, S, D]; rotated k and v appended to the "
-             "cache of `layer` at [past, past+S); yields q and both present views")
+             "cache of `layer` at [past, past+S); yields q and both present views (no cos/sin: no rotary)")
