@@ -21,6 +21,7 @@ from atlasc.passes.canonicalize import canonicalize
 from atlasc.passes.dce import dce
 from atlasc.passes.entry_points import entry_points
 from atlasc.passes.fuse_attention import fuse_attention
+from atlasc.passes.fuse_residual_norm import fuse_residual_norm
 from atlasc.passes.fuse_rmsnorm import fuse_rmsnorm
 from atlasc.passes.fuse_rotary import fuse_rotary
 from atlasc.passes.merge_linear import merge_linear
@@ -38,6 +39,7 @@ PASSES: dict[str, PassFn] = {
     "dce": dce,
     "entry-points": entry_points,
     "fuse-rmsnorm": fuse_rmsnorm,
+    "fuse-residual-norm": fuse_residual_norm,
     "fuse-attention": fuse_attention,
     "fuse-rotary": fuse_rotary,
     "fuse-elementwise": fuse_elementwise,
@@ -56,6 +58,7 @@ PIPELINES: dict[str, list[str]] = {
         "merge-linear",
         "quantize",
         "fuse-rmsnorm",
+        "fuse-residual-norm",
         "entry-points",
         # again: decode's seq = 1 turns some movement ops into no-ops
         "canonicalize",

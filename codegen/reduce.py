@@ -1,5 +1,5 @@
 """Reduction kernels: Reduce*, ArgMax/ArgMin, Softmax/LogSoftmax, LayerNormalization, RMSNormalization,
-AddRMSNormalization.
+AddRMSNormalization, AddLayerNormalization.
 
 Each node's input is split into two strided views over the same pointer: the kept dims (one "row"
 per kept coordinate) and the reduced dims (the row's elements), both carrying the input's own
@@ -223,9 +223,11 @@ def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))
 
 
-@emitter("AddRMSNormalization")
-def emit_add_rmsnorm(ctx: KernelContext, node: Node) -> KernelCode:
-    a, b, w = node.inputs
+@emitter("AddRMSNormalization", "AddLayerNormalization")
+def emit_add_norm(ctx: KernelContext, node: Node) -> KernelCode:
+    a, b, w = node.inputs[:3]
+    bias = node.inputs[3] if len(node.inputs) > 3 else None
+    rms = node.op == "AddRMSNormalization"
     y, s = node.outputs
     if a.dtype not in ACC:
         raise CodegenError(f"{node.name}: {node.op} on {a.dtype}")
@@ -243,13 +245,17 @@ def emit_add_rmsnorm(ctx: KernelContext, node: Node) -> KernelCode:
     kr = max(len(kept), 1)
     rr = max(len(red), 1)
     align_trailing(ctx, w, "s", red, "scale")
-    null_view(ctx, "float", rr, "bias")
+    if bias is not None:
+        align_trailing(ctx, bias, "s", red, "bias")
+    else:
+        null_view(ctx, "float", rr, "bias")
     null_view(ctx, "float", kr, "mean_k")
     null_view(ctx, "float", kr, "inv_k")
     eps = float_literal(attrs["epsilon"], acc)
+    flags = f"{str(rms).lower()}, {str(bias is not None).lower()}, false, {acc}"
     body = "\n".join([
         f"  atlas::rd::add_rows<{acc}>(ak, ar, bk, br, sk, sr);",
-        f"  atlas::rd::norm_block<true, false, false, {acc}>(sk, sr, yk, yr, scale, bias, mean_k, inv_k, {eps});",
+        f"  atlas::rd::norm_block<{flags}>(sk, sr, yk, yr, scale, bias, mean_k, inv_k, {eps});",
     ])
     rows, n = _upper_prod(ctx, a, kept), _upper_prod(ctx, a, red)
     return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))

@@ -8,19 +8,12 @@ Matches (after canonicalize: Pow(x, 2) is Mul(x, x), 1/x is Reciprocal, constant
     =>
     y  = RMSNormalization(x, w){epsilon=eps, axis=-1}   (float32 statistics, output in y's dtype)
 
-Then a residual add feeding the norm joins it (the add's sum stays an output for the residual path):
-
-    s = Add(a, b)  (same shape and dtype, no broadcast),  y = RMSNormalization(s, w)
-    =>
-    y, s = AddRMSNormalization(a, b, w)
-
 Requires: canonicalize. Guarantees: same outputs up to float rounding (the fused op rounds once where
 an fp16 export rounds twice: before and after the weight multiply); tests compare on every fixture.
 """
 
 from __future__ import annotations
 
-from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node, Value
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import Match, RewriteStats, Rule, apply_rules
@@ -92,45 +85,11 @@ def _match(graph: Graph, node: Node):
 RULES = [Rule("x * rsqrt(mean(x^2) + eps) * w => RMSNormalization(x, w, eps)", ("Mul",), _match)]
 
 
-def _fuse_residual_adds(graph: Graph, stats: RewriteStats) -> None:
-    rule = "RMSNormalization(Add(a, b), w) => AddRMSNormalization(a, b, w)"
-    producers = graph.producers()
-    for norm in [n for n in graph.nodes if n.op == "RMSNormalization"]:
-        s = norm.inputs[0]
-        add = producers.get(id(s))
-        why = None
-        if add is None or add.op != "Add":
-            why = "the input is not an Add"
-        else:
-            a, b = add.inputs
-            same = tuple(S.dim(d) for d in a.shape) == tuple(S.dim(d) for d in b.shape) == \
-                tuple(S.dim(d) for d in s.shape)
-            if not same or a.dtype != b.dtype or a.is_constant or b.is_constant:
-                why = "the add broadcasts or reads a constant"
-            elif (norm.attrs.get("axis", -1) % len(s.shape)) != len(s.shape) - 1:
-                why = "the norm is not over the last axis"
-        if why:
-            stats.declined[f"{rule} at {norm.name}"] = why
-            continue
-        y = norm.outputs[0]
-        y_new = Value(y.name + "__arms", y.dtype, y.shape)
-        s_new = Value(s.name + "__sum", s.dtype, s.shape)
-        fused = Node("AddRMSNormalization", [a, b, norm.inputs[1]], [y_new, s_new],
-                     {"axis": -1, "epsilon": norm.attrs["epsilon"]}, name=f"add_rmsnorm:{y.name}")
-        graph.nodes.insert(graph.nodes.index(add), fused)
-        graph.replace_all_uses(s, s_new)
-        graph.replace_all_uses(y, y_new)
-        stats.applied[rule] = stats.applied.get(rule, 0) + 1
-    graph.cleanup()
-    graph.toposort()
-
-
 def fuse_rmsnorm(program: Program) -> tuple[Program, RewriteStats]:
-    """Fuse every decomposed RMSNorm of every entry, then residual adds into them (no-op without fusion)."""
+    """Fuse every decomposed RMSNorm of every entry (a no-op with fusion disabled)."""
     stats = RewriteStats()
     if not program.options.fusion:
         return program, stats
     for name, graph in program.entries.items():
         program.entries[name] = apply_rules(graph, RULES, stats)
-        _fuse_residual_adds(program.entries[name], stats)
     return program, stats

@@ -41,6 +41,8 @@ def test_gpt2_split_heads_attention_is_fused(name):
         rot = [n for n in program.entries[entry].nodes if n.op == "QKVRotary"]
         assert len(rot) == program.kv_cache.layers and all(len(n.inputs) == 1 for n in rot), counted
         assert counted["KVAppend"] == 0 and counted["Split"] == 0 and counted["Transpose"] == 0, counted
+        # residual adds joined their LayerNorms (ln_2 of every layer, ln_1 of the next, ln_f)
+        assert counted["AddLayerNormalization"] == 2 * program.kv_cache.layers + 1, counted
 
 
 @functools.cache

@@ -1097,6 +1097,35 @@ def test_dequantize_linear(rng, xt, st, axis, block, zp):
     np.testing.assert_array_equal(interpret(g, feeds)["y"], want)
 
 
+@covers("AddLayerNormalization")
+@pytest.mark.parametrize("dtype, bias", [(F32, True), (np.float16, True), (F32, False)])
+def test_add_layernorm(rng, dtype, bias):
+    """AddLayerNormalization(a, b, w[, c]) = (LayerNormalization(a + b, w[, c]), a + b), the sum rounded
+    first: equal to onnx's reference running Add then LayerNormalization (opset 17)."""
+    a, b = rand(rng, (2, 3, 16), dtype), rand(rng, (2, 3, 16), dtype)
+    w, c = rand(rng, (16,), dtype), rand(rng, (16,), dtype)
+    feeds = {"a": a, "b": b, "w": w, **({"c": c} if bias else {})}
+    dt = str(np.dtype(dtype))
+    vals = [Value(k, dt, v.shape) for k, v in feeds.items()]
+    y, s_ = Value("y", dt, a.shape), Value("s", dt, a.shape)
+    g = Graph("aln")
+    g.inputs, g.outputs = vals, [y, s_]
+    g.nodes = [Node("AddLayerNormalization", vals, [y, s_], {"epsilon": 1e-5})]
+    verify(g)
+    got = interpret(g, feeds)
+    tt = H.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = H.make_model(H.make_graph(
+        [H.make_node("Add", ["a", "b"], ["s"]),
+         H.make_node("LayerNormalization", ["s", "w"] + (["c"] if bias else []), ["y"], epsilon=1e-5, axis=-1)],
+        "g", [H.make_tensor_value_info(k, tt, list(v.shape)) for k, v in feeds.items()],
+        [H.make_tensor_value_info("y", tt, list(a.shape)), H.make_tensor_value_info("s", tt, list(a.shape))]),
+        opset_imports=[H.make_opsetid("", 17)])
+    want = ReferenceEvaluator(model).run(None, feeds)
+    np.testing.assert_array_equal(got["s"], want[1])
+    tol = 1e-5 if dtype == F32 else 2e-3
+    np.testing.assert_allclose(got["y"].astype(np.float64), want[0].astype(np.float64), rtol=tol, atol=tol)
+
+
 @covers("AddRMSNormalization")
 @pytest.mark.parametrize("dtype", [F32, np.float16])
 def test_add_rmsnorm(rng, dtype):

@@ -170,6 +170,23 @@ def _add_rmsnorm_ref(ins, attrs):
     return [_rmsnorm_ref([s, ins[2]], attrs)[0], s]
 
 
+def _add_layernorm_infer(ins, attrs):
+    a, b = ins[0], ins[1]
+    if a.dtype != b.dtype or tuple(S.dim(d) for d in a.shape) != tuple(S.dim(d) for d in b.shape):
+        raise ShapeError("AddLayerNormalization: both addends must have one dtype and shape")
+    y = _norm_infer("AddLayerNormalization", 1)([a, *ins[2:]], attrs)[0]
+    return [y, TensorType(a.dtype, a.shape)]
+
+
+def _add_layernorm_ref(ins, attrs):
+    s = ins[0] + ins[1]  # rounded to the dtype, like the Add it replaces
+    return [_layernorm_ref([s, *ins[2:]], attrs)[0], s]
+
+
+register("AddLayerNormalization", inputs=(3, 4), outputs=2, kind="reduction",
+         attrs={"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)},
+         infer=_add_layernorm_infer, reference=_add_layernorm_ref,
+         doc="Residual add + LayerNorm: s = a + b (rounded), y = LayerNormalization(s, w[, c]); outputs y and s")
 register("AddRMSNormalization", inputs=3, outputs=2, kind="reduction",
          attrs={"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)},
          infer=_add_rmsnorm_infer, reference=_add_rmsnorm_ref,
