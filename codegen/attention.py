@@ -348,15 +348,7 @@ def emit_kv_append(ctx: KernelContext, node: Node) -> KernelCode:
         d = x_v.shape[axis]
         if not S.is_symbolic(d) and int(d) != kv[key]:
             raise CodegenError(f"{node.name}: KVAppend input dim {axis} is {d}, the cache's {key} is {kv[key]}")
-    placement = ctx.plan.placement(out_v)
-    want = kv_slot_offset(kv, layer, kind)
-    if placement.offset != want:
-        raise CodegenError(f"{node.name}: KVAppend output {out_v.name} must be placed on the cache slot "
-                           f"(offset {want}), found offset {placement.offset}")
-    strides = (kv["kv_heads"] * kv["max_seq"] * kv["head_dim"], kv["max_seq"] * kv["head_dim"], kv["head_dim"], 1)
-    if placement.strides is None or tuple(S.dim(s) for s in placement.strides) != tuple(S.dim(s) for s in strides):
-        raise CodegenError(f"{node.name}: KVAppend output {out_v.name} must be a cache view with strides "
-                           f"{strides}, found {placement.strides}")
+    _check_cache_view(ctx, node, out_v, layer, kind)
     t = c_type(x_v.dtype)
     ctx.view(x_v, "x", rank=4)
     ctx.view(out_v, "present", rank=4)

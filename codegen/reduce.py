@@ -183,9 +183,8 @@ def emit_softmax(ctx: KernelContext, node: Node) -> KernelCode:
     return KernelCode(body, grid, block)
 
 
-@emitter("LayerNormalization", "RMSNormalization")
-def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
-    x, y = node.inputs[0], node.outputs[0]
+def _norm_axes(node: Node, x: Value) -> tuple[dict, list[int], list[int], str]:
+    """(attrs, kept dims, normalized dims, accumulator type) of a normalization of x."""
     if x.dtype not in ACC:
         raise CodegenError(f"{node.name}: {node.op} on {x.dtype}")
     attrs = get(node.op).fill_attrs(node.attrs)
@@ -193,8 +192,13 @@ def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     if rank == 0:
         raise CodegenError(f"{node.name}: {node.op} of a scalar")
     axis = _norm_axis(attrs["axis"], rank, node)
-    kept, red = list(range(axis)), list(range(axis, rank))
-    a = ACC[x.dtype]
+    return attrs, list(range(axis)), list(range(axis, rank)), ACC[x.dtype]
+
+
+@emitter("LayerNormalization", "RMSNormalization")
+def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
+    x, y = node.inputs[0], node.outputs[0]
+    attrs, kept, red, a = _norm_axes(node, x)
     ctx.view(x, "x")
     ctx.view(y, "y")
     _, kr = subview(ctx, "x", x, kept, "xk")
@@ -229,15 +233,7 @@ def emit_add_norm(ctx: KernelContext, node: Node) -> KernelCode:
     bias = node.inputs[3] if len(node.inputs) > 3 else None
     rms = node.op == "AddRMSNormalization"
     y, s = node.outputs
-    if a.dtype not in ACC:
-        raise CodegenError(f"{node.name}: {node.op} on {a.dtype}")
-    attrs = get(node.op).fill_attrs(node.attrs)
-    rank = len(a.shape)
-    if rank == 0:
-        raise CodegenError(f"{node.name}: {node.op} of a scalar")
-    axis = _norm_axis(attrs["axis"], rank, node)
-    kept, red = list(range(axis)), list(range(axis, rank))
-    acc = ACC[a.dtype]
+    attrs, kept, red, acc = _norm_axes(node, a)
     for value, name in ((a, "a"), (b, "b"), (s, "s"), (y, "y")):
         ctx.view(value, name)
         subview(ctx, name, value, kept, f"{name}k")
