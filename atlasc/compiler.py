@@ -106,7 +106,8 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
         seconds["accuracy"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    say("codegen", f"{sum(len(g.nodes) - len(program.plans[k].aliases) for k, g in program.entries.items())} kernels")
+    kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
+    say("codegen", f"{kernels} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
                              _kv_dict(program))
     seconds["codegen"] = time.perf_counter() - t
@@ -252,7 +253,7 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
         ins, outs = tuple(None if i is None else i.name for i in n.inputs), tuple(o.name for o in n.outputs)
         launch = by_node.get(n.name)
         if launch is None:
-            if not (outs and all(o in plan.aliases for o in outs)):
+            if plan.needs_kernel(n):
                 raise ShapeError(f"node {n.name} has no kernel launch")
             # an aliased reshape: its output already sits in its input's bytes, nothing to launch
             nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), "", (1, 1, 1), (1, 1, 1), 0))

@@ -157,7 +157,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     for entry, (graph, plan) in entries.items():
         launches[entry] = []
         for index, node in enumerate(graph.nodes):
-            if node.outputs and all(o.name in plan.aliases for o in node.outputs):
+            if not plan.needs_kernel(node):
                 continue  # a reshape sharing its input's bytes: nothing to run
             kernel = f"{entry}_{index:04d}_{node.op}"
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache)

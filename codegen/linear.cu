@@ -219,14 +219,20 @@ __device__ __forceinline__ bool linear_gemv_setup(const View<T, R>& x, const T* 
 
 // whether the MMA paths apply: float16, sm80+, K % 32 == 0, 16-byte aligned x rows (unit stride
 // along K) and w
+// x rows 16-byte aligned with unit stride along K, and w 16-byte aligned (shared with quant.cu)
 template <typename T, int R>
-__device__ __forceinline__ bool lin_mma_ok(const View<T, R>& x, const T* w, long long K) {
-#if __CUDA_ARCH__ >= 800
-  bool ok = LinVec<T>::MMA && K % 32 == 0 && x.stride[R - 1] == 1 &&
-            (reinterpret_cast<uintptr_t>(x.p) % 16 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0);
+__device__ __forceinline__ bool lin_rows_aligned(const View<T, R>& x, const void* w) {
+  bool ok = x.stride[R - 1] == 1 && (reinterpret_cast<uintptr_t>(x.p) % 16 == 0) &&
+            (reinterpret_cast<uintptr_t>(w) % 16 == 0);
 #pragma unroll
   for (int i = 0; i < R - 1; ++i) ok = ok && (x.shape[i] == 1 || x.stride[i] % 8 == 0);
   return ok;
+}
+
+template <typename T, int R>
+__device__ __forceinline__ bool lin_mma_ok(const View<T, R>& x, const T* w, long long K) {
+#if __CUDA_ARCH__ >= 800
+  return LinVec<T>::MMA && K % 32 == 0 && lin_rows_aligned(x, w);
 #else
   return false;
 #endif

@@ -57,6 +57,16 @@ PATH_ENV = "ATLAS_LINEAR_PATH"
 PATHS = ("table", "simt", "mma")
 
 
+def bind_bias(ctx: KernelContext, b_v, t: str) -> str:
+    """Declare `bias` / `bias_stride` (nullptr / 0 without a bias); returns the HAS_BIAS template flag."""
+    if b_v is not None:
+        b = ctx.view(b_v, "bias_v", rank=1)
+        ctx.lines.append(f"  const {t}* bias = {b}.p; const long long bias_stride = {b}.stride[0];")
+    else:
+        ctx.lines.append(f"  const {t}* bias = nullptr; const long long bias_stride = 0;")
+    return str(b_v is not None).lower()
+
+
 def gemv_variants(m_upper: int) -> list[int]:
     """The MT values compiled for rows up to m_upper: powers of two through min(32, next_pow2(m_upper))."""
     out, mt = [], 1
@@ -107,12 +117,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.view(y_v, "y", rank=r)
     n_c, k_c = ctx.dim(w_v.shape[0]), ctx.dim(w_v.shape[1])
     ctx.lines.append(f"  const {t}* w = reinterpret_cast<const {t}*>({ctx.address(w_v)});")
-    if b_v is not None:
-        b = ctx.view(b_v, "bias_v", rank=1)
-        ctx.lines.append(f"  const {t}* bias = {b}.p; const long long bias_stride = {b}.stride[0];")
-    else:
-        ctx.lines.append(f"  const {t}* bias = nullptr; const long long bias_stride = 0;")
-    has_bias = str(b_v is not None).lower()
+    has_bias = bind_bias(ctx, b_v, t)
     m_upper = 1
     for d in x_v.shape[:-1]:
         m_upper *= ctx.upper(d)

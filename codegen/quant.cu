@@ -176,12 +176,8 @@ __device__ __forceinline__ bool qlin_mma_ok(const View<T, R>& x, const unsigned 
                                             long long K) {
 #if __CUDA_ARCH__ >= 800
   constexpr long long I32 = 1LL << 31;  // the path indexes rows and steps with int
-  bool ok = LinVec<T>::MMA && K % (BITS == 4 ? 128 : 64) == 0 && M < I32 && N < I32 && K < I32 &&
-            x.stride[R - 1] == 1 &&
-            (reinterpret_cast<uintptr_t>(x.p) % 16 == 0) && (reinterpret_cast<uintptr_t>(wq) % 16 == 0);
-#pragma unroll
-  for (int i = 0; i < R - 1; ++i) ok = ok && (x.shape[i] == 1 || x.stride[i] % 8 == 0);
-  return ok;
+  return LinVec<T>::MMA && K % (BITS == 4 ? 128 : 64) == 0 && M < I32 && N < I32 && K < I32 &&
+         lin_rows_aligned(x, wq);
 #else
   return false;
 #endif

@@ -24,6 +24,7 @@ import os
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.linear import bind_bias
 from atlasc.ir.graph import Node
 
 THREADS = 256  # QLIN_THREADS in quant.cu
@@ -125,12 +126,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     group = 0 if bits == 8 else int(node.attrs["group_size"])
     ctx.lines.append(f"  const unsigned char* wq = reinterpret_cast<const unsigned char*>({ctx.address(wq_v)});")
     ctx.lines.append(f"  const __half* wscale = reinterpret_cast<const __half*>({ctx.address(s_v)});")
-    if b_v is not None:
-        b = ctx.view(b_v, "bias_v", rank=1)
-        ctx.lines.append(f"  const {t}* bias = {b}.p; const long long bias_stride = {b}.stride[0];")
-    else:
-        ctx.lines.append(f"  const {t}* bias = nullptr; const long long bias_stride = 0;")
-    has_bias = str(b_v is not None).lower()
+    has_bias = bind_bias(ctx, b_v, t)
     k_static = wq_v.shape[1] * 2 if bits == 4 and isinstance(wq_v.shape[1], int) else wq_v.shape[1]
     n_upper = ctx.upper(wq_v.shape[0])
     m_upper = 1

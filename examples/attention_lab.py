@@ -20,15 +20,14 @@ GB/s counts the bytes a decode step must read or write: K + V once (B * Hk * T *
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from kernel_lab import ARENAS, PEAK, time_launches
+from kernel_lab import ARENAS, PEAK, generate_with_env, time_launches
 
-from atlasc.codegen import attention, generate_module
+from atlasc.codegen import attention
 from atlasc.codegen.nvcc import compile_cubins
 from atlasc.ir import OPS, Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
@@ -70,16 +69,7 @@ def build(model: str, ctx: int, batch: int):
 
 def generate(model: str, ctx: int, batch: int, path: str):
     """(graph, plan, module) of build(...) generated with ATLAS_ATTENTION_PATH=path."""
-    g, plan, upper = build(model, ctx, batch)
-    saved = os.environ.get(attention.PATH_ENV)
-    os.environ[attention.PATH_ENV] = path
-    try:
-        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
-    finally:
-        if saved is None:
-            del os.environ[attention.PATH_ENV]
-        else:
-            os.environ[attention.PATH_ENV] = saved
+    return generate_with_env(build(model, ctx, batch), {attention.PATH_ENV: path})
 
 
 def inputs(model: str, ctx: int, batch: int, rng):

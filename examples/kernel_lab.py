@@ -71,18 +71,34 @@ def build(k: int, n: int, m_max: int):
     return g, plan, {"m": m_max}
 
 
-def generate(k: int, n: int, m: int, variant: str):
-    """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant."""
-    g, plan, upper = build(k, n, m)
-    saved = os.environ.get(linear.PATH_ENV)
-    os.environ[linear.PATH_ENV] = variant
+def generate_with_env(built, env: dict[str, str]):
+    """(graph, plan, module) of a built (graph, plan, upper), generated with the environment variables
+    `env` set (the codegen reads its path choices from them), restored afterwards."""
+    g, plan, upper = built
+    saved = {var: os.environ.get(var) for var in env}
+    os.environ.update(env)
     try:
         return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
     finally:
-        if saved is None:
-            del os.environ[linear.PATH_ENV]
-        else:
-            os.environ[linear.PATH_ENV] = saved
+        for var, value in saved.items():
+            if value is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = value
+
+
+def generate(k: int, n: int, m: int, variant: str):
+    """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant."""
+    return generate_with_env(build(k, n, m), {linear.PATH_ENV: variant})
+
+
+def check_output(dev, arena, offset: int, ref: np.ndarray) -> tuple[bool, float, float]:
+    """(ok, max |error|, max |ref|) of the fp16 result at arena + offset against ref (float32):
+    ok when the error is within 2e-2 of max |ref| (and every value finite)."""
+    y = dev.download(arena, offset, ref.size * 2).view(np.float16).reshape(ref.shape).astype(np.float32)
+    err = float(np.max(np.abs(y - ref))) if np.all(np.isfinite(y)) else float("inf")
+    top = float(np.max(np.abs(ref)))
+    return err <= 2e-2 * top, err, top
 
 
 def time_launches(dev, go, arenas) -> float:
@@ -162,11 +178,7 @@ def main(argv=None) -> int:
 
                 go(arenas[0])
                 dev.synchronize()
-                y = dev.download(arenas[0], plan.placement(g.outputs[0]).offset, m * n * 2).view(np.float16)
-                y = y.reshape(m, n).astype(np.float32)
-                err = float(np.max(np.abs(y - ref[:m]))) if np.all(np.isfinite(y)) else float("inf")
-                scale = float(np.max(np.abs(ref[:m])))
-                ok = err <= 2e-2 * scale
+                ok, err, scale = check_output(dev, arenas[0], plan.placement(g.outputs[0]).offset, ref[:m])
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
                 nbytes = (n * k + m * k + m * n) * 2

@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kernel_lab import ARENAS, PEAK, SHAPES, time_launches
+from kernel_lab import ARENAS, PEAK, SHAPES, check_output, generate_with_env, time_launches
 
-from atlasc.codegen import generate_module, quant
+from atlasc.codegen import quant
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
@@ -70,19 +70,8 @@ def build(k: int, n: int, m_max: int, mode: str):
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = ""):
     """(graph, plan, module) of build(k, n, m, mode) generated with ATLAS_QUANT_PATH=variant (and
     ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given)."""
-    g, plan, upper = build(k, n, m, mode)
-    saved = {v: os.environ.get(v) for v in (quant.PATH_ENV, quant.SPLIT_ENV, quant.U_ENV)}
-    os.environ[quant.PATH_ENV] = variant
-    os.environ[quant.SPLIT_ENV] = split
-    os.environ[quant.U_ENV] = u
-    try:
-        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                del os.environ[var]
-            else:
-                os.environ[var] = value
+    return generate_with_env(build(k, n, m, mode), {quant.PATH_ENV: variant, quant.SPLIT_ENV: split,
+                                                    quant.U_ENV: u})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -161,11 +150,7 @@ def main(argv=None) -> int:
 
                 go(arenas[0])
                 dev.synchronize()
-                y = dev.download(arenas[0], plan.placement("y").offset, m * n * 2).view(np.float16)
-                y = y.reshape(m, n).astype(np.float32)
-                err = float(np.max(np.abs(y - ref[:m]))) if np.all(np.isfinite(y)) else float("inf")
-                top = float(np.max(np.abs(ref[:m])))
-                ok = err <= 2e-2 * top
+                ok, err, top = check_output(dev, arenas[0], plan.placement("y").offset, ref[:m])
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
                 weight_bytes = wq.nbytes + scale.nbytes

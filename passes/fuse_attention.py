@@ -104,6 +104,14 @@ def _repeat(x, group):
     return np.repeat(x, group, axis=1)
 
 
+def _skip_cast(value: Value, node: Node | None, producers) -> tuple[Value, Node | None]:
+    """(value, its producer), stepping over one Cast (fp16 exports cast around the softmax)."""
+    if node is not None and node.op == "Cast":
+        value = node.inputs[0]
+        node = producers.get(id(value))
+    return value, node
+
+
 def _match(graph: Graph, node: Node):
     """Anchor: O = MatMul(P, V'). Walk to the softmax, the scores and the three chains."""
     producers = graph.producers()
@@ -116,18 +124,13 @@ def _match(graph: Graph, node: Node):
             return "Where before the MatMul is not a NaN guard"
         p_val = p_node.inputs[2]
         p_node = producers.get(id(p_val))
-    if p_node is not None and p_node.op == "Cast":
-        p_val = p_node.inputs[0]
-        p_node = producers.get(id(p_val))
+    p_val, p_node = _skip_cast(p_val, p_node, producers)
     if p_node is None or p_node.op != "Softmax":
         return "the left operand is not a softmax"
     if p_node.attrs["axis"] % len(p_val.shape) != len(p_val.shape) - 1:
         return "softmax is not over the last axis"
     s_val = p_node.inputs[0]
-    s_node = producers.get(id(s_val))
-    if s_node is not None and s_node.op == "Cast":
-        s_val = s_node.inputs[0]
-        s_node = producers.get(id(s_val))
+    s_val, s_node = _skip_cast(s_val, producers.get(id(s_val)), producers)
     mask = None
     if s_node is not None and s_node.op == "Add":
         a, b = s_node.inputs

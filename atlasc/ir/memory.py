@@ -58,6 +58,10 @@ class MemoryPlan:
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # activation -> (first, last) step
     aliases: dict[str, str] = field(default_factory=dict)  # value -> the value whose bytes it reuses (no kernel)
 
+    def needs_kernel(self, node) -> bool:
+        """False for a reshape whose outputs all alias their input's bytes (nothing to launch)."""
+        return not (node.outputs and all(o.name in self.aliases for o in node.outputs))
+
     def placement(self, value) -> Placement:
         """The placement of a Value (or a value name)."""
         name = value if isinstance(value, str) else value.name

@@ -157,39 +157,32 @@ register("RMSNormalization", inputs=2, kind="reduction",
          infer=_norm_infer("RMSNormalization", 1), reference=_rmsnorm_ref,
          doc="ONNX RMSNormalization (opset 23); computed in float32")
 
-def _add_rmsnorm_infer(ins, attrs):
-    a, b, w = ins
-    if a.dtype != b.dtype or tuple(S.dim(d) for d in a.shape) != tuple(S.dim(d) for d in b.shape):
-        raise ShapeError("AddRMSNormalization: both addends must have one dtype and shape")
-    y = _norm_infer("AddRMSNormalization", 1)([a, w], attrs)[0]
-    return [y, TensorType(a.dtype, a.shape)]
+def _add_norm(name: str, norm_ref):
+    """(infer, reference) of `name` = the residual add s = a + b (rounded to the dtype, like the Add it
+    replaces) followed by a normalization of s over the remaining inputs; outputs (y, s)."""
+
+    def infer(ins, attrs):
+        a, b = ins[0], ins[1]
+        if a.dtype != b.dtype or tuple(S.dim(d) for d in a.shape) != tuple(S.dim(d) for d in b.shape):
+            raise ShapeError(f"{name}: both addends must have one dtype and shape")
+        y = _norm_infer(name, 1)([a, *ins[2:]], attrs)[0]
+        return [y, TensorType(a.dtype, a.shape)]
+
+    def reference(ins, attrs):
+        s = ins[0] + ins[1]
+        return [norm_ref([s, *ins[2:]], attrs)[0], s]
+
+    return infer, reference
 
 
-def _add_rmsnorm_ref(ins, attrs):
-    s = ins[0] + ins[1]  # rounded to the dtype, like the Add it replaces
-    return [_rmsnorm_ref([s, ins[2]], attrs)[0], s]
-
-
-def _add_layernorm_infer(ins, attrs):
-    a, b = ins[0], ins[1]
-    if a.dtype != b.dtype or tuple(S.dim(d) for d in a.shape) != tuple(S.dim(d) for d in b.shape):
-        raise ShapeError("AddLayerNormalization: both addends must have one dtype and shape")
-    y = _norm_infer("AddLayerNormalization", 1)([a, *ins[2:]], attrs)[0]
-    return [y, TensorType(a.dtype, a.shape)]
-
-
-def _add_layernorm_ref(ins, attrs):
-    s = ins[0] + ins[1]  # rounded to the dtype, like the Add it replaces
-    return [_layernorm_ref([s, *ins[2:]], attrs)[0], s]
-
-
-register("AddLayerNormalization", inputs=(3, 4), outputs=2, kind="reduction",
-         attrs={"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)},
-         infer=_add_layernorm_infer, reference=_add_layernorm_ref,
+_ADD_NORM_ATTRS = {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)}
+_add_ln_infer, _add_ln_ref = _add_norm("AddLayerNormalization", _layernorm_ref)
+_add_rms_infer, _add_rms_ref = _add_norm("AddRMSNormalization", _rmsnorm_ref)
+register("AddLayerNormalization", inputs=(3, 4), outputs=2, kind="reduction", attrs=_ADD_NORM_ATTRS,
+         infer=_add_ln_infer, reference=_add_ln_ref,
          doc="Residual add + LayerNorm: s = a + b (rounded), y = LayerNormalization(s, w[, c]); outputs y and s")
-register("AddRMSNormalization", inputs=3, outputs=2, kind="reduction",
-         attrs={"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)},
-         infer=_add_rmsnorm_infer, reference=_add_rmsnorm_ref,
+register("AddRMSNormalization", inputs=3, outputs=2, kind="reduction", attrs=_ADD_NORM_ATTRS,
+         infer=_add_rms_infer, reference=_add_rms_ref,
          doc="Residual add + RMSNorm: s = a + b (rounded), y = RMSNormalization(s, w); outputs y and s")
 
 
