@@ -21,6 +21,7 @@ from atlasc.artifact import (
     Manifest,
     MemorySpec,
     NodeSpec,
+    VariantSpec,
     RegionSpec,
     SourceInfo,
     SymbolSpec,
@@ -62,6 +63,7 @@ class CompileResult:
             "arena_bytes": m.memory.arena_bytes,
             "weights_bytes": m.memory.regions["weights"].nbytes,
             "kv_cache_bytes": m.memory.regions["kv_cache"].nbytes,
+            "scratch_bytes": m.memory.regions["scratch"].nbytes if "scratch" in m.memory.regions else 0,
             "activation_peak_bytes": m.memory.activation_peak,
             "activation_naive_bytes": m.memory.activation_naive,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
@@ -109,7 +111,7 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
     say("codegen", f"{kernels} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                             _kv_dict(program))
+                             _kv_dict(program), decode_buckets(program))
     seconds["codegen"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -125,6 +127,21 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)
+
+
+# Decode batch sizes that get their own kernels when the artifact's maximum batch is larger: a kernel
+# holds the code paths of every batch up to its maximum, and the largest paths set its registers (a
+# Linear compiled for batch 32 uses 128 registers where batch 1 needs 62, halving the blocks per SM
+# and the bytes in flight of the batch-1 GEMV: 2x slower on the H200, docs/perf.md v5).
+DECODE_BATCH_BUCKETS = (1, 8)
+
+
+def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{"decode": (batch symbol, DECODE_BATCH_BUCKETS)} for decoders, else {}: see generate_module."""
+    batch = program.roles.get("batch")
+    if program.kind != "decoder" or "decode" not in program.entries or not batch:
+        return {}
+    return {"decode": (batch, DECODE_BATCH_BUCKETS)}
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:
@@ -203,8 +220,10 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
     kv = program.kv_cache
     kv_spec = None if kv is None else KVCacheSpec(kv.layers, kv.kv_heads, kv.head_dim, kv.max_batch, kv.max_seq,
                                                   kv.dtype, regions["kv_cache"].offset)
-    memory = MemorySpec(ALIGNMENT, any_plan.arena_bytes,
-                        {k: RegionSpec(r.offset, r.nbytes) for k, r in regions.items()},
+    region_specs = {k: RegionSpec(r.offset, r.nbytes) for k, r in regions.items()}
+    if module.scratch_bytes:  # kernels' scratch after the planned arena (codegen GeneratedModule)
+        region_specs["scratch"] = RegionSpec(module.scratch_offset, module.scratch_bytes)
+    memory = MemorySpec(ALIGNMENT, max(any_plan.arena_bytes, module.arena_bytes), region_specs,
                         any_plan.dims_offset, max(p.activation_peak for p in plans.values()),
                         max(p.activation_naive for p in plans.values()))
     compile_report = {
@@ -258,8 +277,9 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
             # an aliased reshape: its output already sits in its input's bytes, nothing to launch
             nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), "", (1, 1, 1), (1, 1, 1), 0))
             continue
+        variants = tuple(VariantSpec(v.upto, v.kernel, tuple(v.grid), tuple(v.block), v.smem) for v in launch.variants)
         nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), launch.kernel,
-                              tuple(launch.grid), tuple(launch.block), launch.smem))
+                              tuple(launch.grid), tuple(launch.block), launch.smem, launch.symbol, variants))
     return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
                      dict(bindings), tuple(values), tuple(nodes))
 

@@ -238,8 +238,19 @@ template <typename T> __device__ __forceinline__ bool rows_vec_ok(const View<T, 
 constexpr int ATT_DECODE_KC = 16;  // K vectors (16 bytes) in flight per lane
 constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 
-template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL>
-__device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
+// Sequence split (SPLIT > 1): a (b, kv head, tile) item's keys are cut into `splits` contiguous runs of
+// 32-key blocks, each run a separate work unit (so batch 1 at a long context still fills the GPU).
+// A unit writes its rows' unnormalized output, max and sum to the scratch `ws`, then bumps the item's
+// counter `cnt`; the unit that arrives last merges the runs (flash-decoding) and writes y, then puts
+// the counter back to 0. splits is chosen at run time from the launch: enough units for
+// ATT_SPLIT_TARGET blocks, each run at least ATT_SPLIT_MIN_KEYS keys, at most SPLIT.
+constexpr long long ATT_SPLIT_TARGET = 256;
+constexpr long long ATT_SPLIT_MIN_KEYS = 64;
+
+template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
+          int SPLIT = 1>
+__device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
+                                                 unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
   constexpr int NV = D / VEC;                 // K vectors per row
   // K vectors in flight: the whole row up to 256 bytes, half of ATT_DECODE_KC for longer rows (ptxas
@@ -270,6 +281,14 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
   const long long rows = group * Sq;  // query rows per (b, kv head)
   const long long tiles = (rows + R - 1) / R;
   const long long items = B * Hk * tiles;
+  long long splits = 1;
+  if constexpr (SPLIT > 1) {
+    const long long want = (ATT_SPLIT_TARGET + items - 1) / items;
+    const long long by_len = (Skv + ATT_SPLIT_MIN_KEYS - 1) / ATT_SPLIT_MIN_KEYS;
+    splits = want < by_len ? want : by_len;
+    splits = splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
+  }
+  __shared__ bool last_unit;
 
   // shared memory (attention.py fast_smem: 16 * ceil(12 R / 16) + 4 * (R D + NW R D + 3 NW R) bytes)
   long long* moff = reinterpret_cast<long long*>(atlas_attn_smem);  // [R] mask row offsets
@@ -281,7 +300,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int kk = lane / LPR, vi = lane % LPR;
 
-  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+  for (long long unit = blockIdx.x; unit < items * splits; unit += gridDim.x) {
+    const long long item = unit / splits, sp = unit % splits;
     const long long tile = item % tiles, hk = (item / tiles) % Hk, b = item / (tiles * Hk);
     const long long r0 = tile * R;
     __syncthreads();  // the previous item's readers of the shared arrays are done
@@ -327,7 +347,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
       for (int t = 0; t < NA; ++t) acc[r][t] = 0.f;
     }
     const int nblk = (kend + 31) / 32;
-    for (int kb = warp; kb < nblk; kb += NW) {
+    const int kb_lo = (int)(sp * nblk / splits), kb_hi = (int)((sp + 1) * nblk / splits);
+    for (int kb = kb_lo + warp; kb < kb_hi; kb += NW) {
       // scores of the block's 32 keys: lane owns key j
       const int j = kb * 32 + lane;
       const bool valid = j < kend;
@@ -448,8 +469,15 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
       float L = 0.f;
       if (M != -INFINITY)
         for (int w = 0; w < NW; ++w) L += mls[(w * R + r) * 2 + 1] * expf(mls[(w * R + r) * 2] - M);
-      for (int w = 0; w < NW; ++w)
-        fac[w * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : expf(mls[(w * R + r) * 2] - M) / L;
+      if (splits == 1) {
+        for (int w = 0; w < NW; ++w)
+          fac[w * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : expf(mls[(w * R + r) * 2] - M) / L;
+      } else {  // this run's unnormalized output relative to its max M, with M and L for the merge
+        for (int w = 0; w < NW; ++w) fac[w * R + r] = M == -INFINITY ? 0.f : expf(mls[(w * R + r) * 2] - M);
+        float* slot = ws + ((item * SPLIT + sp) * R + r) * (D + 2);
+        slot[D] = M;
+        slot[D + 1] = L;
+      }
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
@@ -459,9 +487,41 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a) {
       float o = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) o = fmaf(part[(w * R + r) * D + dd], fac[w * R + r], o);
+      if (splits > 1) {
+        ws[((item * SPLIT + sp) * R + r) * (D + 2) + dd] = o;
+        continue;
+      }
       const long long h = hk * group + rr % group, i = rr / group;
       store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
     }
+    if (splits == 1) continue;
+    // the last run of this item to finish merges every run's rows
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_unit = atomicAdd(cnt + item, 1u) == (unsigned int)(splits - 1);
+    __syncthreads();
+    if (!last_unit) continue;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+      const int r = idx / D, dd = idx % D;
+      const long long rr = r0 + r;
+      if (rr >= rows) continue;
+      float M = -INFINITY;
+      for (long long s2 = 0; s2 < splits; ++s2) M = fmaxf(M, __ldcg(ws + ((item * SPLIT + s2) * R + r) * (D + 2) + D));
+      float L = 0.f, o = 0.f;
+      if (M != -INFINITY) {
+        for (long long s2 = 0; s2 < splits; ++s2) {
+          const float* slot = ws + ((item * SPLIT + s2) * R + r) * (D + 2);
+          const float f = expf(__ldcg(slot + D) - M);  // 0 for a run that saw no key of this row
+          L = fmaf(__ldcg(slot + D + 1), f, L);
+          o = fmaf(__ldcg(slot + dd), f, o);
+        }
+      }
+      o = L == 0.f ? 0.f : o / L;
+      const long long h = hk * group + rr % group, i = rr / group;
+      store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
+    }
+    if (threadIdx.x == 0) cnt[item] = 0u;  // ready for the next launch
   }
 }
 

@@ -7,9 +7,7 @@ right-aligned to [B, Hq, Sq, mask_len] with stride 0 on broadcast dims. KV-cache
 inputs, KVAppend's `present`) therefore need no special case in the kernels.
 
 Attention has two kernels, chosen at code generation by the environment variable ATLAS_ATTENTION_PATH:
-- "rows" (the default, also when unset): `attention_rows`, one block per (batch, query head, query row)
-  whose warps walk the keys one at a time. Every variant (softcap, qk / present outputs, any layout).
-- "fast": `attention_decode`, the decode path (not yet GPU-validated, hence opt-in): one block of
+- "fast" (the default, also when unset): `attention_decode`, the decode path: one block of
   FAST_WARPS warps per (batch, kv head, tile of up to FAST_MAX_ROWS query rows of that kv head's
   group), so each K/V row is read once for all the query heads that share it; a lane scores a whole
   key row with 16-byte loads (32 keys per warp at once), lanes split the head dim for V. Emitted for
@@ -18,6 +16,10 @@ Attention has two kernels, chosen at code generation by the environment variable
   optional past, bool / additive mask, causal; `fast_decline` names why a node keeps `attention_rows`
   (softcap, qk or present outputs, other head dims, a non-unit head-dim stride). At run time the kernel
   also checks that K/V rows are 16-byte aligned and otherwise runs attention_rows itself.
+- "rows": `attention_rows` everywhere, one block per (batch, query head, query row) whose warps walk
+  the keys one at a time. Every variant (softcap, qk / present outputs, any layout).
+Measured on the H200 (docs/perf.md v5, `python3 examples/attention_lab.py`): fast is 3.5-12x faster
+than rows at 256 and 4096 keys, batch 1 and 32.
 Any other value of ATLAS_ATTENTION_PATH is a CodegenError.
 """
 
@@ -26,10 +28,11 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value
+from atlasc.ir.memory import align
 from atlasc.ir.ops.kvcache import KINDS
 
 ATT_THREADS = 128
@@ -40,11 +43,14 @@ PATHS = ("rows", "fast")
 FAST_WARPS = 8  # NW of attention_decode: warps per block, splitting the keys
 FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to group 8; 4 for D > 128)
 FAST_MAX_HEAD_DIM = 256
+FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fewer at run time)
+FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
+SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
 
 
 def path_choice() -> str:
-    """ATLAS_ATTENTION_PATH (default "rows"); CodegenError for an unknown value."""
-    path = os.environ.get(PATH_ENV, "") or "rows"
+    """ATLAS_ATTENTION_PATH (default "fast"); CodegenError for an unknown value."""
+    path = os.environ.get(PATH_ENV, "") or "fast"
     if path not in PATHS:
         raise CodegenError(f"{PATH_ENV}={path!r} is not an Attention path (expected one of: {', '.join(PATHS)})")
     return path
@@ -168,7 +174,16 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     mask_t, has_past, has_mask, causal = flags
     ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {FAST_WARPS}, {acc}, {has_past}, {has_mask}, {causal}"
-    body = f"  atlas::attention_decode<{tmpl}>(args);"
+    split = fast_split(rows_up, r, items, d)
+    scratch = 0
+    if split > 1:  # counters [items], then [items][split][r][d + 2] floats (attention.cu: sequence split)
+        counters = align(4 * items)
+        scratch = counters + 4 * items * split * r * (d + 2)
+        ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
+        ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
+        body = f"  atlas::attention_decode<{tmpl}, {split}>(args, att_ws, att_cnt);"
+    else:
+        body = f"  atlas::attention_decode<{tmpl}>(args);"
     smem = max(fast_smem(d, r), rows_smem)
     threads = FAST_WARPS * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
@@ -176,7 +191,24 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # ptxas takes what the loads in flight need (ptxas -v: 110 to 200 registers, no spills)
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, 1) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
-    return KernelCode(body, (max(1, min(MAX_GRID, items)), 1, 1), (threads, 1, 1), smem, preamble)
+    return KernelCode(body, (max(1, min(STRIDE_GRID, items * split)), 1, 1), (threads, 1, 1), smem, preamble,
+                      scratch)
+
+
+def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:
+    """SPLIT of attention_decode: the most runs a (batch, kv head) item's keys may be cut into. Decode
+    shapes only (one row tile per item: a whole GQA group at one query position); 1 elsewhere (prefill
+    has tiles enough), and halved until the scratch fits FAST_SPLIT_SCRATCH. ATLAS_ATTENTION_SPLIT
+    (1 to FAST_MAX_SPLIT) replaces FAST_MAX_SPLIT, e.g. 1 to time the kernel without the split."""
+    if rows_up > r:
+        return 1
+    text = os.environ.get(SPLIT_ENV, "") or str(FAST_MAX_SPLIT)
+    if not text.isdigit() or not 1 <= int(text) <= FAST_MAX_SPLIT:
+        raise CodegenError(f"{SPLIT_ENV}={text!r} is not a split count (expected 1 to {FAST_MAX_SPLIT})")
+    split = int(text)
+    while split > 1 and 4 * items_up * split * r * (d + 2) > FAST_SPLIT_SCRATCH:
+        split //= 2
+    return split
 
 
 @emitter("Attention")

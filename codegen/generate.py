@@ -17,10 +17,16 @@ from atlasc.codegen.cexpr import c_dim, c_type
 from atlasc.errors import AtlasError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node, Value
-from atlasc.ir.memory import MemoryPlan
+from atlasc.ir.memory import MemoryPlan, align
 
 HERE = Path(__file__).resolve().parent
 MAX_GRID = 65535  # grid-stride loops make any grid correct; this caps idle blocks for huge maxima
+# Grids sized by compile-time maxima are mostly idle blocks when the run is far below them (a 128-token
+# prefill of an artifact compiled for 32 x 4352 tokens): a 65535-block grid of which 64K blocks only
+# exit costs ~0.5 ms per kernel on an H200. Kernels whose work scales with the run-time size (every
+# elementwise, row, attention, sampling and prefill-GEMM grid) stop at STRIDE_GRID blocks, about four
+# waves of 256-thread blocks on 132 SMs, and loop (grid-stride) over the rest.
+STRIDE_GRID = 4096
 
 
 class CodegenError(AtlasError):
@@ -28,8 +34,22 @@ class CodegenError(AtlasError):
 
 
 @dataclass(frozen=True)
+class Variant:
+    """The launch for runs whose bucket symbol is at most `upto`: its kernel was generated with that
+    symbol's maximum set to `upto` (so it holds only the code paths such runs reach, with the registers
+    and grid they need)."""
+
+    upto: int
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int = 0
+
+
+@dataclass(frozen=True)
 class Launch:
-    """One kernel launch of an entry point's schedule."""
+    """One kernel launch of an entry point's schedule (the default, valid for every run-time size),
+    with its `variants` for smaller values of the entry's bucket `symbol`, tightest first."""
 
     node: str
     op: str
@@ -37,6 +57,8 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int = 0
+    symbol: str = ""
+    variants: tuple[Variant, ...] = ()
 
 
 @dataclass
@@ -48,20 +70,31 @@ class KernelCode:
     block: tuple[int, int, int] = (256, 1, 1)
     smem: int = 0
     preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
+    scratch: int = 0  # bytes the kernel uses from ctx.scratch_address(0) on (left zeroed, see below)
 
 
 @dataclass
 class GeneratedModule:
+    """The translation unit and launches. Kernels may use a scratch region after every plan's arena
+    (`scratch_offset`, `scratch_bytes`): whoever allocates the arena makes it `arena_bytes` long and
+    zeroes the scratch once before the first launch; kernels leave it zeroed (their counters return
+    to 0), and since launches are serialized on one stream every kernel may use all of it."""
+
     source: str  # the whole translation unit: prelude + every kernel
     launches: dict[str, list[Launch]] = field(default_factory=dict)
     prelude: str = ""  # shared definitions (common.cuh and the family templates)
     kernels: list[str] = field(default_factory=list)  # one `extern "C"` wrapper per node, in source order
+    scratch_offset: int = 0
+    scratch_bytes: int = 0
+    arena_bytes: int = 0  # the plans' arena plus the scratch
 
 
 class KernelContext:
     """Per-node helpers for emitters: C expressions for dims and tensor views bound to the arena."""
 
-    def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None):
+    def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None,
+                 scratch_offset: int | None = None):
+        self.scratch_offset = align(plan.arena_bytes) if scratch_offset is None else scratch_offset
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
@@ -87,6 +120,10 @@ class KernelContext:
     def address(self, value: Value) -> str:
         return f"arena + {self.plan.placement(value).offset}LL"
 
+    def scratch_address(self, offset: int) -> str:
+        """C address of byte `offset` of the scratch region (KernelCode.scratch says how many are used)."""
+        return f"arena + {self.scratch_offset + offset}LL"
+
     def view(self, value: Value, name: str, rank: int | None = None) -> str:
         """Declare `atlas::View<T, R> name` for value (rank-0 values become [1]); returns the name."""
         shape = list(value.shape) or [1]
@@ -111,7 +148,7 @@ class KernelContext:
         return name
 
     def grid_for(self, work_items: int, block: int = 256) -> tuple[int, int, int]:
-        blocks = max(1, min(MAX_GRID, (work_items + block - 1) // block))
+        blocks = max(1, min(STRIDE_GRID, (work_items + block - 1) // block))
         return (blocks, 1, 1)
 
 
@@ -140,12 +177,16 @@ def _load_families() -> list[str]:
 
 
 def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[str, dict[str, int]],
-                    kv_cache: dict | None = None) -> GeneratedModule:
+                    kv_cache: dict | None = None,
+                    buckets: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> GeneratedModule:
     """CUDA source for every node of every entry, and each entry's launch list in schedule order.
 
     `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing).
-    Guarantees: deterministic text for the same inputs; one `extern "C"` kernel per node, except
-    reshapes the plan aliased to their input (`plan.aliases`), which need none.
+    `buckets[entry] = (symbol, values)` also generates each node with the symbol's maximum set to each
+    value below the entry's (e.g. the decode batch at 1 and 8 of 32): where that changes the kernel, a
+    Variant with its own kernel; where only the grid changes, a Variant reusing the default kernel.
+    Guarantees: deterministic text for the same inputs; one `extern "C"` kernel per node and distinct
+    variant, except reshapes the plan aliased to their input (`plan.aliases`), which need none.
     """
     templates = _load_families()
     prelude = "\n".join(["// generated by atlasc: do not edit", (HERE / "common.cuh").read_text(), *templates])
@@ -154,17 +195,39 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     unsupported = sorted({n.op for g, _ in entries.values() for n in g.nodes if n.op not in EMITTERS})
     if unsupported:
         raise CodegenError(f"no CUDA kernel for op(s): {', '.join(unsupported)}")
+    scratch_offset = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
+    scratch_bytes = 0
     for entry, (graph, plan) in entries.items():
         launches[entry] = []
         for index, node in enumerate(graph.nodes):
             if not plan.needs_kernel(node):
                 continue  # a reshape sharing its input's bytes: nothing to run
             kernel = f"{entry}_{index:04d}_{node.op}"
-            ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache)
+            ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset)
             code = EMITTERS[node.op](ctx, node)
-            parts.append(_wrapper(ctx, node, code))
-            launches[entry].append(Launch(node.name, node.op, kernel, code.grid, code.block, code.smem))
-    return GeneratedModule("\n".join([prelude, *parts]) + "\n", launches, prelude, parts)
+            scratch_bytes = max(scratch_bytes, code.scratch)
+            text = _wrapper(ctx, node, code)
+            parts.append(text)
+            symbol, values = (buckets or {}).get(entry, ("", ()))
+            variants = []
+            for value in sorted(v for v in set(values) if v < upper[entry].get(symbol, 0)):
+                name = f"{kernel}_{symbol}{value}"
+                vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset)
+                vcode = EMITTERS[node.op](vctx, node)
+                scratch_bytes = max(scratch_bytes, vcode.scratch)
+                vtext = _wrapper(vctx, node, vcode)
+                geometry = (vcode.grid, vcode.block, vcode.smem)
+                if vtext.replace(name, kernel) == text:
+                    if geometry != (code.grid, code.block, code.smem):  # same code, a smaller grid
+                        variants.append(Variant(value, kernel, *geometry))
+                    continue
+                parts.append(vtext)
+                variants.append(Variant(value, name, *geometry))
+            launches[entry].append(Launch(node.name, node.op, kernel, code.grid, code.block, code.smem,
+                                          symbol if variants else "", tuple(variants)))
+    scratch_bytes = align(scratch_bytes)
+    return GeneratedModule("\n".join([prelude, *parts]) + "\n", launches, prelude, parts, scratch_offset,
+                           scratch_bytes, scratch_offset + scratch_bytes)
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.matmul import TILE
 from atlasc.ir.graph import Node
 
@@ -174,9 +174,9 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         batch = 1
         for d in y_v.shape[:-2]:
             batch *= ctx.upper(d)
-        blocks = max(blocks, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE))
+        blocks = max(blocks, min(STRIDE_GRID, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE)))
     if mma_prefill:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
         tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
-        blocks = max(blocks, min(n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
+        blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1))

@@ -12,9 +12,9 @@ weight and the float16 scales as contiguous arena buffers, and the optional bias
 
 MMA_U maps (bits, J) to the 128-k (int4) / 64-k (int8) steps of weights in flight per warp (1 KB each).
 Environment variables read at code generation, for A/B timing (examples/quant_lab.py --variant /
---split): ATLAS_QUANT_PATH = "simt" (default: the CUDA-core kernel only, the one validated on a GPU)
-or "table" (the tensor-core path where it applies: opt-in until a GPU run of
-tests/test_kernels_quant_gpu.py validates it, then it becomes the default); ATLAS_QUANT_SPLIT = 1, 2,
+--split): ATLAS_QUANT_PATH = "table" (default: the tensor-core path where it applies, GPU-validated
+by tests/test_kernels_quant_gpu.py, 4-60x faster than simt in docs/perf.md v5) or "simt" (the
+CUDA-core kernel only); ATLAS_QUANT_SPLIT = 1, 2,
 4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U (steps_in_flight).
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import bind_bias
 from atlasc.ir.graph import Node
 
@@ -44,7 +44,7 @@ PATH_ENV = "ATLAS_QUANT_PATH"
 SPLIT_ENV = "ATLAS_QUANT_SPLIT"
 U_ENV = "ATLAS_QUANT_U"
 PATHS = ("simt", "table")
-DEFAULT_PATH = "simt"  # "table" once the tensor-core path has passed the GPU tests
+DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -156,7 +156,8 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
                          f"{steps_in_flight(bits, j)}, {has_bias}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         items = _ceil(_ceil(n_upper, 16), WARPS // split)
-        blocks = items * _ceil(m_upper, 8 * js[-1])  # the fallback loops grid-stride over any grid
+        # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)
+        blocks = max(items, min(STRIDE_GRID, items * _ceil(m_upper, 8 * js[-1])))
     else:
         lines.append(f"  {fallback}")
     return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import get
 
@@ -94,7 +94,7 @@ def block_size(n_upper: int, cap: int = 256) -> int:
 
 
 def row_grid(rows_upper: int) -> tuple[int, int, int]:
-    return (max(1, min(MAX_GRID, rows_upper)), 1, 1)
+    return (max(1, min(STRIDE_GRID, rows_upper)), 1, 1)
 
 
 def _upper_prod(ctx: KernelContext, value: Value, dims) -> int:

@@ -99,6 +99,46 @@ __device__ unsigned int radix_select(const T* row, long long V, float inv_t, flo
   return prefix;
 }
 
+// This thread's (max, first index) over its share of a row. A contiguous 16-byte-aligned row is read
+// with 16-byte loads, ARGMAX_UNROLL of them in flight per thread: the scalar loop kept one load in
+// flight and took ~50 us for a 128256-entry fp16 row on an H200 (atlasc profile, docs/perf.md v5).
+// Each thread visits its indices in increasing order, so ties keep the first index like the scalar loop.
+constexpr int ARGMAX_UNROLL = 4;
+template <typename T>
+__device__ __forceinline__ void row_argmax(const T* row, long long V, long long stride, float& best, long long& bi) {
+  constexpr int E = 16 / sizeof(T);
+  long long done = 0;
+  if (stride == 1 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0) {
+    const long long nv = V / E;
+    const uint4* r4 = reinterpret_cast<const uint4*>(row);
+    for (long long j = threadIdx.x; j < nv; j += ARGMAX_UNROLL * (long long)blockDim.x) {
+      uint4 u[ARGMAX_UNROLL];
+#pragma unroll
+      for (int k = 0; k < ARGMAX_UNROLL; ++k) {
+        const long long jj = j + k * (long long)blockDim.x;
+        if (jj < nv) u[k] = __ldg(r4 + jj);
+      }
+#pragma unroll
+      for (int k = 0; k < ARGMAX_UNROLL; ++k) {
+        const long long jj = j + k * (long long)blockDim.x;
+        if (jj >= nv) break;
+        const T* e = reinterpret_cast<const T*>(&u[k]);
+#pragma unroll
+        for (int q = 0; q < E; ++q) {
+          const float v = atlas::load(e + q);
+          const long long i = jj * E + q;
+          if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+        }
+      }
+    }
+    done = nv * E;
+  }
+  for (long long i = done + threadIdx.x; i < V; i += blockDim.x) {
+    const float v = atlas::load(row + i * stride);
+    if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+  }
+}
+
 template <typename T>
 __device__ void sample_rows(const atlas::View<T, 3>& logits, float temperature, float top_p, long long seed,
                             long long step, long long top_k, atlas::View<long long, 1>& out) {
@@ -109,10 +149,7 @@ __device__ void sample_rows(const atlas::View<T, 3>& logits, float temperature, 
     // 1. greedy: the first index of the maximum
     float best = -INFINITY;
     long long bi = 0x7fffffffffffffffLL;
-    for (long long i = threadIdx.x; i < V; i += blockDim.x) {
-      const float v = atlas::load(row + i * logits.stride[2]);
-      if (v > best || (v == best && i < bi)) { best = v; bi = i; }
-    }
+    row_argmax(row, V, logits.stride[2], best, bi);
     block_argmax(best, bi, s);
     if (temperature <= 0.f || top_k == 1) {
       if (threadIdx.x == 0) out.p[b * out.stride[0]] = bi;

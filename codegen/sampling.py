@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.ir.graph import Node
 
 
@@ -22,4 +22,4 @@ def emit_sample(ctx: KernelContext, node: Node) -> KernelCode:
         f"  atlas::smp::sample_rows<{c_type(logits.dtype)}>(logits, temperature, top_p, seed, step, top_k, out);",
     ])
     rows = max(1, ctx.upper(logits.shape[0]))
-    return KernelCode(body, (min(rows, 65535), 1, 1), (1024, 1, 1))
+    return KernelCode(body, (min(rows, STRIDE_GRID), 1, 1), (1024, 1, 1))

@@ -10,7 +10,8 @@ For each (model, context T, batch B, path) it builds a one-node graph as the com
 decoder: `Attention(q [B, Hq, 1, D], k, v, mask [B, 1, 1, T]){out_bshd}` in fp16 whose K and V are
 KV-cache views [B, Hk, T, D] with the cache's strides (rows of MAX_SEQ = 4352 positions, more than the
 context), an additive mask with a few left-padded keys per batch row, and y [B, 1, Hq * D]. The code is
-generated with ATLAS_ATTENTION_PATH=path ("rows": attention_rows, "fast": attention_decode), checked
+generated with ATLAS_ATTENTION_PATH=path ("rows": attention_rows, "fast": attention_decode with its
+sequence split, "nosplit": attention_decode with ATLAS_ATTENTION_SPLIT=1), checked
 once against numpy (float32; tolerance 2e-3 + 1e-2 * max |y|), then timed as examples/kernel_lab.py
 does (CUDA graph of launches rotating among 3 arenas with their own K/V, median of replays).
 GB/s counts the bytes a decode step must read or write: K + V once (B * Hk * T * D * 2 * 2) + q + y;
@@ -67,9 +68,15 @@ def build(model: str, ctx: int, batch: int):
     return g, plan, {"batch": batch, "ctx": ctx}
 
 
+LAB_PATHS = (*attention.PATHS, "nosplit")
+
+
 def generate(model: str, ctx: int, batch: int, path: str):
-    """(graph, plan, module) of build(...) generated with ATLAS_ATTENTION_PATH=path."""
-    return generate_with_env(build(model, ctx, batch), {attention.PATH_ENV: path})
+    """(graph, plan, module) of build(...) generated with ATLAS_ATTENTION_PATH=path ("nosplit": fast, no
+    sequence split)."""
+    env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
+        attention.PATH_ENV: path, attention.SPLIT_ENV: ""}
+    return generate_with_env(build(model, ctx, batch), env)
 
 
 def inputs(model: str, ctx: int, batch: int, rng):
@@ -105,14 +112,14 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated of 8B, 1B")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated contexts (keys)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
-    ap.add_argument("--path", default=",".join(attention.PATHS),
-                    help=f"comma-separated Attention paths, of {', '.join(attention.PATHS)}")
+    ap.add_argument("--path", default=",".join(LAB_PATHS),
+                    help=f"comma-separated Attention paths, of {', '.join(LAB_PATHS)}")
     args = ap.parse_args(argv)
     models = ("1B",) if args.quick else tuple(args.models.split(","))
     contexts = (256,) if args.quick else tuple(int(x) for x in args.contexts.split(","))
     batches = (1,) if args.quick else tuple(int(x) for x in args.batches.split(","))
     paths = tuple(p for p in args.path.split(",") if p)
-    bad = [p for p in paths if p not in attention.PATHS] + [m for m in models if m not in MODELS]
+    bad = [p for p in paths if p not in LAB_PATHS] + [m for m in models if m not in MODELS]
     bad += [str(t) for t in contexts if not 1 <= t <= MAX_SEQ]
     if bad:
         ap.error(f"unknown or out of range: {', '.join(bad)}")
@@ -142,10 +149,12 @@ def main(argv=None) -> int:
                     module = dev.load_module(cubins[(model, ctx, batch, path)])
                     launch = mod.launches["run"][0]
                     table = KernelTable(dev, module, [launch.kernel])
-                    arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
+                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(ARENAS)]
                     at = {v.name: plan.placement(v).offset for v in g.inputs + g.outputs}
                     for i, a in enumerate(arenas):
-                        dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                        dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                        if mod.scratch_bytes:  # the split's counters start at 0
+                            dev.upload(a, mod.scratch_offset, np.zeros(mod.scratch_bytes, np.uint8))
                         dev.upload(a, plan.dims_offset, np.array([batch, ctx], np.int64))
                         dev.upload(a, at["q"], q)
                         dev.upload(a, at["mask"], mask)
@@ -175,12 +184,12 @@ def main(argv=None) -> int:
                                  "ok" if ok else f"FAIL err {err:.3g} / max {scale:.3g}"))
                     for a in arenas:
                         a.free()
-                    print(f"  {model} T={ctx:<5d} B={batch:<3d} {path:5s} {us:9.2f} us  {gbs:7.0f} GB/s  "
+                    print(f"  {model} T={ctx:<5d} B={batch:<3d} {path:7s} {us:9.2f} us  {gbs:7.0f} GB/s  "
                           f"{rows[-1][6]:5.1f}%  {rows[-1][8]}", flush=True)
-    print(f"\n{'model':5s} {'T':>5s} {'B':>4s} {'path':5s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
+    print(f"\n{'model':5s} {'T':>5s} {'B':>4s} {'path':7s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
           f"{'grid':>6s}  check")
     for model, ctx, batch, path, us, gbs, pct, grid, ok in rows:
-        print(f"{model:5s} {ctx:5d} {batch:4d} {path:5s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {grid:6d}  {ok}")
+        print(f"{model:5s} {ctx:5d} {batch:4d} {path:7s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {grid:6d}  {ok}")
     if len(paths) > 1:
         print(f"\n{'model':5s} {'T':>5s} {'B':>4s} " + " ".join(f"{p + ' us':>10s}" for p in paths) + "  fastest")
         for model in models:

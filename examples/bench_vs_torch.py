@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from build_llama import CONFIGS, build, save  # noqa: E402
+from build_llama import CONFIGS, write  # noqa: E402
 
 
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int) -> list[dict]:
@@ -34,7 +34,7 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
 
     onnx_path = workdir / f"{cfg_name}.onnx"
     t = time.perf_counter()
-    save(build(CONFIGS[cfg_name]), onnx_path)
+    write(CONFIGS[cfg_name], onnx_path)
     print(f"[atlasc] built {onnx_path.name} in {time.perf_counter() - t:.1f} s", flush=True)
     dev = Device()
     art_path = workdir / f"{cfg_name}.atlas"

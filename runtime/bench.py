@@ -19,6 +19,7 @@ import numpy as np
 
 from atlasc.artifact.dims import evaluate_dim
 from atlasc.runtime.generate import Sampling, generate
+from atlasc.runtime.launches import node_launch
 
 H200_BANDWIDTH = 4.30e12  # bytes/s, device-to-device copy measured on the H200 (shared/gpu/README.md)
 
@@ -147,21 +148,22 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
         return _numel(v.shape, env) * np.dtype(v.dtype).itemsize
 
     launched = [n for n in e.nodes if n.kernel]  # "": an aliased reshape, no kernel
-    times = {n.kernel: [] for n in launched}
+    times = {n.name: [] for n in launched}
     for _ in range(repeats):
         for n in launched:
+            kernel, grid, block, smem = node_launch(n, env)  # the variant a run at this batch uses
             start, end = cuda.Event(), cuda.Event()
             start.record(model.dev.stream)
-            model.kernels.launch(n.kernel, tuple(n.grid), tuple(n.block), n.smem, model.arena, node=n.name)
+            model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
             end.record(model.dev.stream)
             end.synchronize()
-            times[n.kernel].append(end.time_since(start) * 1e3)
+            times[n.name].append(end.time_since(start) * 1e3)
     rows = []
     for n in launched:
         moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
         if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
             moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])
-        rows.append(KernelRow(n.kernel, n.op, n.name, statistics.median(times[n.kernel]), moved,
+        rows.append(KernelRow(node_launch(n, env)[0], n.op, n.name, statistics.median(times[n.name]), moved,
                               _flops(n, values, weights, env)))
     return sorted(rows, key=lambda r: -r.us)
 

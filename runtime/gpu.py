@@ -18,6 +18,7 @@ from atlasc.artifact import Artifact
 from atlasc.errors import InputError
 from atlasc.runtime.bind import bind_entry, output_shape
 from atlasc.runtime.device import Device, KernelTable
+from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
 
 class GpuModel:
@@ -37,12 +38,17 @@ class GpuModel:
         self.dev.upload(self.arena, 0, weights)
         self.dev.synchronize()
         self.upload_seconds = time.perf_counter() - t
+        scratch = m.memory.regions.get("scratch")
+        if scratch is not None:  # kernels' counters start at 0 (and every kernel leaves them at 0)
+            self.dev.cuda.memset_d8_async(int(self.arena) + scratch.offset, 0, scratch.nbytes, self.dev.stream)
+            self.dev.synchronize()
         self.symbols = [s.name for s in m.symbols]
         self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
-        self.launches = {name: [(n.kernel, tuple(n.grid), tuple(n.block), n.smem, n.name) for n in e.nodes
-                                if n.kernel]  # "": an aliased reshape, nothing to run
-                         for name, e in m.entries.items()}
-        kernels = sorted({k for ls in self.launches.values() for k, *_ in ls})
+        self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}
+        self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, node)], built on first use
+        self.last_env = {}  # entry -> the symbol values of its latest write_inputs
+        kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
+                          for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.module, kernels)
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
@@ -83,21 +89,35 @@ class GpuModel:
             self.arena = None
 
     # -- execution ------------------------------------------------------------------------------
-    def _launch_all(self, entry: str) -> None:
-        for kernel, grid, block, smem, node in self.launches[entry]:
+    def schedule(self, entry: str, env: Mapping[str, int]) -> list[tuple]:
+        """The entry's launches [(kernel, grid, block, smem, node)] for the symbol values env: each node's
+        tightest variant that covers them (the same list for every env of one bucket)."""
+        key = (entry, bucket_of(self.buckets[entry], env))
+        launches = self.schedules.get(key)
+        if launches is None:
+            launches = [(*node_launch(n, env), n.name) for n in self.manifest.entries[entry].nodes if n.kernel]
+            self.schedules[key] = launches
+        return launches
+
+    def _launch_all(self, launches: list[tuple]) -> None:
+        for kernel, grid, block, smem, node in launches:
             self.kernels.launch(kernel, grid, block, smem, self.arena, node=node)
 
     def enqueue(self, entry: str) -> None:
-        """Issue the entry's kernels on the stream (graph replay when enabled)."""
+        """Issue the entry's kernels for the symbol values of its latest write_inputs on the stream
+        (replaying the graph captured for their bucket when graphs are enabled)."""
+        env = self.last_env.get(entry, {})
+        launches = self.schedule(entry, env)
         if not self.cuda_graphs:
-            self._launch_all(entry)
+            self._launch_all(launches)
             return
-        graph = self.graphs.get(entry)
+        key = (entry, bucket_of(self.buckets[entry], env))
+        graph = self.graphs.get(key)
         if graph is None:
             from atlasc.runtime.cudagraph import CapturedGraph
 
-            graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(entry))
-            self.graphs[entry] = graph
+            graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches))
+            self.graphs[key] = graph
         graph.launch()
 
     def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
@@ -105,6 +125,7 @@ class GpuModel:
         if entry is None:
             raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
         env = bind_entry(entry, inputs, symbols, self.bounds)
+        self.last_env[entry_name] = env
         self.dims_host[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
         self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, self.dims_host,
                                         self.dev.stream)
@@ -126,3 +147,4 @@ class GpuModel:
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             out[spec.name] = self.dev.download(self.arena, spec.offset, n).view(dt).reshape(shape)
         return out
+

@@ -71,8 +71,9 @@ def device():
 
 def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
                state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
-               plan_fn=None) -> dict[str, np.ndarray]:
-    """Generate, compile and run `graph` on the GPU; return its outputs by name."""
+               plan_fn=None, repeat: int = 1) -> dict[str, np.ndarray]:
+    """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
+    kernels must leave their scratch ready for the next launch); return its outputs by name."""
     from atlasc.runtime.device import KernelTable
 
     dev = device()
@@ -88,8 +89,10 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
     table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
-    arena = dev.alloc_arena(plan.arena_bytes)
-    dev.upload(arena, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison everything
+    arena = dev.alloc_arena(mod.arena_bytes)
+    dev.upload(arena, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison everything but the scratch
+    if mod.scratch_bytes:  # kernels' counters start at 0 (GeneratedModule)
+        dev.upload(arena, mod.scratch_offset, np.zeros(mod.scratch_bytes, np.uint8))
     dev.upload(arena, plan.dims_offset, np.array([env[s] for s in plan.symbols], np.int64))
     if kv is not None:
         dev.upload(arena, kv_offset, kv)
@@ -97,8 +100,9 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
         _upload(dev, arena, plan.placement(c), c.data, env)
     for v in graph.inputs:
         _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
-    for launch in mod.launches["run"]:
-        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
+    for _ in range(repeat):
+        for launch in mod.launches["run"]:
+            table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
     dev.synchronize()
     out = {}
     for v in graph.outputs:

@@ -374,7 +374,9 @@ def test_attention_rotary_kv_compile(dtype):
     att, rot, kv = build_attention(dtype), build_rotary(dtype), build_kv(dtype)
     mod = generate(att, rot, kv, dtype=dtype,
                    plan_kw={att.g.name: {"padded": {"k", "v"}}, rot.g.name: {"transposed": {"x0"}}})
-    assert mod.source.count("atlas::attention_rows<") == 10
+    # the default path: attention_decode where it applies (2 nodes), attention_rows for the other 7;
+    # counts include the prelude's template text once
+    assert mod.source.count("atlas::attention_rows<") == 8 and mod.source.count("atlas::attention_decode<") == 2
     assert mod.source.count("atlas::rotary<") == 5 and mod.source.count("atlas::kv_append<") == 2
     compile_or_skip(mod.source)
 
@@ -447,13 +449,16 @@ def _kernels_of(source: str) -> list[str]:
 
 
 def test_attention_path_env(monkeypatch):
-    """rows is the default; fast is opt-in; anything else is a CodegenError naming the variable."""
+    """fast is the default (GPU-validated, docs/perf.md v5); rows forces attention_rows everywhere;
+    anything else is a CodegenError naming the variable."""
     b = build_attention_decode("float16")
     monkeypatch.delenv("ATLAS_ATTENTION_PATH", raising=False)
     default = generate(b, dtype="float16").source
-    assert set(_kernels_of(default)) == {"rows"}
-    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
+    assert "decode" in _kernels_of(default)
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
     assert generate(b, dtype="float16").source == default
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
+    assert set(_kernels_of(generate(b, dtype="float16").source)) == {"rows"}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "flash")
     with pytest.raises(CodegenError, match="ATLAS_ATTENTION_PATH='flash'"):
         generate(b, dtype="float16")
@@ -535,3 +540,26 @@ def test_attention_decode_compiles_without_spills(monkeypatch, tmp_path, dtype):
         assert "spill" not in log.replace("0 bytes spill", ""), log[-3000:]
         regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
         assert regs and max(regs) <= 255
+
+
+def test_attention_decode_sequence_split():
+    """Generated for one query position (seq upper 1), attention_decode may cut a row's keys into up
+    to FAST_MAX_SPLIT runs (its partials and counters in the module's scratch, after the arena); with
+    more query rows than one tile holds (seq upper 3 with GQA groups 4 and 8) it does not."""
+    from atlasc.codegen import attention
+
+    b = build_attention_decode("float16")
+    graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
+    one = generate_module({"d": (graph, plan)}, {"d": {**DECODE_UPPER, "seq": 1}})
+    split = f", {attention.FAST_MAX_SPLIT}>(args, att_ws, att_cnt);"
+    assert one.source.count(split) == 11  # every attention_decode node (the transposed K is declined)
+    assert one.scratch_bytes > 0 and one.scratch_offset >= plan.arena_bytes
+    assert one.arena_bytes == one.scratch_offset + one.scratch_bytes
+    # a launch covers items x splits: batch 5 x 2 kv heads x 32 runs
+    assert max(launch.grid[0] for launch in one.launches["d"]) == 5 * 2 * attention.FAST_MAX_SPLIT
+    three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
+    assert 0 < three.source.count(split) < 11  # group 1: 3 rows fit one tile, the others do not
+    # prefill-sized maxima never split (their scratch would be huge)
+    assert attention.fast_split(rows_up=4 * 4352, r=4, items_up=32 * 8 * 4352, d=128) == 1
+    assert attention.fast_split(rows_up=4, r=4, items_up=32 * 8, d=128) == attention.FAST_MAX_SPLIT
+    compile_or_skip(one.source)

@@ -35,7 +35,7 @@ GPT2 = FIXTURES / "gpt2.onnx"
 BERT = FIXTURES / "bert.onnx"
 GPT2_FLAGS = ("--arch", "sm80", "--max-seq", "32", "--max-batch", "2")
 SUMMARY_KEYS = {"artifact", "kind", "entries", "archs", "arena_bytes", "weights_bytes", "kv_cache_bytes",
-                "activation_peak_bytes", "activation_naive_bytes", "seconds"}
+                "scratch_bytes", "activation_peak_bytes", "activation_naive_bytes", "seconds"}
 
 
 def atlasc(*args, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -129,7 +129,7 @@ def test_inspect_artifact(cli, gpt2):
     assert set(report["entries"]) == {"prefill", "decode"}
     assert report["archs"] == ["sm80"]
     assert all(e["kernels"] > 0 for e in report["entries"].values())
-    assert set(report["memory"]["regions"]) == {"weights", "kv_cache", "io", "activations"}
+    assert set(report["memory"]["regions"]) == {"weights", "kv_cache", "io", "activations", "scratch"}
     assert report["kv_cache"]["max_seq"] == 32 and report["kv_cache"]["max_batch"] == 2
     members = report["members"]
     assert {"kernels.cu", "weights.bin", "cubin/sm80.cubin"} <= set(members)

@@ -160,3 +160,24 @@ def test_encoder_forward(name, build_dir):
     out = _model(name, build_dir, True).run("forward", ins)
     for k, w in want.items():
         np.testing.assert_allclose(out[k], w, **TOL["fp32"], err_msg=k)
+
+
+def test_batch_bucket_kernels_agree(build_dir):
+    """An artifact compiled for batch 16 runs batch 1 on its batch-1 kernels, batch 5 on the batch-8
+    ones and batch 12 on the defaults: the same prompt in every row gives batch 1's tokens and
+    logits in every row (fp32 fixture, atol 1e-4)."""
+    from atlasc.runtime.gpu import GpuModel
+    from atlasc.runtime.launches import bucket_of
+
+    path = f"{build_dir}/llama-b16.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    prompt = _prompts(1, 9, seed=3)[0]
+    one = generate(model, [prompt], 12, keep_logits=True)
+    for batch, bucket in ((5, 8), (12, None)):
+        got = generate(model, [prompt] * batch, 12, keep_logits=True)
+        assert bucket_of(model.buckets["decode"], model.last_env["decode"]) == bucket
+        assert got.tokens == one.tokens * batch
+        for a, b in zip(got.step_logits, one.step_logits):
+            np.testing.assert_allclose(a, np.repeat(b, batch, axis=0), **TOL["fp32"])
+    model.close()

@@ -36,7 +36,7 @@ from test_codegen_matmul_attention import (
 )
 
 pytestmark = pytest.mark.gpu
-PATHS = ["rows", "fast"]  # ATLAS_ATTENTION_PATH values: the current kernel and the decode path
+PATHS = ["rows", "fast"]  # ATLAS_ATTENTION_PATH values: every-variant kernel, the decode path (default)
 
 TOL = {
     "matmul": {"float32": (1e-4, 1e-4), "float16": (1e-3, 2e-2)},
@@ -136,6 +136,22 @@ DECODE_ENVS = [{"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 5, "seq": 1, "pa
                {"batch": 5, "seq": 1, "past_seq": 300}, {"batch": 1, "seq": 1, "past_seq": 4100},
                {"batch": 5, "seq": 1, "past_seq": 4100}, {"batch": 5, "seq": 3, "past_seq": 17},
                {"batch": 2, "seq": 3, "past_seq": 300}]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_decode_sequence_split(monkeypatch, dtype):
+    """Generated for one query position (seq upper 1: attention_decode splits the keys into runs merged
+    by the last one to finish), at the one-position contexts of DECODE_ENVS (1 to 4101 keys, batch 1
+    and 5); launched three times in one arena, so the split counters must return to 0 every time."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    b = build_attention_decode(dtype)
+    graph = b.done()
+    rtol, atol = TOL["other"][dtype]
+    rng = np.random.default_rng(6)
+    for env in [e for e in DECODE_ENVS if e["seq"] == 1]:
+        feeds = b.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper={**DECODE_UPPER, "seq": 1},
+                                plan_fn=_decode_plan, repeat=3)
 
 
 @pytest.mark.parametrize("path", PATHS)

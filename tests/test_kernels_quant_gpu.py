@@ -101,7 +101,7 @@ def _check(dtype: str):
                 assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} m={m}: err {err}"
 
 
-@pytest.mark.parametrize("path", ["simt", "table"])  # the CUDA-core kernel, the tensor-core path (opt-in)
+@pytest.mark.parametrize("path", ["simt", "table"])  # the CUDA-core kernel, the tensor-core path (default)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_quant_kernels_match_reference(dtype, path, monkeypatch):
     from atlasc.codegen import quant

@@ -254,7 +254,7 @@ def test_quant_emitter_paths(monkeypatch):
 
     monkeypatch.delenv(quant.SPLIT_ENV, raising=False)
     monkeypatch.delenv(quant.PATH_ENV, raising=False)
-    assert quant.path_choice() == quant.DEFAULT_PATH == "simt"  # opt-in until validated on a GPU
+    assert quant.path_choice() == quant.DEFAULT_PATH == "table"  # GPU-validated (docs/perf.md v5)
     monkeypatch.setenv(quant.PATH_ENV, "table")
 
     def kernels(dtype):

@@ -113,3 +113,22 @@ def test_kernel_matches_reference(dtype, vocab):
             total += got.size
     # sampled draws may differ where float sums round differently at a threshold: rarely
     assert agree >= 0.97 * total, (agree, total)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("vocab", [37, 128256])
+def test_kernel_greedy_ties_take_the_first_index(dtype, vocab):
+    """Logits of few distinct values (many ties for the maximum, some rows all -inf): the vectorized
+    argmax keeps numpy's first index."""
+    from kernel_harness import run_on_gpu
+
+    g = sample_graph(vocab, dtype)
+    rng = np.random.default_rng(11)
+    logits = rng.integers(0, 3, size=(8, 3, vocab)).astype(dtype)
+    logits[2] = -np.inf
+    feed = {"logits": logits, "sample_params": np.array([0.0, 1.0, 0], np.float32),
+            "sample_state": np.array([0, 0, 0], np.int64)}
+    got = run_on_gpu(g, feed, upper={"batch": 8})["next_tokens"]
+    np.testing.assert_array_equal(got, logits[:, -1].argmax(-1))
+    np.testing.assert_array_equal(got, interpret(g, feed)["next_tokens"])

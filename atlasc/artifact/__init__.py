@@ -17,6 +17,7 @@ from .manifest import (
     MemberSpec,
     MemorySpec,
     NodeSpec,
+    VariantSpec,
     RegionSpec,
     SourceInfo,
     SymbolSpec,
@@ -28,7 +29,7 @@ from .writer import WEIGHTS_ALIGNMENT, manifest_bytes, write_artifact
 
 __all__ = [
     "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "WEIGHTS_ALIGNMENT",
-    "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec",
+    "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec", "VariantSpec",
     "RegionSpec", "SourceInfo", "SymbolSpec", "ValueSpec", "WeightSpec",
     "arch_name", "manifest_bytes", "open_artifact", "write_artifact",
 ]

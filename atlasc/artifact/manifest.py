@@ -25,7 +25,7 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket)
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -323,8 +323,24 @@ class ValueSpec(_Spec):
 
 
 @dataclass(frozen=True)
+class VariantSpec(_Spec):
+    """A node's launch for runs whose bucket symbol is at most `upto` (a kernel generated for them)."""
+
+    upto: int
+    kernel: str
+    grid: tuple[Dim, Dim, Dim]
+    block: tuple[int, int, int]
+    smem: int
+
+    def __post_init__(self):
+        _set(self, "grid", _dims(self.grid, f"{self.kernel}.grid"))
+        _set(self, "block", _tuple(self.block, f"{self.kernel}.block"))
+
+
+@dataclass(frozen=True)
 class NodeSpec(_Spec):
-    """One launch of the schedule: the op it computes, its kernel and launch geometry."""
+    """One launch of the schedule: the op it computes, its kernel and launch geometry (valid for every
+    run-time size), and `variants` (tightest first) for runs whose `symbol` is at most their `upto`."""
 
     name: str
     op: str
@@ -335,8 +351,11 @@ class NodeSpec(_Spec):
     grid: tuple[Dim, Dim, Dim]
     block: tuple[int, int, int]
     smem: int  # dynamic shared memory, bytes
+    symbol: str = ""  # the bucket symbol of the variants ("" when none)
+    variants: tuple[VariantSpec, ...] = ()
 
     def __post_init__(self):
+        _set(self, "variants", _tuple(self.variants, f"{self.name}.variants"))
         _set(self, "inputs", _tuple(self.inputs, f"{self.name}.inputs"))
         _set(self, "outputs", _tuple(self.outputs, f"{self.name}.outputs"))
         _set(self, "attrs", _canon_json(self.attrs, f"{self.name}.attrs"))
@@ -417,6 +436,15 @@ class Manifest(_Spec):
         for key, entry in self.entries.items():
             if entry.name != key:
                 raise ArtifactError(f"manifest field entries.{key}.name: is {entry.name!r}, expected {key!r}")
+        names = {s.name for s in self.symbols}
+        for key, entry in self.entries.items():
+            if len({n.symbol for n in entry.nodes if n.variants}) > 1:
+                raise ArtifactError(f"manifest field entries.{key}.nodes: kernel variants over several symbols")
+            for i, n in enumerate(entry.nodes):
+                uptos = [v.upto for v in n.variants]
+                if n.variants and (n.symbol not in names or uptos != sorted(set(uptos)) or not n.kernel):
+                    raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].variants: need a known symbol "
+                                        f"(got {n.symbol!r}) and strictly increasing upto values (got {uptos})")
         for i, s in enumerate(self.symbols):
             if not 0 <= s.lower <= s.upper:
                 raise ArtifactError(f"manifest field symbols[{i}]: bounds {s.lower}..{s.upper} are not valid")

@@ -157,6 +157,8 @@ def _print_report(result, time_passes: bool) -> None:
     mem.add_row("weights", _bytes(s["weights_bytes"]))
     mem.add_row("kv cache", _bytes(s["kv_cache_bytes"]))
     mem.add_row("activations (planned peak)", _bytes(s["activation_peak_bytes"]))
+    if s["scratch_bytes"]:
+        mem.add_row("kernel scratch", _bytes(s["scratch_bytes"]))
     mem.add_row("activations (naive sum)", _bytes(s["activation_naive_bytes"]))
     out.print(mem)
     q = result.manifest.report.get("quantization")

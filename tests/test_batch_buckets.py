@@ -1,0 +1,126 @@
+"""Decode kernels specialized per batch bucket (codegen/generate.py `buckets`, runtime/launches.py).
+
+A decode Linear compiled for batch 32 carries every code path up to 32 rows, and the largest sets its
+registers for all: the batch-1 variant must hold only the batch-1 paths (fewer registers: ptxas shows
+it), every node's variant must be chosen by the run's batch, and artifacts must round-trip them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from atlasc.artifact import Manifest, open_artifact
+from atlasc.compiler import DECODE_BATCH_BUCKETS, compile_model
+from atlasc.errors import ArtifactError
+from atlasc.ir.program import CompileOptions
+from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
+
+from conftest import FIXTURES
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    """The llama fixture compiled for sm90 at max batch 32 (buckets 1 and 8 below it)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    path = tmp_path_factory.mktemp("buckets") / "llama.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=32, max_seq=64))
+    return open_artifact(path)
+
+
+def test_decode_linears_get_their_own_batch_kernels(llama32):
+    m = llama32.manifest
+    assert DECODE_BATCH_BUCKETS == (1, 8)
+    decode = m.entries["decode"]
+    assert entry_buckets(decode) == ("batch", (1, 8))
+    assert all(not n.variants for n in m.entries["prefill"].nodes)
+    source = llama32.read_member("kernels.cu").decode()
+    linears = [n for n in decode.nodes if n.op == "Linear"]
+    assert linears
+    for n in linears:
+        assert [v.upto for v in n.variants] == [1, 8]
+        assert [v.kernel for v in n.variants] == [f"{n.kernel}_batch1", f"{n.kernel}_batch8"]
+        bodies = {v.kernel: _kernel_body(source, v.kernel) for v in n.variants}
+        bodies[n.kernel] = _kernel_body(source, n.kernel)
+        # GEMV row buckets (the template's 3rd argument): batch 1 holds only MT = 1
+        assert set(re.findall(r"linear_gemv<\w+, \d+, (\d+),", bodies[f"{n.kernel}_batch1"])) == {"1"}
+        assert max(map(int, re.findall(r"linear_gemv<\w+, \d+, (\d+),", bodies[n.kernel]))) == 32
+        assert "M <= 32" not in bodies[f"{n.kernel}_batch8"]
+    # elementwise and norm kernels keep one kernel and only get smaller grids
+    norms = [n for n in decode.nodes if n.op == "RMSNormalization"]
+    assert norms and all(v.kernel == n.kernel and v.grid[0] <= n.grid[0] for n in norms for v in n.variants)
+
+
+def _kernel_body(source: str, name: str) -> str:
+    start = source.index(f" {name}(unsigned char*")
+    return source[start:source.index("\n}\n", start)]
+
+
+def test_runs_pick_the_tightest_variant(llama32):
+    decode = llama32.manifest.entries["decode"]
+    lin = next(n for n in decode.nodes if n.op == "Linear")
+    buckets = entry_buckets(decode)
+    for batch, want_bucket, want_kernel in ((1, 1, f"{lin.kernel}_batch1"), (2, 8, f"{lin.kernel}_batch8"),
+                                            (8, 8, f"{lin.kernel}_batch8"), (9, None, lin.kernel),
+                                            (32, None, lin.kernel)):
+        env = {"batch": batch, "seq": 1, "past_seq": 3}
+        assert bucket_of(buckets, env) == want_bucket
+        kernel, grid, block, smem = node_launch(lin, env)
+        assert kernel == want_kernel
+    assert node_launch(lin, {})[0] == lin.kernel  # no batch known: the default serves every size
+
+
+def test_manifest_round_trips_and_checks_variants(llama32):
+    m = llama32.manifest
+    assert Manifest.from_json(m.to_json()) == m
+    j = m.to_json()
+    node = next(n for n in j["entries"]["decode"]["nodes"] if n["variants"])
+    node["variants"] = node["variants"][::-1]
+    with pytest.raises(ArtifactError, match="strictly increasing upto"):
+        Manifest.from_json(j)
+    node["variants"] = node["variants"][::-1]
+    for n in j["entries"]["decode"]["nodes"]:
+        if n["variants"]:
+            n["symbol"] = "nope"
+    with pytest.raises(ArtifactError, match="known symbol"):
+        Manifest.from_json(j)
+
+
+@needs_nvcc
+def test_batch1_variant_uses_fewer_registers(llama32, tmp_path):
+    """ptxas on the generated source: the batch-1 Linear needs far fewer registers than the default
+    (batch up to 32) kernel, which is what lets more blocks per SM keep bytes in flight."""
+    cu = tmp_path / "k.cu"
+    cu.write_text(llama32.read_member("kernels.cu").decode())
+    out = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "--resource-usage",
+                          "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, check=True)
+    regs = {}
+    current = None
+    for line in (out.stdout + out.stderr).splitlines():
+        fn = re.search(r"Function properties for (\w+)", line) or re.search(r"Compiling entry function '(\w+)'", line)
+        if fn:
+            current = fn.group(1)
+        used = re.search(r"Used (\d+) registers", line)
+        if used and current:
+            regs[current] = int(used.group(1))
+    lin = next(n for n in llama32.manifest.entries["decode"].nodes if n.op == "Linear")
+    assert regs[f"{lin.kernel}_batch1"] <= 72 < regs[lin.kernel]
+
+
+@needs_nvcc
+def test_grids_stop_at_stride_grid(tmp_path):
+    """At a large maximum (32 x 4352 tokens) the size-proportional grids stop at STRIDE_GRID blocks and
+    loop over the rest, instead of 65535 blocks of which a short prefill leaves nearly all idle."""
+    from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID
+
+    path = tmp_path / "big.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=32, max_seq=4352))
+    nodes = [n for e in open_artifact(path).manifest.entries.values() for n in e.nodes if n.kernel]
+    assert max(n.grid[0] for n in nodes) <= STRIDE_GRID < MAX_GRID
+    assert any(n.grid[0] == STRIDE_GRID for n in nodes)  # the cap binds at these maxima
