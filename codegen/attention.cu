@@ -502,22 +502,32 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     __syncthreads();
     if (!last_unit) continue;
     __threadfence();
+    // each run's weight exp(m_s - M) / L per row, once (into `part`: free after the loop above)
+    float* wgt = part;  // [R][SPLIT]
+    if (threadIdx.x < R) {
+      const int r = threadIdx.x;
+      const float* run0 = ws + (item * SPLIT * R + r) * (D + 2);
+      constexpr long long RUN = (long long)R * (D + 2);  // floats between one row's slots of two runs
+      float M = -INFINITY;
+      for (long long s2 = 0; s2 < splits; ++s2) M = fmaxf(M, __ldcg(run0 + s2 * RUN + D));
+      float L = 0.f;
+      for (long long s2 = 0; s2 < splits; ++s2) {
+        const float f = M == -INFINITY ? 0.f : expf(__ldcg(run0 + s2 * RUN + D) - M);  // 0: a run with no key
+        wgt[r * SPLIT + s2] = f;
+        L = fmaf(__ldcg(run0 + s2 * RUN + D + 1), f, L);
+      }
+      const float inv = L == 0.f ? 0.f : 1.f / L;
+      for (long long s2 = 0; s2 < splits; ++s2) wgt[r * SPLIT + s2] *= inv;
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
       const int r = idx / D, dd = idx % D;
       const long long rr = r0 + r;
       if (rr >= rows) continue;
-      float M = -INFINITY;
-      for (long long s2 = 0; s2 < splits; ++s2) M = fmaxf(M, __ldcg(ws + ((item * SPLIT + s2) * R + r) * (D + 2) + D));
-      float L = 0.f, o = 0.f;
-      if (M != -INFINITY) {
-        for (long long s2 = 0; s2 < splits; ++s2) {
-          const float* slot = ws + ((item * SPLIT + s2) * R + r) * (D + 2);
-          const float f = expf(__ldcg(slot + D) - M);  // 0 for a run that saw no key of this row
-          L = fmaf(__ldcg(slot + D + 1), f, L);
-          o = fmaf(__ldcg(slot + dd), f, o);
-        }
-      }
-      o = L == 0.f ? 0.f : o / L;
+      const float* run0 = ws + (item * SPLIT * R + r) * (D + 2) + dd;
+      float o = 0.f;
+#pragma unroll 8
+      for (int s2 = 0; s2 < (int)splits; ++s2) o = fmaf(__ldcg(run0 + s2 * (long long)R * (D + 2)), wgt[r * SPLIT + s2], o);
       const long long h = hk * group + rr % group, i = rr / group;
       store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
     }

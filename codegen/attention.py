@@ -45,6 +45,7 @@ FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to g
 FAST_MAX_HEAD_DIM = 256
 FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fewer at run time)
 FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
+FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split aims for
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
 
 
@@ -191,8 +192,11 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # ptxas takes what the loads in flight need (ptxas -v: 110 to 200 registers, no spills)
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, 1) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
-    return KernelCode(body, (max(1, min(STRIDE_GRID, items * split)), 1, 1), (threads, 1, 1), smem, preamble,
-                      scratch)
+    # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
+    # FAST_SPLIT_TARGET blocks (items when more) leaves none idle at the maximal batch; a smaller batch
+    # in between may loop once more over the grid
+    blocks = max(items, min(items * split, FAST_SPLIT_TARGET))
+    return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch)
 
 
 def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:

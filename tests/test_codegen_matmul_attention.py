@@ -555,8 +555,10 @@ def test_attention_decode_sequence_split():
     assert one.source.count(split) == 11  # every attention_decode node (the transposed K is declined)
     assert one.scratch_bytes > 0 and one.scratch_offset >= plan.arena_bytes
     assert one.arena_bytes == one.scratch_offset + one.scratch_bytes
-    # a launch covers items x splits: batch 5 x 2 kv heads x 32 runs
-    assert max(launch.grid[0] for launch in one.launches["d"]) == 5 * 2 * attention.FAST_MAX_SPLIT
+    # the grid: the split's target (batch 5 x 2 kv heads x 32 runs would be 320), never fewer than items
+    assert max(launch.grid[0] for launch in one.launches["d"]) == attention.FAST_SPLIT_TARGET == 256
+    cu = (Path(attention.__file__).parent / "attention.cu").read_text()
+    assert f"ATT_SPLIT_TARGET = {attention.FAST_SPLIT_TARGET};" in cu
     three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
     assert 0 < three.source.count(split) < 11  # group 1: 3 rows fit one tile, the others do not
     # prefill-sized maxima never split (their scratch would be huge)
