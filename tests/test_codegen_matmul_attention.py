@@ -565,3 +565,15 @@ def test_attention_decode_sequence_split():
     assert attention.fast_split(rows_up=4 * 4352, r=4, items_up=32 * 8 * 4352, d=128) == 1
     assert attention.fast_split(rows_up=4, r=4, items_up=32 * 8, d=128) == attention.FAST_MAX_SPLIT
     compile_or_skip(one.source)
+
+
+@pytest.mark.parametrize("value", ["0", "33", "x", "-1"])
+def test_attention_split_env_rejects_bad_values(monkeypatch, value):
+    """ATLAS_ATTENTION_SPLIT must be 1..FAST_MAX_SPLIT: anything else is a CodegenError naming it."""
+    from atlasc.codegen import attention
+
+    monkeypatch.setenv(attention.SPLIT_ENV, value)
+    with pytest.raises(CodegenError, match="ATLAS_ATTENTION_SPLIT"):
+        attention.fast_split(rows_up=4, r=4, items_up=8, d=64)
+    monkeypatch.setenv(attention.SPLIT_ENV, "1")
+    assert attention.fast_split(rows_up=4, r=4, items_up=8, d=64) == 1

@@ -8,7 +8,7 @@ import onnx
 
 from atlasc.frontend.handlers import HANDLERS
 from atlasc.frontend.importer import Importer, handler_key
-from atlasc.frontend.load import load_model
+from atlasc.frontend.load import load_model, load_model_mapped
 from atlasc.frontend.simplify import cse
 from atlasc.ir.graph import Graph
 from atlasc.ir.verify import verify
@@ -35,9 +35,10 @@ def import_onnx(model: str | os.PathLike | onnx.ModelProto) -> Graph:
     shape-computing subgraph is folded into dims; interpreting it reproduces the model's outputs.
     Raises ModelLoadError, UnsupportedModelError (all unsupported ops at once) or ShapeError.
     """
+    mapped = {}
     if not isinstance(model, onnx.ModelProto):
-        model = load_model(model)
-    graph = Importer(model).run()
+        model, mapped = load_model_mapped(model)  # large external weights stay in their file (memmap)
+    graph = Importer(model, mapped).run()
     graph = cse(graph)
     verify(graph)
     return graph

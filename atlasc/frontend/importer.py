@@ -54,8 +54,9 @@ def _symbol_name(dim_param: str) -> str:
 class Importer:
     """One import of one ONNX model; see the module docstring. Use `import_model`."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = None):
         self.model = model
+        self.mapped = mapped or {}  # initializers still external in the proto: their memmapped data
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
         self.opset = self.opsets.get("", self.opsets.get("ai.onnx", 1))
         self.graph = Graph(model.graph.name or "model")
@@ -79,7 +80,9 @@ class Importer:
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
             if isinstance(t, gs.Constant):
-                self.set_known(t.name, Known.numeric(_widen_4bit(np.asarray(t.values))))
+                data = self.mapped.get(t.name)
+                data = np.asarray(t.values) if data is None else data
+                self.set_known(t.name, Known.numeric(_widen_4bit(data)))
         for node in gsg.nodes:
             ins = [self._lookup(t) for t in node.inputs]
             try:

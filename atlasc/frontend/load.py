@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
 
 from atlasc.errors import ModelLoadError
 
@@ -30,6 +31,17 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     truncated file, external data missing / too short / outside the model's folder).
     """
     path = Path(path)
+    model = _checked_proto(path)
+    base = path.resolve().parent
+    try:
+        onnx.load_external_data_for_model(model, str(base))
+    except Exception as e:
+        raise ModelLoadError(f"cannot read external data of {path}: {e}") from None
+    return model
+
+
+def _checked_proto(path: Path) -> onnx.ModelProto:
+    """The ModelProto without its external data, after every check load_model promises."""
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}")
     try:
@@ -54,8 +66,51 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         if info.length is not None and offset + info.length > size:
             raise ModelLoadError(f"external data file {target.name} is truncated: tensor '{tensor.name}' needs "
                                  f"bytes {offset}..{offset + info.length}, the file has {size}")
+    return model
+
+
+# external initializers of at least this many bytes are mapped, not read (load_model_mapped)
+MAP_MIN_BYTES = 1 << 20
+
+
+def load_model_mapped(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """load_model, except that large external initializers are not read into the ModelProto: they
+    come back as read-only np.memmap arrays of the external-data file, by name (the proto keeps only
+    their external reference). A compile then holds no second copy of the weights in protobuf memory,
+    and pages of the file are read when a pass touches them. Same checks and errors as load_model."""
+    path = Path(path)
+    proto_only = _checked_proto(path)
+    base = path.resolve().parent
+    mapped: dict[str, np.ndarray] = {}
+    for tensor in list(_external_tensors(proto_only)):
+        array = _mapped(tensor, base)
+        if array is not None:
+            mapped[tensor.name] = array
     try:
-        onnx.load_external_data_for_model(model, str(base))
+        for tensor in _external_tensors(proto_only):
+            if tensor.name in mapped:
+                continue
+            load_external_data_for_tensor(tensor, str(base))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
     except Exception as e:
         raise ModelLoadError(f"cannot read external data of {path}: {e}") from None
-    return model
+    return proto_only, mapped
+
+
+def _mapped(tensor: onnx.TensorProto, base: Path) -> np.ndarray | None:
+    """The tensor's bytes as a memmap when it is large, has a fixed-size numpy dtype and its recorded
+    length matches its shape (packed 4-bit types and odd layouts are read the usual way)."""
+    info = ExternalDataInfo(tensor)
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except Exception:
+        return None
+    if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.STRING):
+        return None
+    shape = tuple(int(d) for d in tensor.dims)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < MAP_MIN_BYTES or (info.length is not None and info.length != nbytes):
+        return None
+    return np.memmap(base / info.location, dtype=dtype.newbyteorder("<"), mode="r", offset=info.offset or 0,
+                     shape=shape)
