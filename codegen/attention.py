@@ -190,10 +190,11 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
     # ptxas caps the registers at 128 for 2 blocks per SM and spills (sm80 and sm90, nvcc 13); with it
     # ptxas takes what the loads in flight need (ptxas -v: 110 to 200 registers, no spills)
-    # ... except the split kernel at head dim 64: its bookkeeping took it from 124 registers (2 blocks per
-    # SM) to 142 (1 block), 1.5x slower at batch 32 (attention_lab, docs/perf.md v5); asking for 2 blocks
-    # gives 128 registers without spills (ptxas, sm90; at head dim 128 it would spill)
-    min_blocks = 2 if split > 1 and d <= 64 else 1
+    # ... except the fp16 split kernel at head dim 64: its bookkeeping took it from 124 registers (2 blocks
+    # per SM) to 142 (1 block), 1.5x slower at batch 32 (attention_lab, docs/perf.md v5); asking for 2
+    # blocks gives 128 registers without spills (ptxas, sm80 / sm90; fp32 or head dim 128 would spill:
+    # tests/test_codegen_matmul_attention.py::test_attention_decode_compiles_without_spills)
+    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
     # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
