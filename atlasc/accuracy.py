@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlasc.errors import UsageError
-from atlasc.ir.graph import Graph, Value
+from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
 from atlasc.ir.ops.quant import dequant_q4, dequant_q8
 from atlasc.ir.program import Program
@@ -45,19 +45,46 @@ def random_prompts(vocab: int, prompts: int = 2, length: int = 16, seed: int = 0
 
 
 def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[str, Value]]]:
-    """A copy of graph with quantized layers back in float, returning each layer's input as an output."""
+    """A copy of graph with quantized layers back in float, returning each layer's input as an output.
+    A merged layer (its float weights a tuple of parts) becomes one float Linear per part and a Concat,
+    so the twin reads the original weights instead of a concatenated copy."""
     twin = graph.clone("float")
     probes = []
+    nodes = []
     for node in twin.nodes:
-        if node.op in QUANTIZED and node.name in float_weights:
-            x = node.inputs[0]
-            bias = node.inputs[3] if len(node.inputs) > 3 else None
+        if node.op not in QUANTIZED or node.name not in float_weights:
+            nodes.append(node)
+            continue
+        x = node.inputs[0]
+        bias = node.inputs[3] if len(node.inputs) > 3 else None
+        weights = float_weights[node.name]
+        if all(o is not x for o in twin.outputs):
+            twin.outputs.append(x)
+        probes.append((node.name, x))
+        if not isinstance(weights, tuple):
             node.op, node.attrs = "Linear", {}
-            node.inputs = [x, float_weights[node.name]] + ([bias] if bias is not None else [])
-            if all(o is not x for o in twin.outputs):
-                twin.outputs.append(x)
-            probes.append((node.name, x))
+            node.inputs = [x, weights] + ([bias] if bias is not None else [])
+            nodes.append(node)
+            continue
+        y = node.outputs[0]
+        outs, offset = [], 0
+        for i, w in enumerate(weights):
+            n = int(w.shape[0])
+            out = Value(f"{y.name}__float{i}", y.dtype, tuple(y.shape[:-1]) + (n,))
+            ins = [x, w] + ([constant(f"{bias.name}__float{i}", bias.data[offset:offset + n])] if bias else [])
+            nodes.append(Node("Linear", ins, [out], name=f"{node.name}__float{i}"))
+            outs.append(out)
+            offset += n
+        nodes.append(Node("Concat", outs, [y], {"axis": -1}, name=f"{node.name}__float_concat"))
+    twin.nodes = nodes
     return twin, probes
+
+
+def _float_weight(program: Program, name: str) -> np.ndarray:
+    """The float32 [N, K] weight a quantized layer replaced (merged layers: their parts stacked)."""
+    w = program.float_weights[name]
+    parts = w if isinstance(w, tuple) else (w,)
+    return np.concatenate([np.asarray(p.data, np.float32) for p in parts])
 
 
 def _feeds(graph: Graph, ids: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
@@ -108,7 +135,7 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         for name, x in probes:
             node = quantized_nodes[name]
             xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
-            w = program.float_weights[name].data.astype(np.float32)
+            w = _float_weight(program, name)
             y = xs @ w.T
             yq = xs @ _dequantized(node).T
             sums[name][0] += float(np.sum(np.square(y - yq, dtype=np.float64)))

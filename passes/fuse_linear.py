@@ -44,8 +44,9 @@ class _Constants:
     def transposed(self, graph: Graph, w: Value) -> Value:
         key = ("T", id(w))
         if key not in self.cache:
-            self.cache[key] = _existing_transpose(graph, w) or constant(
-                f"{w.name}__T", np.ascontiguousarray(w.data.T))
+            # a view, not a copy: quantize reads it chunk by chunk and the artifact writer lays it out,
+            # so a compile never holds a second float copy of the weights
+            self.cache[key] = _existing_transpose(graph, w) or constant(f"{w.name}__T", w.data.T)
         return self.cache[key]
 
     def vector(self, b: Value, n: int) -> Value:

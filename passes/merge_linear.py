@@ -5,6 +5,11 @@ Matches:
     =>
     qkv = Linear(x, concat(Wq, Wk, Wv)[, concat(bq, bk, bv)]);  q, k, v = Split(qkv, axis=-1)
 
+and the same for quantized layers (quantize runs first, so that an 8B compile never holds a float
+copy of the merged weights): LinearQ8 / LinearQ4 of one group size concatenate their integer weights
+and scales along N. Their float weights (program.float_weights, for the accuracy report) become the
+tuple of the parts' float weights under the merged node's name.
+
 One weight matrix means one kernel streaming one long stream of rows instead of three short ones
 (at decode the small projections run far from the bandwidth roofline; docs/perf.md), and the input is
 read once. A missing bias among biased layers becomes zeros.
@@ -24,28 +29,52 @@ from atlasc.passes.rewrite import RewriteStats
 RULE = "Linear(x, W1), Linear(x, W2), ... => Split(Linear(x, [W1; W2; ...]))"
 
 
+# op -> how many leading inputs after x are constants concatenated along N (weight; weight, scale)
+MERGEABLE = {"Linear": 1, "LinearQ8": 2, "LinearQ4": 2}
+
+
 def _mergeable(node: Node) -> bool:
-    if node.op != "Linear":
+    if node.op not in MERGEABLE:
         return False
-    w = node.inputs[1]
-    b = node.inputs[2] if len(node.inputs) > 2 else None
-    return w.is_constant and (b is None or b.is_constant)
+    k = MERGEABLE[node.op]
+    consts = node.inputs[1:1 + k]
+    b = node.inputs[1 + k] if len(node.inputs) > 1 + k else None
+    return all(c.is_constant for c in consts) and (b is None or b.is_constant)
 
 
-def _merge_group(graph: Graph, nodes: list[Node], index: int) -> None:
+def _signature(node: Node) -> tuple:
+    """What must agree for nodes to merge: op, attributes, and each constant's dtype and trailing dims."""
+    consts = node.inputs[1:1 + MERGEABLE[node.op]]
+    return (node.op, tuple(sorted(node.attrs.items())), tuple((c.dtype, tuple(c.shape[1:])) for c in consts))
+
+
+def _merge_group(program: Program, graph: Graph, nodes: list[Node], index: int) -> None:
     x = nodes[0].inputs[0]
-    weights = [n.inputs[1].data for n in nodes]
-    biases = [n.inputs[2] if len(n.inputs) > 2 else None for n in nodes]
-    sizes = tuple(int(w.shape[0]) for w in weights)
-    w_cat = constant(f"merged_w_{index}__{nodes[0].inputs[1].name}", np.ascontiguousarray(np.concatenate(weights)))
-    inputs = [x, w_cat]
+    k = MERGEABLE[nodes[0].op]
+    name0 = nodes[0].inputs[1].name
+    inputs = [x]
+    for j in range(1, 1 + k):
+        parts = [n.inputs[j].data for n in nodes]
+        tag = "w" if j == 1 else "s"
+        inputs.append(constant(f"merged_{tag}_{index}__{nodes[0].inputs[j].name}",
+                               np.ascontiguousarray(np.concatenate(parts))))
+    biases = [n.inputs[1 + k] if len(n.inputs) > 1 + k else None for n in nodes]
+    sizes = tuple(int(n.inputs[1].shape[0]) for n in nodes)
     if any(b is not None for b in biases):
-        parts = [b.data.reshape(-1) if b is not None else np.zeros(n, weights[0].dtype) for b, n in zip(biases, sizes)]
-        inputs.append(constant(f"merged_b_{index}__{nodes[0].inputs[1].name}", np.concatenate(parts)))
+        dt = next(b.data.dtype for b in biases if b is not None)
+        parts = [b.data.reshape(-1) if b is not None else np.zeros(n, dt) for b, n in zip(biases, sizes)]
+        inputs.append(constant(f"merged_b_{index}__{name0}", np.concatenate(parts)))
     first_out = nodes[0].outputs[0]
     shape = tuple(first_out.shape[:-1]) + (sum(sizes),)
     merged = Value(f"merged_{index}__{first_out.name}", first_out.dtype, shape)
-    linear = Node("Linear", inputs, [merged], name=f"merged_linear_{index}")
+    linear = Node(nodes[0].op, inputs, [merged], dict(nodes[0].attrs), name=f"merged_linear_{index}")
+    floats = program.float_weights
+    if all(n.name in floats for n in nodes):  # quantized parts: keep their float weights, not a concatenation
+        linear_parts = []
+        for n in nodes:
+            part = floats.pop(n.name)
+            linear_parts.extend(part if isinstance(part, tuple) else (part,))
+        floats[linear.name] = tuple(linear_parts)
     split = Node("Split", [merged], [n.outputs[0] for n in nodes], {"axis": -1, "split": sizes},
                  name=f"merged_split_{index}")
     position = min(graph.nodes.index(n) for n in nodes)
@@ -68,12 +97,12 @@ def merge_linear(program: Program) -> tuple[Program, RewriteStats]:
         for nodes in groups.values():
             if len(nodes) < 2:
                 continue
-            w0 = nodes[0].inputs[1]
-            same = [n for n in nodes if n.inputs[1].dtype == w0.dtype and n.inputs[1].shape[1:] == w0.shape[1:]]
+            sig = _signature(nodes[0])
+            same = [n for n in nodes if _signature(n) == sig]
             if len(same) < 2:
-                stats.declined[f"{RULE} at {nodes[0].name}"] = "the weights differ in dtype or K"
+                stats.declined[f"{RULE} at {nodes[0].name}"] = "the layers differ in op, dtype, K or group size"
                 continue
-            _merge_group(graph, same, index)
+            _merge_group(program, graph, same, index)
             index += 1
             stats.applied[RULE] = stats.applied.get(RULE, 0) + 1
         graph.toposort()

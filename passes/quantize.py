@@ -13,7 +13,8 @@ along K for int4 (s = max|w| / 7, values clamped to [-8, 7]). Scales are stored 
 integers are computed against the stored scale, so |dequant - w| <= s / 2 elementwise.
 
 Declines (reason at -vv): layers matched by a `quant_skip` fnmatch pattern (tried against the weight's
-name, the node's name and the output's name: merged weights are named `merged_w_*`), and for int4
+name, the node's name and the output's name; merge-linear runs after this pass, so these are the
+export's own projections), and for int4
 layers whose K the group size does not divide. A group size that divides no layer's K is a UsageError.
 
 Also records `program.quantization`: per layer, the relative error ||x W^T - x Wq^T|| / ||x W^T|| on
@@ -30,7 +31,8 @@ stored integers becomes a quantized layer with those integers, without requantiz
 Scales become float16 (exact for float16 exports). Any other DequantizeLinear (asymmetric zero
 points, blocked int8, a weight not fed to a MatMul) is a one-line ShapeError.
 
-Requires: fuse-linear, merge-linear (quantizing after the merge makes one Q/K/V weight). Guarantees:
+Requires: fuse-linear (its weights are transposed views: quantizing reads them in row chunks, and
+merge-linear, which runs next, concatenates the small quantized arrays, not float copies). Guarantees:
 the graph verifies; outputs differ from the float program by the quantization error only; does
 nothing when options.quant == "none".
 """

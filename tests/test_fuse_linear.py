@@ -77,7 +77,9 @@ def test_fixture_counts(name):
     assert sum(record.applied.values()) == len(const_mm)
     for n in linears:
         w = n.inputs[1]
-        assert w.is_constant and w.data.flags.c_contiguous and w.shape[1] == n.inputs[0].shape[-1]
+        assert w.is_constant and w.shape[1] == n.inputs[0].shape[-1]
+        # the export's own [N, K] array, or a transposed view of its [K, N] one: never a copy
+        assert w.data.flags.c_contiguous or not w.data.flags.owndata
 
 
 def test_fixture_biases_absorbed():

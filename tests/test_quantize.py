@@ -108,6 +108,31 @@ def test_int8_pass_quantizes_every_linear(name):
     assert all(0 < r["rel_error"] < 0.02 for r in q["layers"])
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_layers_merge_after_quantize(quant):
+    """quantize runs before merge-linear: Q/K/V and gate/up merge as quantized layers whose integers and
+    scales are the parts' stacked, and whose float weights (for the accuracy report) stay the parts."""
+    program = _program("llama", quant, group_size=16)
+    op = "LinearQ8" if quant == "int8" else "LinearQ4"
+    merged = [n for n in _ops(program, op) if n.name.startswith("merged_linear")]
+    assert merged
+    for n in merged:
+        parts = program.float_weights[n.name]
+        assert isinstance(parts, tuple) and len(parts) >= 2
+        assert sum(int(p.shape[0]) for p in parts) == n.inputs[1].shape[0] == n.inputs[2].shape[0]
+        stacked = np.concatenate([p.data for p in parts]).astype(np.float32)
+        if quant == "int8":
+            wq, scale = quantize_int8(stacked)
+        else:
+            wq, scale = quantize_int4(stacked, 16)
+        assert np.array_equal(n.inputs[1].data, wq) and np.array_equal(n.inputs[2].data, scale)
+    # the accuracy report's float twin runs the parts as separate float Linears (atlasc/accuracy.py)
+    from atlasc.accuracy import accuracy_report, random_prompts
+
+    report = accuracy_report(program, random_prompts(256, prompts=2, length=8))
+    assert report["top1_agreement"] > 0.5 and set(report["layer_rel_error_on_calibration"]) >= {n.name for n in merged}
+
+
 def test_quant_skip_keeps_matching_layers_in_float():
     program = _program("llama", "int8", quant_skip=("logits*",))
     kept = _ops(program, FLOAT_LINEAR)

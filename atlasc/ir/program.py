@@ -59,7 +59,8 @@ class Program:
     bindings: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbols fixed (decode: seq=1)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
-    float_weights: dict[str, object] = field(default_factory=dict)  # quantized node name -> its float weight Value
+    # quantized node name -> its float weight Value (a merged layer: the tuple of its parts)
+    float_weights: dict[str, object] = field(default_factory=dict)
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)
     # progress of long passes: (stage, detail, (done, total) or None); set by the compile driver
     progress: Callable[..., None] | None = field(default=None, repr=False, compare=False)
