@@ -116,7 +116,8 @@ def _numel(shape_json, env) -> int:
 
 
 def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", repeats: int = 20) -> list[KernelRow]:
-    """Median per-kernel time of one step of `entry` at (batch, context), kernels launched one by one."""
+    """Median per-kernel time of one step of `entry` at (batch, context): the step's kernels launched one
+    by one (no graph), back to back, each timed by a pair of CUDA events."""
     m = model.manifest
     e = m.entries[entry]
     roles = m.report.get("roles", {})
@@ -149,14 +150,18 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
 
     launched = [n for n in e.nodes if n.kernel]  # "": an aliased reshape, no kernel
     times = {n.name: [] for n in launched}
+    launches = [node_launch(n, env) for n in launched]  # the variants a run at this batch uses
+    # one step's kernels are enqueued back to back, each between two events, and the host waits once
+    # per step: waiting after every kernel let the GPU idle (and clock down) between kernels, which
+    # inflated short kernels (the v5 profile summed to 2x the graph-replayed step)
+    events = [(cuda.Event(), cuda.Event()) for _ in launched]
     for _ in range(repeats):
-        for n in launched:
-            kernel, grid, block, smem = node_launch(n, env)  # the variant a run at this batch uses
-            start, end = cuda.Event(), cuda.Event()
+        for n, (kernel, grid, block, smem), (start, end) in zip(launched, launches, events):
             start.record(model.dev.stream)
             model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
             end.record(model.dev.stream)
-            end.synchronize()
+        events[-1][1].synchronize()
+        for n, (start, end) in zip(launched, events):
             times[n.name].append(end.time_since(start) * 1e3)
     rows = []
     for n in launched:

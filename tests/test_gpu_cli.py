@@ -94,3 +94,26 @@ def test_readme_gpu_commands():
     for line in [compile_line, *gpu_lines]:
         r = atlasc(*line.split()[1:])
         assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_gpu_profile_and_bench_json(llama_artifact):
+    """`atlasc profile --json`: one row per launched decode kernel (batch 1: the batch-1 variants),
+    positive times and bytes; `atlasc bench --json`: one row per batch with positive speeds."""
+    from atlasc.artifact import open_artifact
+
+    decode = open_artifact(llama_artifact).manifest.entries["decode"]
+    launched = [n for n in decode.nodes if n.kernel]
+    r = atlasc("profile", llama_artifact, "--batch", "1", "--context", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+    assert sorted(row["node"] for row in rows) == sorted(n.name for n in launched)
+    assert all(row["us"] > 0 and row["bytes"] > 0 for row in rows)
+    variants = {n.name: n.variants[0].kernel for n in launched if n.variants and n.variants[0].upto == 1}
+    assert variants and all(row["kernel"] == variants[row["node"]] for row in rows if row["node"] in variants)
+    r = atlasc("bench", llama_artifact, "--batch", "1,2", "--prompt", "8", "--gen", "8", "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    bench = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+    assert [row["batch"] for row in bench] == [1, 2]
+    assert all(row["decode_ms_per_step"] > 0 and row["tokens_per_s"] > 0 for row in bench)
