@@ -229,6 +229,7 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
     compile_report = {
         "kind": program.kind,
         "roles": program.roles,
+        "codegen": module.choices,
         "decoder_io": _decoder_io(program),
         "passes": [{"name": r.name, "applied": r.applied, "nodes": r.nodes_after} for r in report.records],
     }

@@ -204,6 +204,14 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch)
 
 
+def split_max() -> int:
+    """ATLAS_ATTENTION_SPLIT (default FAST_MAX_SPLIT); CodegenError outside 1..FAST_MAX_SPLIT."""
+    text = os.environ.get(SPLIT_ENV, "") or str(FAST_MAX_SPLIT)
+    if not text.isdigit() or not 1 <= int(text) <= FAST_MAX_SPLIT:
+        raise CodegenError(f"{SPLIT_ENV}={text!r} is not a split count (expected 1 to {FAST_MAX_SPLIT})")
+    return int(text)
+
+
 def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:
     """SPLIT of attention_decode: the most runs a (batch, kv head) item's keys may be cut into. Decode
     shapes only (one row tile per item: a whole GQA group at one query position); 1 elsewhere (prefill
@@ -211,10 +219,7 @@ def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:
     (1 to FAST_MAX_SPLIT) replaces FAST_MAX_SPLIT, e.g. 1 to time the kernel without the split."""
     if rows_up > r:
         return 1
-    text = os.environ.get(SPLIT_ENV, "") or str(FAST_MAX_SPLIT)
-    if not text.isdigit() or not 1 <= int(text) <= FAST_MAX_SPLIT:
-        raise CodegenError(f"{SPLIT_ENV}={text!r} is not a split count (expected 1 to {FAST_MAX_SPLIT})")
-    split = int(text)
+    split = split_max()
     while split > 1 and 4 * items_up * split * r * (d + 2) > FAST_SPLIT_SCRATCH:
         split //= 2
     return split

@@ -87,6 +87,7 @@ class GeneratedModule:
     scratch_offset: int = 0
     scratch_bytes: int = 0
     arena_bytes: int = 0  # the plans' arena plus the scratch
+    choices: dict = field(default_factory=dict)  # the kernel paths chosen (codegen_choices), for the artifact
 
 
 class KernelContext:
@@ -226,8 +227,18 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             launches[entry].append(Launch(node.name, node.op, kernel, code.grid, code.block, code.smem,
                                           symbol if variants else "", tuple(variants)))
     scratch_bytes = align(scratch_bytes)
+    choices = {**codegen_choices(), "batch_buckets": {e: [s, sorted(v)] for e, (s, v) in (buckets or {}).items()}}
     return GeneratedModule("\n".join([prelude, *parts]) + "\n", launches, prelude, parts, scratch_offset,
-                           scratch_bytes, scratch_offset + scratch_bytes)
+                           scratch_bytes, scratch_offset + scratch_bytes, choices)
+
+
+def codegen_choices() -> dict:
+    """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
+    artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
+    from atlasc.codegen import attention, linear, quant
+
+    return {"linear_path": linear.path_choice(), "quant_path": quant.path_choice(),
+            "attention_path": attention.path_choice(), "attention_max_split": attention.split_max()}
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:

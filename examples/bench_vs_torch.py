@@ -24,7 +24,8 @@ sys.path.insert(0, str(HERE))
 from build_llama import CONFIGS, write  # noqa: E402
 
 
-def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int) -> list[dict]:
+def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
+                 quant: str = "none") -> list[dict]:
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
@@ -40,7 +41,8 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     art_path = workdir / f"{cfg_name}.atlas"
     t = time.perf_counter()
     result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
-                                                               max_seq=prompt + gen, prefill_logits="last"))
+                                                               max_seq=prompt + gen, prefill_logits="last",
+                                                               quant=quant))
     kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
     print(f"[atlasc] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}",
           flush=True)
@@ -101,13 +103,16 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
+                    help="compile atlasc's artifact with --quant (the peers stay fp16)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
-        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats)
+        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
-    print(f"\n{args.config}, fp16, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
+    precision = "fp16" if args.quant == "none" else f"atlasc {args.quant} (weights), peers fp16"
+    print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
     print(f"{'engine':<22} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
           f"{'GiB':>6} {'vs atlasc':>9}")
     by_batch = {r["batch"]: r for r in ours}

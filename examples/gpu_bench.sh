@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for speed: the kernel labs (Linear fp16, int4/int8, decode attention),
 # then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
-# tables are printed last. LABS=0 skips the labs (e.g. for an 8B run).
+# tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8 compiles atlasc's
+# artifact quantized; SKIP_TORCH=1 skips the transformers peers.
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -14,8 +15,9 @@ if [ "${LABS:-1}" != 0 ]; then
     python3 examples/quant_lab.py --ms 1,8 --variant table,simt 2>&1 | tee "$out/quant_lab.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
-python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 \
-    --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
+quant="${QUANT:-none}"  # QUANT=int4 / int8: atlasc compiles with --quant (transformers stays fp16)
+python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
+    ${SKIP_TORCH:+--skip-torch} --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 14 "$out/quant_lab.log" && \
     tail -n 20 "$out/attention_lab.log"

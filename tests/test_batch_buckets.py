@@ -124,3 +124,18 @@ def test_grids_stop_at_stride_grid(tmp_path):
     nodes = [n for e in open_artifact(path).manifest.entries.values() for n in e.nodes if n.kernel]
     assert max(n.grid[0] for n in nodes) <= STRIDE_GRID < MAX_GRID
     assert any(n.grid[0] == STRIDE_GRID for n in nodes)  # the cap binds at these maxima
+
+
+def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
+    """The report names the kernel paths and batch buckets that built the artifact; an ATLAS_*
+    override is recorded as such."""
+    from atlasc.codegen.generate import codegen_choices
+
+    c = llama32.manifest.report["codegen"]
+    assert c == {"linear_path": "table", "quant_path": "table", "attention_path": "fast",
+                 "attention_max_split": 32, "batch_buckets": {"decode": ["batch", [1, 8]]}}
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
+    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
+    monkeypatch.setenv("ATLAS_QUANT_PATH", "simt")
+    assert codegen_choices() == {"linear_path": "table", "quant_path": "simt", "attention_path": "rows",
+                                 "attention_max_split": 4}

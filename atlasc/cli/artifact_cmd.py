@@ -44,8 +44,9 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                     "max_batch": m.kv_cache.max_batch, "max_seq": m.kv_cache.max_seq, "dtype": m.kv_cache.dtype},
                 "members": {k: {"sha256": v.sha256, "size": v.size} for k, v in m.members.items()},
             }
-            if "quantization" in m.report:
-                report["quantization"] = m.report["quantization"]
+            for key in ("codegen", "quantization"):
+                if key in m.report:
+                    report[key] = m.report[key]
             print(json.dumps(report))
             return
         out = _out()
@@ -53,6 +54,12 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                                                          f"{m.atlasc_version}, from {m.source.name} "
                                                          f"sha256 {m.source.sha256[:12]}…)"))
         out.print("options: " + ", ".join(f"{k}={v}" for k, v in m.options.items()))
+        if "codegen" in m.report:  # artifacts of format 2 on
+            c = m.report["codegen"]
+            buckets = "; ".join(f"{e} {s} <= {', '.join(map(str, v))}" for e, (s, v) in c["batch_buckets"].items())
+            out.print(f"kernel paths: linear={c['linear_path']}, quant={c['quant_path']}, "
+                      f"attention={c['attention_path']} (split <= {c['attention_max_split']}); "
+                      f"specialized kernels: {buckets or 'none'}")
         entries = Table(title="entry points", title_justify="left", show_edge=False)
         for col in ("entry", "inputs", "outputs", "kernels", "fixed"):
             entries.add_column(col)
