@@ -80,11 +80,29 @@ def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[st
     return twin, probes
 
 
-def _float_weight(program: Program, name: str) -> np.ndarray:
-    """The float32 [N, K] weight a quantized layer replaced (merged layers: their parts stacked)."""
+BLOCK_ELEMENTS = 1 << 24  # weight elements per block of the per-layer error (float32: 64 MiB)
+
+
+def _weight_blocks(program: Program, name: str, node):
+    """(float rows, dequantized rows) of a quantized layer, both float32 [rows, K], block by block along
+    N (merged layers: the parts' rows in order), so a 1 GB LM head is never copied whole."""
     w = program.float_weights[name]
     parts = w if isinstance(w, tuple) else (w,)
-    return np.concatenate([np.asarray(p.data, np.float32) for p in parts])
+    wq, scale = node.inputs[1].data, node.inputs[2].data
+    offset = 0
+    for part in parts:
+        data = part.data
+        n, k = data.shape
+        step = max(1, BLOCK_ELEMENTS // max(1, k))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            q0, q1 = offset + r0, offset + r1
+            if node.op == "LinearQ8":
+                deq = dequant_q8(wq[q0:q1], scale[q0:q1])
+            else:
+                deq = dequant_q4(wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
+            yield np.asarray(data[r0:r1], np.float32), deq
+        offset += n
 
 
 def _feeds(graph: Graph, ids: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
@@ -135,20 +153,14 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         for name, x in probes:
             node = quantized_nodes[name]
             xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
-            w = _float_weight(program, name)
-            y = xs @ w.T
-            yq = xs @ _dequantized(node).T
-            sums[name][0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
-            sums[name][1] += float(np.sum(np.square(y, dtype=np.float64)))
+            for w, wq in _weight_blocks(program, name, node):  # a block of output rows at a time
+                y = xs @ w.T
+                yq = xs @ wq.T
+                sums[name][0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
+                sums[name][1] += float(np.sum(np.square(y, dtype=np.float64)))
     layers = {name: (float(np.sqrt(a / b)) if b > 0 else 0.0) for name, (a, b) in sums.items()}
     return {"prompts": int(ids.shape[0]), "tokens_per_prompt": int(ids.shape[1]),
             "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1),
             "layer_rel_error_on_calibration": layers,
             "max_layer_rel_error_on_calibration": max(layers.values(), default=0.0)}
 
-
-def _dequantized(node) -> np.ndarray:
-    wq, scale = node.inputs[1].data, node.inputs[2].data
-    if node.op == "LinearQ8":
-        return dequant_q8(wq, scale)
-    return dequant_q4(wq, scale, node.attrs.get("group_size", 128))

@@ -34,11 +34,19 @@ def _linear_infer(ins, attrs):
     return [TensorType(dt, tuple(x[:-1]) + (w[0],))]
 
 
+LINEAR_REF_CHUNK = 1 << 24  # weight elements converted to float32 at a time (an LM head is ~1 GB)
+
+
 def _linear_ref(ins, attrs):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     if x.dtype == np.float16:  # accumulate in float32, add the bias in float32, round once
-        y = np.matmul(x.astype(np.float32), w.T.astype(np.float32))
+        xf = x.astype(np.float32)
+        n, k = w.shape
+        y = np.empty(x.shape[:-1] + (n,), np.float32)
+        step = max(1, LINEAR_REF_CHUNK // max(1, k))  # float32 copies of W a block of rows at a time
+        for r0 in range(0, n, step):
+            y[..., r0:r0 + step] = np.matmul(xf, w[r0:r0 + step].astype(np.float32).T)
         if bias is not None:
             y = y + bias.astype(np.float32)
         return [y.astype(np.float16)]

@@ -33,8 +33,15 @@ def dequant_q8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def dequant_q4(packed: np.ndarray, scale: np.ndarray, group_size: int) -> np.ndarray:
-    q = unpack_int4(packed).astype(np.float32)
-    return q * np.repeat(scale.astype(np.float32), group_size, axis=1)
+    q = unpack_int4(packed)
+    n, k = q.shape
+    g = q.reshape(n, k // group_size, group_size).astype(np.float32)
+    g *= scale.astype(np.float32)[:, :, None]  # the same products as repeating the scales, without the copy
+    return g.reshape(n, k)
+
+
+# weight elements dequantized at a time by the references: an LM head's float32 copy is ~1 GB
+REF_CHUNK_ELEMENTS = 1 << 24
 
 
 def _common(ins, name: str, k):
@@ -88,8 +95,14 @@ def _q4_infer(ins, attrs):
     return _common(ins, "LinearQ4", k)
 
 
-def _apply(x: np.ndarray, w: np.ndarray, bias) -> np.ndarray:
-    y = np.matmul(x.astype(np.float32), w.T)
+def _apply(x: np.ndarray, rows, n: int, k: int, bias) -> np.ndarray:
+    """x @ W^T (+ bias) in float32, W dequantized `rows(r0, r1)` a block of output rows at a time."""
+    xf = x.astype(np.float32)
+    y = np.empty(x.shape[:-1] + (n,), np.float32)
+    step = max(1, REF_CHUNK_ELEMENTS // max(1, k))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        y[..., r0:r1] = np.matmul(xf, rows(r0, r1).T)
     if bias is not None:
         y = y + bias.astype(np.float32)
     return y.astype(x.dtype)
@@ -97,12 +110,14 @@ def _apply(x: np.ndarray, w: np.ndarray, bias) -> np.ndarray:
 
 def _q8_ref(ins, attrs):
     bias = ins[3] if len(ins) > 3 else None
-    return [_apply(ins[0], dequant_q8(ins[1], ins[2]), bias)]
+    wq, s = ins[1], ins[2]
+    return [_apply(ins[0], lambda r0, r1: dequant_q8(wq[r0:r1], s[r0:r1]), wq.shape[0], wq.shape[1], bias)]
 
 
 def _q4_ref(ins, attrs):
     bias = ins[3] if len(ins) > 3 else None
-    return [_apply(ins[0], dequant_q4(ins[1], ins[2], int(attrs["group_size"])), bias)]
+    wq, s, g = ins[1], ins[2], int(attrs["group_size"])
+    return [_apply(ins[0], lambda r0, r1: dequant_q4(wq[r0:r1], s[r0:r1], g), wq.shape[0], 2 * wq.shape[1], bias)]
 
 
 register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_q8_infer, reference=_q8_ref,
