@@ -27,6 +27,7 @@ from atlasc.artifact import (
     SymbolSpec,
     ValueSpec,
     WeightSpec,
+    WeightsImage,
     write_artifact,
 )
 from atlasc.codegen import generate_module
@@ -192,22 +193,23 @@ def _io(v, plan: MemoryPlan) -> IOSpec:
 
 
 def build_manifest(program: Program, module, model_path: Path, options: CompileOptions,
-                   report: PipelineReport) -> tuple[Manifest, np.ndarray]:
-    """The manifest and the weights image (uint8, in arena order) for a planned, generated program."""
+                   report: PipelineReport) -> tuple[Manifest, WeightsImage]:
+    """The manifest and the weights image (in arena order, laid out as it is written) for a planned,
+    generated program."""
     plans = program.plans
     any_plan = next(iter(plans.values()))
     regions = any_plan.regions
-    weights_img = np.zeros(regions["weights"].nbytes, np.uint8)
+    pieces: list[tuple[int, np.ndarray]] = []  # (offset, array): laid out while written (WeightsImage)
     weight_specs: dict[str, WeightSpec] = {}
     for graph in program.entries.values():
         for c in graph.constants():
             if c.name in weight_specs:
                 continue
             p = plans[graph.name if graph.name in plans else next(iter(plans))].placement(c)
-            raw = np.ascontiguousarray(c.data).view(np.uint8).reshape(-1)
-            weights_img[p.offset:p.offset + raw.size] = raw
+            pieces.append((p.offset, c.data))
             weight_specs[c.name] = WeightSpec(c.name, c.dtype, tuple(int(x) for x in c.data.shape), p.offset,
-                                              raw.size)
+                                              int(c.data.nbytes))
+    weights_img = WeightsImage(regions["weights"].nbytes, pieces)
     entries = {}
     for name, graph in program.entries.items():
         entries[name] = _entry_spec(name, graph, plans[name], module.launches[name], program.bindings.get(name, {}))

@@ -25,6 +25,7 @@ from atlasc.artifact import (
     SymbolSpec,
     ValueSpec,
     WeightSpec,
+    WeightsImage,
     open_artifact,
     write_artifact,
 )
@@ -193,6 +194,28 @@ def test_weights_written_in_chunks(tmp_path, monkeypatch):
     write_artifact(tmp_path / "a.atlas", make_manifest(), MEMBERS, WEIGHTS)
     with open_artifact(tmp_path / "a.atlas") as a:
         assert a.weights_array().tobytes() == WEIGHTS.tobytes()
+
+
+@pytest.mark.parametrize("chunk", [1000, 16 << 20])
+def test_weights_image_of_placed_arrays_equals_the_assembled_image(tmp_path, monkeypatch, chunk):
+    """A WeightsImage (arrays at offsets, zeros between, a transposed view among them) writes the same
+    file as the image assembled in memory, chunk size notwithstanding; overlapping pieces are refused."""
+    monkeypatch.setattr(writer_mod, "CHUNK", chunk)
+    m = dataclasses.replace(make_manifest(), weights=())
+    base = np.arange(24 * 40, dtype=np.float16).reshape(24, 40)
+    pieces = [(0, np.arange(5, dtype=np.int8)), (256, base.T), (256 + base.nbytes + 768, np.ones(300, np.float32))]
+    size = pieces[-1][0] + 1200 + 100
+    flat = np.zeros(size, np.uint8)
+    for offset, arr in pieces:
+        raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+        flat[offset:offset + raw.size] = raw
+    write_artifact(tmp_path / "pieces.atlas", m, MEMBERS, WeightsImage(size, pieces))
+    write_artifact(tmp_path / "flat.atlas", m, MEMBERS, flat)
+    assert (tmp_path / "pieces.atlas").read_bytes() == (tmp_path / "flat.atlas").read_bytes()
+    with pytest.raises(ArtifactError, match="overlaps"):
+        WeightsImage(size, [(0, np.ones(10, np.int8)), (8, np.ones(4, np.int8))])
+    with pytest.raises(ArtifactError, match="ends past"):
+        WeightsImage(16, [(8, np.ones(10, np.int8))])
 
 
 def test_byte_identical_rewrite(tmp_path):

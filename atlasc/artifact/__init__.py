@@ -17,19 +17,19 @@ from .manifest import (
     MemberSpec,
     MemorySpec,
     NodeSpec,
-    VariantSpec,
     RegionSpec,
     SourceInfo,
     SymbolSpec,
     ValueSpec,
+    VariantSpec,
     WeightSpec,
 )
 from .reader import Artifact, arch_name, open_artifact
-from .writer import WEIGHTS_ALIGNMENT, manifest_bytes, write_artifact
+from .writer import WEIGHTS_ALIGNMENT, WeightsImage, manifest_bytes, write_artifact
 
 __all__ = [
     "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "WEIGHTS_ALIGNMENT",
-    "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec", "VariantSpec",
-    "RegionSpec", "SourceInfo", "SymbolSpec", "ValueSpec", "WeightSpec",
+    "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec",
+    "RegionSpec", "VariantSpec", "SourceInfo", "SymbolSpec", "ValueSpec", "WeightSpec", "WeightsImage",
     "arch_name", "manifest_bytes", "open_artifact", "write_artifact",
 ]

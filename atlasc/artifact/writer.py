@@ -73,14 +73,55 @@ def _as_bytes_view(data: bytes | bytearray | memoryview | np.ndarray) -> memoryv
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def _chunks(view: memoryview):
-    for start in range(0, len(view), CHUNK):
-        yield view[start:start + CHUNK]
+class WeightsImage:
+    """A weights image given as arrays placed at byte offsets (zeros elsewhere), produced chunk by chunk:
+    write_artifact hashes it in one pass and writes it in a second, so the image is never assembled
+    in memory, and an array that is a view (a transposed weight, a memory-mapped initializer) is laid
+    out a block of rows at a time."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, np.ndarray]]):
+        self.size = int(size)
+        self.pieces = sorted(((int(o), a) for o, a in pieces), key=lambda p: p[0])
+        end = 0
+        for offset, arr in self.pieces:
+            if offset < end or offset + arr.nbytes > self.size:
+                raise ArtifactError(f"weights image: a piece at byte {offset} ({arr.nbytes} bytes) overlaps "
+                                    f"another or ends past the image ({self.size} bytes)")
+            end = offset + arr.nbytes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def chunks(self):
+        pos = 0
+        for offset, arr in self.pieces:
+            yield from _zeros(offset - pos)
+            rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
+            step = max(1, CHUNK // max(1, rows.shape[1] * arr.itemsize))
+            for r0 in range(0, rows.shape[0], step):
+                yield memoryview(np.ascontiguousarray(rows[r0:r0 + step]).reshape(-1).view(np.uint8))
+            pos = offset + arr.nbytes
+        yield from _zeros(self.size - pos)
 
 
-def _sha256(view: memoryview) -> str:
+def _zeros(n: int):
+    block = bytes(min(n, CHUNK))
+    while n > 0:
+        yield memoryview(block)[:min(n, CHUNK)]
+        n -= CHUNK
+
+
+def _chunks(data):
+    if isinstance(data, WeightsImage):
+        yield from data.chunks()
+        return
+    for start in range(0, len(data), CHUNK):
+        yield data[start:start + CHUNK]
+
+
+def _sha256(data) -> str:
     h = hashlib.sha256()
-    for chunk in _chunks(view):
+    for chunk in _chunks(data):
         h.update(chunk)
     return h.hexdigest()
 
@@ -116,7 +157,7 @@ def _member_order(members: dict[str, bytes], archs: tuple[str, ...]) -> list[str
     return ([SOURCE] if SOURCE in members else []) + cubins + others
 
 
-def _write_member(zf: zipfile.ZipFile, fp, name: str, view: memoryview, align: int | None = None) -> None:
+def _write_member(zf: zipfile.ZipFile, fp, name: str, view, align: int | None = None) -> None:
     """One STORED member; with `align`, padded (zipalign-style) so its data starts at a multiple of it."""
     info = _zipinfo(name, len(view))
     zip64 = len(view) * 1.05 > zipfile.ZIP64_LIMIT  # the rule zipfile itself applies
@@ -134,17 +175,18 @@ def _write_member(zf: zipfile.ZipFile, fp, name: str, view: memoryview, align: i
 
 
 def write_artifact(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes],
-                   weights: bytes | np.ndarray | memoryview) -> Manifest:
+                   weights: bytes | np.ndarray | memoryview | WeightsImage) -> Manifest:
     """Write the `.atlas` file at `path` atomically; returns the manifest as written (with `members` filled).
 
     `members` maps archive names to bytes: `kernels.cu`, `cubin/<arch>.cubin` (exactly one per
     `manifest.archs`), and any others (`report.json` ...). `weights` is the weights image in arena
-    order (any C-contiguous buffer; hashed and written in chunks, never copied whole).
+    order: a C-contiguous buffer, or a WeightsImage of placed arrays; hashed and written in chunks,
+    never copied whole.
     """
     path = Path(path)
     views = {name: _as_bytes_view(data) for name, data in members.items()}
     order = _member_order(members, manifest.archs)
-    wview = _as_bytes_view(weights)
+    wview = weights if isinstance(weights, WeightsImage) else _as_bytes_view(weights)
     specs = {name: MemberSpec(sha256=_sha256(views[name]), size=len(views[name])) for name in order}
     specs[WEIGHTS] = MemberSpec(sha256=_sha256(wview), size=len(wview))
     manifest = dataclasses.replace(manifest, members=specs)
