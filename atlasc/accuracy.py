@@ -14,10 +14,10 @@ import numpy as np
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
-from atlasc.ir.ops.quant import dequant_q4, dequant_q8
+from atlasc.ir.ops.quant import dequant_f8, dequant_q4, dequant_q8
 from atlasc.ir.program import Program
 
-QUANTIZED = ("LinearQ8", "LinearQ4")
+QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
 
 
 def load_calibration(path, vocab: int, max_seq: int) -> np.ndarray:
@@ -99,6 +99,8 @@ def _weight_blocks(program: Program, name: str, node):
             q0, q1 = offset + r0, offset + r1
             if node.op == "LinearQ8":
                 deq = dequant_q8(wq[q0:q1], scale[q0:q1])
+            elif node.op == "LinearF8":
+                deq = dequant_f8(wq[q0:q1], scale[q0:q1])
             else:
                 deq = dequant_q4(wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
             yield np.asarray(data[r0:r1], np.float32), deq

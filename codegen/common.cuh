@@ -9,6 +9,7 @@
 // Numerics: float16 values are computed in float32 and rounded once when stored.
 #pragma once
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 namespace atlas {

@@ -35,7 +35,8 @@
 // The path needs float16 x with unit stride along K and 16-byte aligned rows, a 16-byte aligned wq,
 // K % 128 == 0 (int4) or K % 64 == 0 (int8); the emitter also requires G % 32 == 0 for int4.
 //
-// Fallback (linear_quant: float32 x, other K / G, misaligned pointers, strided x):
+// Fallback (linear_quant: float32 x, other K / G, misaligned pointers, strided x; and LinearF8, whose
+// E4M3 codes decode through cuda_fp8.h, as its only path so far):
 // one warp per output feature (warps loop grid-stride over features): its lanes walk the packed row
 // with 16-byte loads (scalar byte loads when the row is not 16-byte aligned), dequantize in registers
 // (int8 -> float * scale; nibble -> (v - 8) * group scale: exact in float32, as the reference), and
@@ -48,13 +49,19 @@ constexpr int QLIN_THREADS = 256;
 constexpr int QLIN_WARPS = QLIN_THREADS / 32;
 constexpr int QLIN_QM = 4;
 
-// accumulate the weights of one byte of the row (byte index j) into acc for the QM rows
-template <typename T, int BITS>
+// an FP8 E4M3 code as float (exact: every E4M3 value is a float16; cuda_fp8.h, hardware on sm89+)
+__device__ __forceinline__ float e4m3_to_float(unsigned int byte) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3)));
+}
+
+// accumulate the weights of one byte of the row (byte index j) into acc for the QM rows; F8: the byte
+// is an E4M3 code (LinearF8) instead of an int8
+template <typename T, int BITS, bool F8 = false>
 __device__ __forceinline__ void qlin_byte(float (&acc)[QLIN_QM], unsigned int byte, long long j, float s8,
                                           const __half* __restrict__ srow, long long G, const T* __restrict__ x,
                                           const long long (&xoff)[QLIN_QM], long long xk, int rows) {
   if constexpr (BITS == 8) {
-    const float w = float(static_cast<signed char>(byte)) * s8;
+    const float w = (F8 ? e4m3_to_float(byte) : float(static_cast<signed char>(byte))) * s8;
 #pragma unroll
     for (int m = 0; m < QLIN_QM; ++m)
       if (m < rows) acc[m] = fmaf(w, float(load(x + xoff[m] + j * xk)), acc[m]);
@@ -72,7 +79,7 @@ __device__ __forceinline__ void qlin_byte(float (&acc)[QLIN_QM], unsigned int by
   }
 }
 
-template <typename T, int R, int BITS, bool HAS_BIAS>
+template <typename T, int R, int BITS, bool HAS_BIAS, bool F8 = false>
 __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                              const __half* __restrict__ scale, const T* __restrict__ bias,
                                              long long bias_stride, const View<T, R>& y, long long M, long long N,
@@ -102,12 +109,12 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
           const unsigned int u[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
           for (int i = 0; i < 16; ++i)
-            qlin_byte<T, BITS>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, G, x.p, xoff, xk,
-                               rows);
+            qlin_byte<T, BITS, F8>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, G, x.p, xoff,
+                                   xk, rows);
         }
       } else {
         for (long long j = lane; j < row_bytes; j += 32)
-          qlin_byte<T, BITS>(acc, wr[j], j, s8, srow, G, x.p, xoff, xk, rows);
+          qlin_byte<T, BITS, F8>(acc, wr[j], j, s8, srow, G, x.p, xoff, xk, rows);
       }
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) {

@@ -105,7 +105,7 @@ def steps_in_flight(bits: int, j: int) -> int:
     return MMA_U[bits, j]
 
 
-@emitter("LinearQ8", "LinearQ4")
+@emitter("LinearQ8", "LinearQ4", "LinearF8")
 def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     x_v, wq_v, s_v = node.inputs[0], node.inputs[1], node.inputs[2]
     b_v = node.inputs[3] if len(node.inputs) > 3 else None
@@ -116,7 +116,8 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     for v in (wq_v, s_v):
         if ctx.plan.placement(v).strides is not None:
             raise CodegenError(f"{node.name}: {node.op} needs contiguous {v.name}, it is a strided view")
-    bits = 8 if node.op == "LinearQ8" else 4
+    bits = 4 if node.op == "LinearQ4" else 8
+    f8 = node.op == "LinearF8"  # E4M3 codes: the CUDA-core kernel only (no tensor-core path yet)
     t = c_type(dt)
     r = len(x_v.shape)
     ctx.view(x_v, "x")
@@ -132,7 +133,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     m_upper = 1
     for d in x_v.shape[:-1]:
         m_upper *= ctx.upper(d)
-    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}>("
+    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
                 f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL);")
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
@@ -140,7 +141,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
     ]
     blocks = _ceil(n_upper, WARPS)
-    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
+    if path_choice() == "table" and not f8 and mma_applies(dt, bits, k_static, group):
         js = mma_variants(m_upper)
         split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)
         if split > 1:

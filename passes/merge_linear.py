@@ -6,7 +6,7 @@ Matches:
     qkv = Linear(x, concat(Wq, Wk, Wv)[, concat(bq, bk, bv)]);  q, k, v = Split(qkv, axis=-1)
 
 and the same for quantized layers (quantize runs first, so that an 8B compile never holds a float
-copy of the merged weights): LinearQ8 / LinearQ4 of one group size concatenate their integer weights
+copy of the merged weights): LinearQ8 / LinearF8 / LinearQ4 of one group size concatenate their integer weights
 and scales along N. Their float weights (program.float_weights, for the accuracy report) become the
 tuple of the parts' float weights under the merged node's name.
 
@@ -30,7 +30,7 @@ RULE = "Linear(x, W1), Linear(x, W2), ... => Split(Linear(x, [W1; W2; ...]))"
 
 
 # op -> how many leading inputs after x are constants concatenated along N (weight; weight, scale)
-MERGEABLE = {"Linear": 1, "LinearQ8": 2, "LinearQ4": 2}
+MERGEABLE = {"Linear": 1, "LinearQ8": 2, "LinearQ4": 2, "LinearF8": 2}
 
 
 def _mergeable(node: Node) -> bool:

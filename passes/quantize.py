@@ -6,11 +6,14 @@ Matches (after fuse-linear and merge-linear):
     =>
     y = LinearQ8(x, Wq, s, [b])                   options.quant == "int8": Wq int8 [N, K], s fp16 [N]
     y = LinearQ4(x, Wp, s, [b], group_size=G)     options.quant == "int4": Wp uint8 [N, K/2], s [N, K/G]
+    y = LinearF8(x, Wf, s, [b])                   options.quant == "fp8": Wf uint8 E4M3 codes [N, K], s [N]
 
 Symmetric round-to-nearest: per output channel for int8 (s = max|w| / 127), per group of G weights
-along K for int4 (s = max|w| / 7, values clamped to [-8, 7]). Scales are stored in float16 (at least
-2^-14, the smallest normal, so they never flush to zero; an all-zero row or group gets 1) and the
-integers are computed against the stored scale, so |dequant - w| <= s / 2 elementwise.
+along K for int4 (s = max|w| / 7, values clamped to [-8, 7]), per output channel for fp8 (s = max|w|
+/ 448, E4M3 round-to-nearest-even; only for --arch sm89 and newer, a UsageError otherwise). Scales
+are stored in float16 (at least 2^-14, the smallest normal, so they never flush to zero; an all-zero
+row or group gets 1) and the codes are computed against the stored scale, so |dequant - w| <= s / 2
+elementwise for int8 / int4, and within half an E4M3 step (2^-4 relative, 2^-10 s absolute) for fp8.
 
 Declines (reason at -vv): layers matched by a `quant_skip` fnmatch pattern (tried against the weight's
 name, the node's name and the output's name; merge-linear runs after this pass, so these are the
@@ -45,10 +48,12 @@ import numpy as np
 
 from atlasc.errors import ShapeError, UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
+from atlasc.ir.ops.quant import E4M3_MAX, dequant_f8
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
-MODES = ("none", "int8", "int4")
+MODES = ("none", "int8", "int4", "fp8")
+FP8_MIN_ARCH = 89  # E4M3 conversion in hardware: Ada (sm89) and Hopper (sm90) on
 CHUNK_ELEMENTS = 1 << 22  # float32 elements per row chunk (16 MiB)
 ERROR_ROWS = 64
 MIN_SCALE = np.float32(2.0**-14)  # smallest normal float16
@@ -75,6 +80,23 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c = np.asarray(w[r0:r1], np.float32)
         s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), 127)
         wq[r0:r1] = np.clip(np.rint(c / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
+        scale[r0:r1] = s
+    return wq, scale
+
+
+def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [N, K] float -> (E4M3 codes uint8 [N, K], scale float16 [N]): s = max|w| / 448 per row, codes
+    round-to-nearest-even of w / s (ml_dtypes, onnx's own float8 dependency), clamped to +-448."""
+    import ml_dtypes
+
+    n, k = w.shape
+    wq = np.empty((n, k), np.uint8)
+    scale = np.empty(n, np.float16)
+    for r0, r1 in _chunks(n, k):
+        c = np.asarray(w[r0:r1], np.float32)
+        s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), E4M3_MAX)
+        v = np.clip(c / s.astype(np.float32)[:, None], -E4M3_MAX, E4M3_MAX)
+        wq[r0:r1] = v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
         scale[r0:r1] = s
     return wq, scale
 
@@ -119,6 +141,8 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int) -> tuple[np
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
     if mode == "int8":
         wq, scale = np.empty((n, k), np.int8), np.empty(n, np.float16)
+    elif mode == "fp8":
+        wq, scale = np.empty((n, k), np.uint8), np.empty(n, np.float16)
     else:
         wq, scale = np.empty((n, k // 2), np.uint8), np.empty((n, k // group), np.float16)
     num = den = 0.0
@@ -127,6 +151,9 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int) -> tuple[np
         if mode == "int8":
             q, s = quantize_int8(c)
             deq = dequantize_int8(q, s)
+        elif mode == "fp8":
+            q, s = quantize_fp8(c)
+            deq = dequant_f8(q, s)
         else:
             q, s = quantize_int4(c, group)
             deq = dequantize_int4(q, s, group)
@@ -203,9 +230,15 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
     group = int(opts.group_size)
     if mode == "int4" and (group < 2 or group % 2):
         raise UsageError(f"--group-size must be an even number >= 2, not {group}")
-    rule = f"Linear(x, W) => LinearQ{8 if mode == 'int8' else 4}(x, Wq, scale)"
+    op = {"int8": "LinearQ8", "int4": "LinearQ4", "fp8": "LinearF8"}.get(mode, "")
+    rule = f"Linear(x, W) => {op}(x, Wq, scale)"
     if mode == "none":
         return program, stats
+    if mode == "fp8":
+        old = [a for a in opts.archs if int(a[2:]) < FP8_MIN_ARCH]
+        if old:
+            raise UsageError(f"--quant fp8 needs sm89 or newer (FP8 E4M3); --arch has {', '.join(old)}",
+                             hint="compile those archs with --quant int8 (same size), or drop them from --arch")
     candidates = []
     for graph in program.entries.values():
         for node in graph.nodes:
@@ -243,14 +276,15 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             done_bytes += w.data.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
                    "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes)}
-            made[id(w)] = (constant(f"{w.name}__q{mode[3:]}", wq), constant(f"{w.name}__scale", scale), rec)
+            tag = "f8" if mode == "fp8" else f"q{mode[3:]}"
+            made[id(w)] = (constant(f"{w.name}__{tag}", wq), constant(f"{w.name}__scale", scale), rec)
             layers.append(rec)
         wq_v, scale_v, _ = made[id(w)]
         program.float_weights[node.name] = w  # for the end-to-end accuracy report (atlasc/accuracy.py)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         ins = [node.inputs[0], wq_v, scale_v] + ([bias] if bias is not None else [])
-        if mode == "int8":
-            node.op, node.inputs, node.attrs = "LinearQ8", ins, {}
+        if mode in ("int8", "fp8"):
+            node.op, node.inputs, node.attrs = op, ins, {}
         else:
             node.op, node.inputs, node.attrs = "LinearQ4", ins, {"group_size": group}
         stats.applied[rule] = stats.applied.get(rule, 0) + 1

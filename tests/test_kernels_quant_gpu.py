@@ -1,6 +1,6 @@
 """GPU numerics of the quantized Linear kernels (quant.cu) against the reference interpreter.
 
-One graph per x dtype (LinearQ8 and LinearQ4, each with and without bias), run at M in {1, 2, 3, 8, 9,
+One graph per x dtype (LinearQ8, LinearQ4 and LinearF8, each with and without bias), run at M in {1, 2, 3, 8, 9,
 32, 33, 100} (the J = 1 / 2 / 4 variants of the tensor-core path, M-tiles of 32 rows beyond 32), with
 outputs poisoned first (kernel_harness). The cases cover, for float16 x:
 - the tensor-core path: int8 K in {64, 128, 4096}; int4 K in {128, 256, 512, 4096} with group 128 / 256
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlasc.passes.quantize import quantize_int4, quantize_int8
+from atlasc.passes.quantize import quantize_fp8, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +33,7 @@ CASES = [  # (bits, K, N, group)
     (4, 512, 24, 256), (4, 4096, 256, 128), (4, 4096, 72, 64), (4, 4096, 1000, 32),
 ]
 MS = (1, 2, 3, 8, 9, 32, 33, 100)
+F8_CASES = [(64, 40), (96, 33), (4096, 256)]  # (K, N) of LinearF8 (E4M3 codes, the CUDA-core kernel)
 
 
 def _packed(bits, k, n, group, seed):
@@ -54,6 +55,15 @@ def build_quant(dtype: str, m_max: int = 100):
         op, attrs = ("LinearQ8", {}) if bits == 8 else ("LinearQ4", {"group_size": group})
         b.node(op, [xs[k], wv, sv], attrs)
         b.node(op, [xs[k], wv, sv, b.input(f"b{i}", dtype, (n,))], attrs)
+    for i, (k, n) in enumerate(F8_CASES):
+        w = (np.random.default_rng(50 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        wq, scale = quantize_fp8(w)
+        if k not in xs:
+            xs[k] = b.input(f"x{k}", dtype, ("m", k))
+        wv = b.input(f"wf{i}", "uint8", wq.shape, gen=lambda rng, shape, a=wq: a)
+        sv = b.input(f"sf{i}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
+        b.node("LinearF8", [xs[k], wv, sv])
+        b.node("LinearF8", [xs[k], wv, sv, b.input(f"bf{i}", dtype, (n,))])
     wq, scale = _packed(8, 256, 70, 0, 99)
     w3 = b.input("wq3d", "int8", wq.shape, gen=lambda rng, shape, a=wq: a)
     s3 = b.input("s3d", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)

@@ -26,10 +26,12 @@ from hypothesis.extra import numpy as hnp
 from atlasc.frontend import import_onnx
 from atlasc.ir.ops.quant import unpack_int4
 from atlasc.ir.program import CompileOptions, Program
+from atlasc.ir.ops.quant import E4M3, dequant_f8
 from atlasc.passes.quantize import (
     dequantize_int4,
     dequantize_int8,
     pack_int4,
+    quantize_fp8,
     quantize_int4,
     quantize_int8,
 )
@@ -163,6 +165,50 @@ def test_int4_g16_logits_close(name):
     rel, _, _ = _max_rel(name, program)
     print(f"{name} int4 g16 prefill logits max rel diff {rel:.4f}")
     assert rel < 0.25
+
+
+def test_e4m3_table_is_onnx_float8e4m3fn():
+    """The reference's E4M3 decode (a formula) equals ml_dtypes' float8_e4m3fn (onnx's FLOAT8E4M3FN) on all
+    256 codes, NaN codes included; the kernel decodes with cuda_fp8.h's __NV_E4M3, the same format."""
+    import ml_dtypes
+
+    want = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    np.testing.assert_array_equal(E4M3, want)
+    assert np.nanmax(E4M3) == 448 and np.isnan(E4M3[0x7F]) and np.isnan(E4M3[0xFF])
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights)
+def test_fp8_round_trip(w):
+    """Per-channel E4M3: every code finite, |dequant - w| within half an E4M3 step of w / s (2^-4
+    relative, 2^-10 s absolute at the subnormal end)."""
+    q, s = quantize_fp8(w)
+    assert q.dtype == np.uint8 and s.dtype == np.float16 and q.shape == w.shape and s.shape == (w.shape[0],)
+    d = dequant_f8(q, s)
+    sf = s.astype(np.float32)[:, None]
+    assert np.all(np.isfinite(d))
+    assert np.all(np.abs(d - w) <= (np.abs(w) * 2.0**-4 + sf * 2.0**-10) * 1.001 + 1e-37)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fp8_logits_close_and_greedy_kept(name):
+    program = _program(name, "fp8", archs=("sm89", "sm90"))
+    assert not _ops(program, FLOAT_LINEAR) and _ops(program, "LinearF8")
+    q = program.quantization
+    assert q["mode"] == "fp8" and q["bytes_after"] < q["bytes_before"] / 1.9
+    rel, ref, got = _max_rel(name, program)
+    print(f"{name} fp8 prefill logits max rel diff {rel:.4f}")
+    assert rel < 0.1
+    assert np.array_equal(ref[:, -1].argmax(-1), got[:, -1].argmax(-1))
+
+
+def test_fp8_on_an_older_arch_is_a_usage_error(cli, tmp_path):
+    from test_compile_cli import one_error
+
+    out = tmp_path / "f8.atlas"
+    one_error(cli("compile", LLAMA, "-o", out, "--arch", "sm80,sm90", "--max-seq", "32", "--quant", "fp8"),
+              "sm89", "sm80")
+    assert not out.exists()
 
 
 def test_group_size_dividing_no_k_is_a_usage_error():

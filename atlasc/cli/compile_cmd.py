@@ -60,7 +60,8 @@ def compile_command(
     time_passes: Annotated[bool, typer.Option("--time-passes", help="Print each pass's time.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary as the last stdout line.")] = False,
     quant: Annotated[str | None, typer.Option("--quant", help="Weight-only quantization of the linear layers: "
-                                              "none, int8 (per channel) or int4 (per group). Default none.")] = None,
+                                              "none, int8 (per channel), int4 (per group) or fp8 (E4M3 per "
+                                              "channel; sm89 and newer). Default none.")] = None,
     group_size: Annotated[int | None, typer.Option("--group-size", help="int4: weights per scale along K "
                                                    "(must divide K). Default 128.")] = None,
     quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
@@ -130,8 +131,8 @@ def compile_command(
 def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | None, cfg: dict) -> dict:
     """--quant / --group-size / --quant-skip (flags win over build.yaml), validated."""
     mode = str(quant or cfg.get("quant") or "none").lower()
-    if mode not in ("none", "int8", "int4"):
-        raise UsageError(f"--quant must be none, int8 or int4, not {mode}")
+    if mode not in ("none", "int8", "int4", "fp8"):
+        raise UsageError(f"--quant must be none, int8, int4 or fp8, not {mode}")
     try:
         group = int(group_size if group_size is not None else cfg.get("group_size", 128))
     except (TypeError, ValueError):

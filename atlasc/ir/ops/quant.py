@@ -32,6 +32,26 @@ def dequant_q8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return wq.astype(np.float32) * scale.astype(np.float32)[:, None]
 
 
+def _e4m3_table() -> np.ndarray:
+    """float32 value of every FP8 E4M3 byte (the "fn" variant: no infinities, NaN at S.1111.111):
+    sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m / 8 * 2^-6)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+    v = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * np.exp2(e - 7.0))
+    v = np.where((e == 15) & (b & 7 == 7), np.nan, v)
+    return np.where(b >> 7, -v, v).astype(np.float32)
+
+
+E4M3 = _e4m3_table()
+E4M3_MAX = 448.0
+
+
+def dequant_f8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """uint8 E4M3 codes [N, K] and float16 scales [N] -> float32 [N, K] (exact: a table lookup and one
+    float32 product, what the kernel computes)."""
+    return E4M3[np.asarray(wq, np.uint8)] * scale.astype(np.float32)[:, None]
+
+
 def dequant_q4(packed: np.ndarray, scale: np.ndarray, group_size: int) -> np.ndarray:
     q = unpack_int4(packed)
     n, k = q.shape
@@ -77,6 +97,15 @@ def _q8_infer(ins, attrs):
     return _common(ins, "LinearQ8", wq.shape[1] if len(wq.shape) == 2 else None)
 
 
+def _f8_infer(ins, attrs):
+    wq, scale = ins[1], ins[2]
+    if wq.dtype != "uint8":
+        raise ShapeError(f"LinearF8: wq must be uint8 (E4M3 codes), got {wq.dtype}")
+    if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
+        raise ShapeError(f"LinearF8: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
+    return _common(ins, "LinearF8", wq.shape[1] if len(wq.shape) == 2 else None)
+
+
 def _q4_infer(ins, attrs):
     wq, scale = ins[1], ins[2]
     g = int(attrs["group_size"])
@@ -114,6 +143,12 @@ def _q8_ref(ins, attrs):
     return [_apply(ins[0], lambda r0, r1: dequant_q8(wq[r0:r1], s[r0:r1]), wq.shape[0], wq.shape[1], bias)]
 
 
+def _f8_ref(ins, attrs):
+    bias = ins[3] if len(ins) > 3 else None
+    wq, s = ins[1], ins[2]
+    return [_apply(ins[0], lambda r0, r1: dequant_f8(wq[r0:r1], s[r0:r1]), wq.shape[0], wq.shape[1], bias)]
+
+
 def _q4_ref(ins, attrs):
     bias = ins[3] if len(ins) > 3 else None
     wq, s, g = ins[1], ins[2], int(attrs["group_size"])
@@ -122,6 +157,8 @@ def _q4_ref(ins, attrs):
 
 register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_q8_infer, reference=_q8_ref,
          doc="x @ (wq int8 [N, K] * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
+register("LinearF8", inputs=(3, 4), kind="opaque", infer=_f8_infer, reference=_f8_ref,
+         doc="x @ (E4M3(wq uint8 [N, K]) * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
 register("LinearQ4", inputs=(3, 4), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
          reference=_q4_ref,
          doc="x @ ((int4 nibbles of wq [N, K/2]) * scale[N, K/group])^T (+ bias); float32, one rounding")
