@@ -12,7 +12,7 @@ config="${1:-llama-3.2-1b}"
 batches="${2:-1,8,32}"
 if [ "${LABS:-1}" != 0 ]; then
     python3 examples/kernel_lab.py --ms 1,8,32,128 2>&1 | tee "$out/kernel_lab.log"
-    python3 examples/quant_lab.py --ms 1,8 --variant table,simt 2>&1 | tee "$out/quant_lab.log"
+    python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 2>&1 | tee "$out/quant_lab.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
 quant="${QUANT:-none}"  # QUANT=int4 / int8: atlasc compiles with --quant (transformers stays fp16)

@@ -6,7 +6,8 @@
     python examples/quant_lab.py --split 4 --u 4       # force split-K ways / steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
 
-For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8) with
+For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8 /
+LinearF8 for --quant fp8) with
 random fp16 weights quantized by passes/quantize.py, generates the kernel the compiler emits, checks it
 once against numpy (x @ dequant(wq)^T in float32; tolerance 2e-2 of max |y|), then times it exactly as
 examples/kernel_lab.py does (CUDA graph of launches rotating among 3 arenas, median of replays).
@@ -36,7 +37,8 @@ from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
 from atlasc.ir.memory import MemoryPlan, Placement, align
-from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from atlasc.ir.ops.quant import dequant_f8
+from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 from atlasc.runtime.device import Device, KernelTable
 
 GROUP = 128
@@ -50,9 +52,9 @@ def build(k: int, n: int, m_max: int, mode: str):
     if mode == "int4":
         wq, scale = Value("wq", "uint8", (n, k // 2)), Value("scale", "float16", (n, k // GROUP))
         node = Node("LinearQ4", [x, wq, scale], [], {"group_size": GROUP})
-    else:
-        wq, scale = Value("wq", "int8", (n, k)), Value("scale", "float16", (n,))
-        node = Node("LinearQ8", [x, wq, scale], [], {})
+    else:  # int8, or fp8 (E4M3 codes: LinearF8, same bytes per weight)
+        wq, scale = Value("wq", "uint8" if mode == "fp8" else "int8", (n, k)), Value("scale", "float16", (n,))
+        node = Node("LinearF8" if mode == "fp8" else "LinearQ8", [x, wq, scale], [], {})
     y = Value("y", "float16", (S.sym("m"), n))
     node.outputs = [y]
     g.inputs, g.nodes, g.outputs = [x, wq, scale], [node], [y]
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
     ap.add_argument("--ms", default="1", help="comma-separated M values")
-    ap.add_argument("--quant", default="int4,int8", help="int4 (g128) and/or int8")
+    ap.add_argument("--quant", default="int4,int8", help="comma-separated of int4 (g128), int8, fp8 (E4M3)")
     ap.add_argument("--variant", default="table", help=f"comma-separated paths of {', '.join(quant.PATHS)}")
     ap.add_argument("--split", default="", help="force the split-K ways (1, 2, 4 or 8; default: quant.split_k)")
     ap.add_argument("--u", default="", help="force the 1 KB steps in flight per warp (1 .. 8; default: quant.MMA_U)")
@@ -104,6 +106,8 @@ def main(argv=None) -> int:
     shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
     ms = tuple(int(m) for m in args.ms.split(","))
     modes = tuple(args.quant.split(","))
+    if [q for q in modes if q not in ("int4", "int8", "fp8")]:
+        ap.error(f"--quant takes int4, int8, fp8: {args.quant}")
     variants = tuple(v for v in args.variant.split(",") if v)
     bad = [v for v in variants if v not in quant.PATHS]
     if bad:
@@ -128,8 +132,12 @@ def main(argv=None) -> int:
         w = ((rng.random((n, k), dtype=np.float32) * 2 - 1) / np.sqrt(k)).astype(np.float16)
         x = (rng.random((max(ms), k), dtype=np.float32) * 2 - 1).astype(np.float16)
         for mode in modes:
-            wq, scale = quantize_int4(w, GROUP) if mode == "int4" else quantize_int8(w)
-            deq = dequantize_int4(wq, scale, GROUP) if mode == "int4" else dequantize_int8(wq, scale)
+            if mode == "fp8":
+                wq, scale = quantize_fp8(w)
+                deq = dequant_f8(wq, scale)
+            else:
+                wq, scale = quantize_int4(w, GROUP) if mode == "int4" else quantize_int8(w)
+                deq = dequantize_int4(wq, scale, GROUP) if mode == "int4" else dequantize_int8(wq, scale)
             ref = x.astype(np.float32) @ deq.T
             for m, variant in ((m, v) for m in ms for v in variants):
                 g, plan, mod = mods[(name, m, mode, variant)]
