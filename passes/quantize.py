@@ -48,7 +48,7 @@ import numpy as np
 
 from atlasc.errors import ShapeError, UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
-from atlasc.ir.ops.quant import E4M3_MAX, dequant_f8
+from atlasc.ir.ops.quant import E4M3, E4M3_MAX, dequant_f8
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -84,19 +84,31 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return wq, scale
 
 
+# the 127 finite non-negative E4M3 values in code order (codes 0x00..0x7E), increasing
+_E4M3_POS = E4M3[:127].astype(np.float64)
+
+
+def to_e4m3(v: np.ndarray) -> np.ndarray:
+    """float -> E4M3 codes (uint8): round to nearest, ties to the even code (IEEE), saturating at +-448,
+    as float8_e4m3fn conversion does (tests/test_quantize.py checks it on every boundary)."""
+    a = np.minimum(np.abs(np.asarray(v, np.float64)), E4M3_MAX)
+    hi = np.clip(np.searchsorted(_E4M3_POS, a), 1, 126)  # a in (_E4M3_POS[hi - 1], _E4M3_POS[hi]]
+    lo = hi - 1
+    d_lo, d_hi = a - _E4M3_POS[lo], _E4M3_POS[hi] - a
+    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo).astype(np.uint8)
+    return code | np.where(np.signbit(v), np.uint8(0x80), np.uint8(0))
+
+
 def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w [N, K] float -> (E4M3 codes uint8 [N, K], scale float16 [N]): s = max|w| / 448 per row, codes
-    round-to-nearest-even of w / s (ml_dtypes, onnx's own float8 dependency), clamped to +-448."""
-    import ml_dtypes
-
+    the round-to-nearest-even E4M3 of w / s (to_e4m3), clamped to +-448."""
     n, k = w.shape
     wq = np.empty((n, k), np.uint8)
     scale = np.empty(n, np.float16)
     for r0, r1 in _chunks(n, k):
         c = np.asarray(w[r0:r1], np.float32)
         s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), E4M3_MAX)
-        v = np.clip(c / s.astype(np.float32)[:, None], -E4M3_MAX, E4M3_MAX)
-        wq[r0:r1] = v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        wq[r0:r1] = to_e4m3(c / s.astype(np.float32)[:, None])
         scale[r0:r1] = s
     return wq, scale
 

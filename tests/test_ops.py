@@ -975,17 +975,21 @@ def test_linear(dtype):
     np.testing.assert_array_equal(interpret(g, {"x": xv})["y"], want)
 
 
-@covers("LinearQ8", "LinearQ4")
-@pytest.mark.parametrize("bits", [8, 4])
+@covers("LinearQ8", "LinearQ4", "LinearF8")
+@pytest.mark.parametrize("bits", [8, 4, "f8"])
 def test_linear_quantized(bits):
     """Weight-only quantized Linear = x @ dequant(wq).T + b, dequantized exactly in float32, rounded once."""
-    from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+    from atlasc.ir.ops.quant import dequant_f8
+    from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 
     rng = np.random.default_rng(7)
     w = rng.standard_normal((6, 32)).astype(np.float16)
     if bits == 8:
         wq, scale = quantize_int8(w)
         deq, op, attrs = dequantize_int8(wq, scale), "LinearQ8", {}
+    elif bits == "f8":
+        wq, scale = quantize_fp8(w)
+        deq, op, attrs = dequant_f8(wq, scale), "LinearF8", {}
     else:
         wq, scale = quantize_int4(w, 16)
         deq, op, attrs = dequantize_int4(wq, scale, 16), "LinearQ4", {"group_size": 16}

@@ -177,6 +177,24 @@ def test_e4m3_table_is_onnx_float8e4m3fn():
     assert np.nanmax(E4M3) == 448 and np.isnan(E4M3[0x7F]) and np.isnan(E4M3[0xFF])
 
 
+def test_to_e4m3_rounds_like_float8_e4m3fn():
+    """Our float -> E4M3 rounding equals ml_dtypes' float8_e4m3fn conversion on every code's value,
+    every midpoint between neighbours (ties to even), points just beside them, zero signs and the
+    saturation at 448."""
+    import ml_dtypes
+
+    from atlasc.passes.quantize import to_e4m3
+
+    pos = E4M3[:127].astype(np.float64)
+    mids = (pos[:-1] + pos[1:]) / 2
+    eps = np.float64(2.0**-30)
+    v = np.concatenate([pos, mids, mids * (1 + 1e-6) + eps, mids * (1 - 1e-6), [0.0, 447.0, 448.0, 1e-12]])
+    v = np.concatenate([v, -v]).astype(np.float32)
+    want = np.clip(v, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(to_e4m3(v), want)
+    assert to_e4m3(np.array([1e6, -1e6], np.float32)).tolist() == [0x7E, 0xFE]  # saturates, never NaN
+
+
 @settings(max_examples=60, deadline=None)
 @given(weights)
 def test_fp8_round_trip(w):
