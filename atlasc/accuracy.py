@@ -68,7 +68,7 @@ def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[st
             continue
         y = node.outputs[0]
         outs, offset = [], 0
-        for i, w in enumerate(weights):
+        for i, (_, w) in enumerate(weights):
             n = int(w.shape[0])
             out = Value(f"{y.name}__float{i}", y.dtype, tuple(y.shape[:-1]) + (n,))
             ins = [x, w] + ([constant(f"{bias.name}__float{i}", bias.data[offset:offset + n])] if bias else [])
@@ -84,13 +84,14 @@ BLOCK_ELEMENTS = 1 << 24  # weight elements per block of the per-layer error (fl
 
 
 def _weight_blocks(program: Program, name: str, node):
-    """(float rows, dequantized rows) of a quantized layer, both float32 [rows, K], block by block along
-    N (merged layers: the parts' rows in order), so a 1 GB LM head is never copied whole."""
+    """(layer, float rows, dequantized rows) of a quantized node, float32 [rows, K], block by block along
+    N, so a 1 GB LM head is never copied whole; a merged node's parts come in order under their own
+    layer names (the quantize report's)."""
     w = program.float_weights[name]
-    parts = w if isinstance(w, tuple) else (w,)
+    parts = w if isinstance(w, tuple) else ((name, w),)
     wq, scale = node.inputs[1].data, node.inputs[2].data
     offset = 0
-    for part in parts:
+    for layer, part in parts:
         data = part.data
         n, k = data.shape
         step = max(1, BLOCK_ELEMENTS // max(1, k))
@@ -103,7 +104,7 @@ def _weight_blocks(program: Program, name: str, node):
                 deq = dequant_f8(wq[q0:q1], scale[q0:q1])
             else:
                 deq = dequant_q4(wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
-            yield np.asarray(data[r0:r1], np.float32), deq
+            yield layer, np.asarray(data[r0:r1], np.float32), deq
         offset += n
 
 
@@ -139,7 +140,7 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
     kv = program.kv_cache
     logits_name = graph.outputs[0].name
     kl, agree, count = 0.0, 0, 0
-    sums: dict[str, list[float]] = {name: [0.0, 0.0] for name, _ in probes}
+    sums: dict[str, list[float]] = {}  # per layer of the quantize report (a merged node's parts apart)
     quantized_nodes = {n.name: n for n in graph.nodes if n.op in QUANTIZED}
     for start in range(0, ids.shape[0], kv.max_batch):
         chunk = ids[start:start + kv.max_batch]
@@ -155,11 +156,12 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         for name, x in probes:
             node = quantized_nodes[name]
             xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
-            for w, wq in _weight_blocks(program, name, node):  # a block of output rows at a time
+            for layer, w, wq in _weight_blocks(program, name, node):  # a block of output rows at a time
                 y = xs @ w.T
                 yq = xs @ wq.T
-                sums[name][0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
-                sums[name][1] += float(np.sum(np.square(y, dtype=np.float64)))
+                acc = sums.setdefault(layer, [0.0, 0.0])
+                acc[0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
+                acc[1] += float(np.sum(np.square(y, dtype=np.float64)))
     layers = {name: (float(np.sqrt(a / b)) if b > 0 else 0.0) for name, (a, b) in sums.items()}
     return {"prompts": int(ids.shape[0]), "tokens_per_prompt": int(ids.shape[1]),
             "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1),

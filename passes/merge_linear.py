@@ -8,7 +8,8 @@ Matches:
 and the same for quantized layers (quantize runs first, so that an 8B compile never holds a float
 copy of the merged weights): LinearQ8 / LinearF8 / LinearQ4 of one group size concatenate their integer weights
 and scales along N. Their float weights (program.float_weights, for the accuracy report) become the
-tuple of the parts' float weights under the merged node's name.
+tuple of (part's layer name, float weight) under the merged node's name, so the report keeps one
+error per layer of the quantize report.
 
 One weight matrix means one kernel streaming one long stream of rows instead of three short ones
 (at decode the small projections run far from the bandwidth roofline; docs/perf.md), and the input is
@@ -73,8 +74,8 @@ def _merge_group(program: Program, graph: Graph, nodes: list[Node], index: int) 
         linear_parts = []
         for n in nodes:
             part = floats.pop(n.name)
-            linear_parts.extend(part if isinstance(part, tuple) else (part,))
-        floats[linear.name] = tuple(linear_parts)
+            linear_parts.extend(part if isinstance(part, tuple) else ((n.name, part),))
+        floats[linear.name] = tuple(linear_parts)  # (the part's layer name in the quantize report, weight)
     split = Node("Split", [merged], [n.outputs[0] for n in nodes], {"axis": -1, "split": sizes},
                  name=f"merged_split_{index}")
     position = min(graph.nodes.index(n) for n in nodes)

@@ -121,8 +121,8 @@ def test_quantized_layers_merge_after_quantize(quant):
     for n in merged:
         parts = program.float_weights[n.name]
         assert isinstance(parts, tuple) and len(parts) >= 2
-        assert sum(int(p.shape[0]) for p in parts) == n.inputs[1].shape[0] == n.inputs[2].shape[0]
-        stacked = np.concatenate([p.data for p in parts]).astype(np.float32)
+        assert sum(int(p.shape[0]) for _, p in parts) == n.inputs[1].shape[0] == n.inputs[2].shape[0]
+        stacked = np.concatenate([p.data for _, p in parts]).astype(np.float32)
         if quant == "int8":
             wq, scale = quantize_int8(stacked)
         else:
@@ -132,7 +132,9 @@ def test_quantized_layers_merge_after_quantize(quant):
     from atlasc.accuracy import accuracy_report, random_prompts
 
     report = accuracy_report(program, random_prompts(256, prompts=2, length=8))
-    assert report["top1_agreement"] > 0.5 and set(report["layer_rel_error_on_calibration"]) >= {n.name for n in merged}
+    # one calibration error per layer of the quantize report (what `atlasc inspect` pairs them by)
+    assert report["top1_agreement"] > 0.5
+    assert set(report["layer_rel_error_on_calibration"]) == {r["layer"] for r in program.quantization["layers"]}
 
 
 def test_quant_skip_keeps_matching_layers_in_float():
