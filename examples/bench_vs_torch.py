@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-torch", action="store_true")
-    ap.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
+    ap.add_argument("--quant", default="none", choices=("none", "int8", "int4", "fp8"),
                     help="compile atlasc's artifact with --quant (the peers stay fp16)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()

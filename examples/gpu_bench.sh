@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for speed: the kernel labs (Linear fp16, int4/int8, decode attention),
 # then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
-# tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8 compiles atlasc's
+# tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
 # artifact quantized; SKIP_TORCH=1 skips the transformers peers.
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
@@ -15,7 +15,7 @@ if [ "${LABS:-1}" != 0 ]; then
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 2>&1 | tee "$out/quant_lab.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
-quant="${QUANT:-none}"  # QUANT=int4 / int8: atlasc compiles with --quant (transformers stays fp16)
+quant="${QUANT:-none}"  # QUANT=int4 / int8 / fp8: atlasc compiles with --quant (transformers stays fp16)
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
     ${SKIP_TORCH:+--skip-torch} --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
 echo "== summary =="
