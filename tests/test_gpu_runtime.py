@@ -206,3 +206,19 @@ def test_quantized_artifacts_match_the_cpu_runtime(name, quant, group, build_dir
     if got.tokens == want.tokens:
         for a, b in zip(got.step_logits, want.step_logits):
             np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_without_fusion_matches_onnxruntime(name, build_dir):
+    """Fusion off (`--no-fusion`: every fusion pass skipped, the unfused kernels): the same greedy tokens
+    as onnxruntime for batch 4, prefill length 17, 32 steps."""
+    from atlasc.runtime.gpu import GpuModel
+
+    path = f"{build_dir}/{name}-nofusion.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path,
+                  CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64, fusion=False))
+    prompts, want_tokens, want_logits = stored_greedy(name, 4, 17)
+    model = GpuModel(open_artifact(path), device=device())
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
