@@ -14,7 +14,7 @@ import numpy as np
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
-from atlasc.ir.ops.quant import dequant_f8, dequant_q4, dequant_q8
+from atlasc.ir.ops.quant import dequant
 from atlasc.ir.program import Program
 
 QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
@@ -98,12 +98,7 @@ def _weight_blocks(program: Program, name: str, node):
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             q0, q1 = offset + r0, offset + r1
-            if node.op == "LinearQ8":
-                deq = dequant_q8(wq[q0:q1], scale[q0:q1])
-            elif node.op == "LinearF8":
-                deq = dequant_f8(wq[q0:q1], scale[q0:q1])
-            else:
-                deq = dequant_q4(wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
+            deq = dequant(node.op, wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
             yield layer, np.asarray(data[r0:r1], np.float32), deq
         offset += n
 

@@ -89,15 +89,16 @@ class GpuModel:
             self.arena = None
 
     # -- execution ------------------------------------------------------------------------------
-    def schedule(self, entry: str, env: Mapping[str, int]) -> list[tuple]:
-        """The entry's launches [(kernel, grid, block, smem, node)] for the symbol values env: each node's
-        tightest variant that covers them (the same list for every env of one bucket)."""
+    def schedule(self, entry: str, env: Mapping[str, int]) -> tuple[tuple, list[tuple]]:
+        """(key, launches): the entry's launches [(kernel, grid, block, smem, node)] for the symbol values
+        env, each node's tightest variant that covers them; key = (entry, bucket), shared by every env
+        of one bucket (and by its captured graph)."""
         key = (entry, bucket_of(self.buckets[entry], env))
         launches = self.schedules.get(key)
         if launches is None:
             launches = [(*node_launch(n, env), n.name) for n in self.manifest.entries[entry].nodes if n.kernel]
             self.schedules[key] = launches
-        return launches
+        return key, launches
 
     def _launch_all(self, launches: list[tuple]) -> None:
         for kernel, grid, block, smem, node in launches:
@@ -106,12 +107,10 @@ class GpuModel:
     def enqueue(self, entry: str) -> None:
         """Issue the entry's kernels for the symbol values of its latest write_inputs on the stream
         (replaying the graph captured for their bucket when graphs are enabled)."""
-        env = self.last_env.get(entry, {})
-        launches = self.schedule(entry, env)
+        key, launches = self.schedule(entry, self.last_env.get(entry, {}))
         if not self.cuda_graphs:
             self._launch_all(launches)
             return
-        key = (entry, bucket_of(self.buckets[entry], env))
         graph = self.graphs.get(key)
         if graph is None:
             from atlasc.runtime.cudagraph import CapturedGraph

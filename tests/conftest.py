@@ -82,3 +82,17 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return invoke
+
+
+def assert_compile_refused(model, tmp_path: Path, needle: str) -> None:
+    """`atlasc compile` of this ModelProto exits 2 with `needle` in a traceback-free message and writes
+    no artifact."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "atlasc", "compile", str(path), "-o", str(tmp_path / "m.atlas"),
+                        "--arch", "sm80"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr
+    assert not (tmp_path / "m.atlas").exists()

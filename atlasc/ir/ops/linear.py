@@ -34,22 +34,29 @@ def _linear_infer(ins, attrs):
     return [TensorType(dt, tuple(x[:-1]) + (w[0],))]
 
 
-LINEAR_REF_CHUNK = 1 << 24  # weight elements converted to float32 at a time (an LM head is ~1 GB)
+REF_CHUNK_ELEMENTS = 1 << 24  # weight elements made float32 at a time by the references (an LM head is ~1 GB)
+
+
+def matmul_rows(x: np.ndarray, rows, n: int, k: int, bias) -> np.ndarray:
+    """x @ W^T (+ bias) accumulated in float32, rounded once to x's dtype; W [N, K] is given as
+    `rows(r0, r1)`, its float32 rows r0..r1, and made a block of rows at a time (no whole float32 copy)."""
+    xf = x.astype(np.float32)
+    y = np.empty(x.shape[:-1] + (n,), np.float32)
+    step = max(1, REF_CHUNK_ELEMENTS // max(1, k))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        y[..., r0:r1] = np.matmul(xf, rows(r0, r1).T)
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return y.astype(x.dtype)
 
 
 def _linear_ref(ins, attrs):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     if x.dtype == np.float16:  # accumulate in float32, add the bias in float32, round once
-        xf = x.astype(np.float32)
         n, k = w.shape
-        y = np.empty(x.shape[:-1] + (n,), np.float32)
-        step = max(1, LINEAR_REF_CHUNK // max(1, k))  # float32 copies of W a block of rows at a time
-        for r0 in range(0, n, step):
-            y[..., r0:r0 + step] = np.matmul(xf, w[r0:r0 + step].astype(np.float32).T)
-        if bias is not None:
-            y = y + bias.astype(np.float32)
-        return [y.astype(np.float16)]
+        return [matmul_rows(x, lambda r0, r1: w[r0:r1].astype(np.float32), n, k, bias)]
     y = np.matmul(x, w.T)
     if bias is not None:
         y = y + bias

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlasc.errors import ShapeError
+from atlasc.ir.ops.linear import matmul_rows
 from atlasc.ir.ops.registry import Attr, DimMismatch, TensorType, register
 
 
@@ -60,8 +61,13 @@ def dequant_q4(packed: np.ndarray, scale: np.ndarray, group_size: int) -> np.nda
     return g.reshape(n, k)
 
 
-# weight elements dequantized at a time by the references: an LM head's float32 copy is ~1 GB
-REF_CHUNK_ELEMENTS = 1 << 24
+def dequant(op: str, wq: np.ndarray, scale: np.ndarray, group_size: int = 128) -> np.ndarray:
+    """float32 [rows, K] of a quantized layer's weight rows (wq and scale sliced alike along N)."""
+    if op == "LinearQ8":
+        return dequant_q8(wq, scale)
+    if op == "LinearF8":
+        return dequant_f8(wq, scale)
+    return dequant_q4(wq, scale, group_size)
 
 
 def _common(ins, name: str, k):
@@ -88,22 +94,18 @@ def _common(ins, name: str, k):
     return [TensorType(x.dtype, tuple(x.shape[:-1]) + (n,))]
 
 
-def _q8_infer(ins, attrs):
-    wq, scale = ins[1], ins[2]
-    if wq.dtype != "int8":
-        raise ShapeError(f"LinearQ8: wq must be int8, got {wq.dtype}")
-    if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
-        raise ShapeError(f"LinearQ8: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
-    return _common(ins, "LinearQ8", wq.shape[1] if len(wq.shape) == 2 else None)
+def _per_channel_infer(op: str, wq_dtype: str, what: str):
+    """infer of LinearQ8 / LinearF8: wq [N, K] of wq_dtype, scale [N]."""
 
+    def infer(ins, attrs):
+        wq, scale = ins[1], ins[2]
+        if wq.dtype != wq_dtype:
+            raise ShapeError(f"{op}: wq must be {what}, got {wq.dtype}")
+        if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
+            raise ShapeError(f"{op}: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
+        return _common(ins, op, wq.shape[1] if len(wq.shape) == 2 else None)
 
-def _f8_infer(ins, attrs):
-    wq, scale = ins[1], ins[2]
-    if wq.dtype != "uint8":
-        raise ShapeError(f"LinearF8: wq must be uint8 (E4M3 codes), got {wq.dtype}")
-    if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
-        raise ShapeError(f"LinearF8: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
-    return _common(ins, "LinearF8", wq.shape[1] if len(wq.shape) == 2 else None)
+    return infer
 
 
 def _q4_infer(ins, attrs):
@@ -124,43 +126,27 @@ def _q4_infer(ins, attrs):
     return _common(ins, "LinearQ4", k)
 
 
-def _apply(x: np.ndarray, rows, n: int, k: int, bias) -> np.ndarray:
-    """x @ W^T (+ bias) in float32, W dequantized `rows(r0, r1)` a block of output rows at a time."""
-    xf = x.astype(np.float32)
-    y = np.empty(x.shape[:-1] + (n,), np.float32)
-    step = max(1, REF_CHUNK_ELEMENTS // max(1, k))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        y[..., r0:r1] = np.matmul(xf, rows(r0, r1).T)
-    if bias is not None:
-        y = y + bias.astype(np.float32)
-    return y.astype(x.dtype)
+def _reference(op: str):
+    """x @ dequant(W)^T (+ bias) in float32, dequantized a block of rows at a time, rounded once."""
+
+    def ref(ins, attrs):
+        x, wq, s = ins[0], ins[1], ins[2]
+        bias = ins[3] if len(ins) > 3 else None
+        g = int(attrs.get("group_size", 128))
+        k = 2 * wq.shape[1] if op == "LinearQ4" else wq.shape[1]
+        return [matmul_rows(x, lambda r0, r1: dequant(op, wq[r0:r1], s[r0:r1], g), wq.shape[0], k, bias)]
+
+    return ref
 
 
-def _q8_ref(ins, attrs):
-    bias = ins[3] if len(ins) > 3 else None
-    wq, s = ins[1], ins[2]
-    return [_apply(ins[0], lambda r0, r1: dequant_q8(wq[r0:r1], s[r0:r1]), wq.shape[0], wq.shape[1], bias)]
-
-
-def _f8_ref(ins, attrs):
-    bias = ins[3] if len(ins) > 3 else None
-    wq, s = ins[1], ins[2]
-    return [_apply(ins[0], lambda r0, r1: dequant_f8(wq[r0:r1], s[r0:r1]), wq.shape[0], wq.shape[1], bias)]
-
-
-def _q4_ref(ins, attrs):
-    bias = ins[3] if len(ins) > 3 else None
-    wq, s, g = ins[1], ins[2], int(attrs["group_size"])
-    return [_apply(ins[0], lambda r0, r1: dequant_q4(wq[r0:r1], s[r0:r1], g), wq.shape[0], 2 * wq.shape[1], bias)]
-
-
-register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_q8_infer, reference=_q8_ref,
+register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_per_channel_infer("LinearQ8", "int8", "int8"),
+         reference=_reference("LinearQ8"),
          doc="x @ (wq int8 [N, K] * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
-register("LinearF8", inputs=(3, 4), kind="opaque", infer=_f8_infer, reference=_f8_ref,
+register("LinearF8", inputs=(3, 4), kind="opaque",
+         infer=_per_channel_infer("LinearF8", "uint8", "uint8 (E4M3 codes)"), reference=_reference("LinearF8"),
          doc="x @ (E4M3(wq uint8 [N, K]) * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
 register("LinearQ4", inputs=(3, 4), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
-         reference=_q4_ref,
+         reference=_reference("LinearQ4"),
          doc="x @ ((int4 nibbles of wq [N, K/2]) * scale[N, K/group])^T (+ bias); float32, one rounding")
 
 
