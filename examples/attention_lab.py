@@ -13,7 +13,8 @@ context), an additive mask with a few left-padded keys per batch row, and y [B, 
 generated with ATLAS_ATTENTION_PATH=path ("rows": attention_rows, "fast": attention_decode with its
 sequence split, "nosplit": attention_decode with ATLAS_ATTENTION_SPLIT=1), checked
 once against numpy (float32; tolerance 2e-3 + 1e-2 * max |y|), then timed as examples/kernel_lab.py
-does (CUDA graph of launches rotating among 3 arenas with their own K/V, median of replays).
+does (CUDA graph of launches rotating among enough arena copies, each with its own K/V, that none is
+served from L2; median of replays).
 GB/s counts the bytes a decode step must read or write: K + V once (B * Hk * T * D * 2 * 2) + q + y;
 % is of 4.30 TB/s. The last table puts the paths side by side.
 """
@@ -26,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from kernel_lab import ARENAS, PEAK, generate_with_env, time_launches
+from kernel_lab import PEAK, arena_count, generate_with_env, time_launches
 
 from atlasc.codegen import attention
 from atlasc.codegen.nvcc import compile_cubins
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
                     module = dev.load_module(cubins[(model, ctx, batch, path)])
                     launch = mod.launches["run"][0]
                     table = KernelTable(dev, module, [launch.kernel])
-                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(ARENAS)]
+                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(arena_count(mod.arena_bytes))]
                     at = {v.name: plan.placement(v).offset for v in g.inputs + g.outputs}
                     for i, a in enumerate(arenas):
                         dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)

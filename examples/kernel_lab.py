@@ -11,9 +11,11 @@ same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt"
 GEMV / tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by
 default, per linear.DECODE_PATH), compiles every kernel with nvcc in parallel, checks the output once
 against numpy (float32 accumulation; tolerance 2e-2 of max |y|), then times it with CUDA events around
-a captured CUDA graph of 30 launches that rotate among 3 arenas (3 copies of the weights, so that a
-weight that fits in the 50 MB L2 is not served from it), replayed 20 times after a warm-up: the
-median replay over 30 is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
+a captured CUDA graph of launches that rotate among copies of the arena (arena_count: enough copies that
+ROTATE_BYTES, over 3x the 50 MB L2, pass between two launches on the same copy, so that no launch
+finds its weights in L2, as in a decode step where the whole model passes between two uses of a
+layer), at least 30 launches, replayed 20 times after a warm-up: the median replay over the launch
+count is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
 TFLOP/s counts 2 * M * N * K. The last table puts the variants side by side per (shape, M) and names
 the fastest: what linear.DECODE_PATH should say for each M bucket.
 """
@@ -46,7 +48,9 @@ SHAPES = {  # (K, N)
 }
 MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
-ARENAS = 3
+ARENAS = 3  # the fewest arena copies a timing rotates among
+MAX_ARENAS = 256
+ROTATE_BYTES = 160 << 20  # bytes that pass through L2 between two launches on the same copy (L2: 50 MB)
 LAUNCHES = 30
 REPLAYS = 20
 
@@ -101,11 +105,18 @@ def check_output(dev, arena, offset: int, ref: np.ndarray) -> tuple[bool, float,
     return err <= 2e-2 * top, err, top
 
 
+def arena_count(nbytes: int) -> int:
+    """Arena copies to rotate among for a kernel that reads nbytes: at least ARENAS, and enough that the
+    other copies' bytes (ROTATE_BYTES) evict a copy from L2 before it is used again (at most MAX_ARENAS)."""
+    return max(ARENAS, min(MAX_ARENAS, -(-ROTATE_BYTES // max(1, nbytes)) + 1))
+
+
 def time_launches(dev, go, arenas) -> float:
-    """Median us per launch of go(arena): a captured graph of LAUNCHES launches rotating among the
-    arenas, replayed REPLAYS times after a warm-up."""
+    """Median us per launch of go(arena): a captured graph of max(LAUNCHES, len(arenas)) launches
+    rotating among the arenas, replayed REPLAYS times after a warm-up."""
     cuda = dev.cuda
-    graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % len(arenas)]) for i in range(LAUNCHES)])
+    launches = max(LAUNCHES, len(arenas))
+    graph = CapturedGraph(dev.stream, lambda: [go(arenas[i % len(arenas)]) for i in range(launches)])
     for _ in range(3):
         graph.launch()
     start, end = cuda.Event(), cuda.Event()
@@ -115,7 +126,7 @@ def time_launches(dev, go, arenas) -> float:
         graph.launch()
         end.record(dev.stream)
         end.synchronize()
-        times.append(end.time_since(start) / LAUNCHES * 1e3)
+        times.append(end.time_since(start) / launches * 1e3)
     graph.close()
     return statistics.median(times)
 
@@ -162,7 +173,7 @@ def main(argv=None) -> int:
                 module = dev.load_module(cubins[(name, m, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
-                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
+                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(arena_count(plan.arena_bytes))]
                 for a in arenas:
                     dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))

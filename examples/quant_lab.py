@@ -10,7 +10,8 @@ For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scal
 LinearF8 for --quant fp8) with
 random fp16 weights quantized by passes/quantize.py, generates the kernel the compiler emits, checks it
 once against numpy (x @ dequant(wq)^T in float32; tolerance 2e-2 of max |y|), then times it exactly as
-examples/kernel_lab.py does (CUDA graph of launches rotating among 3 arenas, median of replays).
+examples/kernel_lab.py does (CUDA graph of launches rotating among enough arena copies that none is
+served from L2, median of replays).
 GB/s counts the bytes a decode step must read: packed weights + scales (+ x and y); % is of 4.30 TB/s.
 --variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
 "simt" = the CUDA-core fallback only); --ptxas compiles the same kernels for the given archs with
@@ -30,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kernel_lab import ARENAS, PEAK, SHAPES, check_output, generate_with_env, time_launches
+from kernel_lab import PEAK, SHAPES, check_output, generate_with_env, time_launches
 
 from atlasc.codegen import quant
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
                 module = dev.load_module(cubins[(name, m, mode, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
-                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(ARENAS)]
+                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(arena_count(plan.arena_bytes))]
                 for a in arenas:
                     dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
