@@ -20,7 +20,7 @@
 // Inside one k16 tile the k order is free as long as A and B agree: the fragment slots (2c, 2c+1 |
 // 2c+8, 2c+9) hold the pairs above, and the x halves are paired the same way with __byte_perm (x is
 // loaded 16 bytes at a time, in k order). Products q * x are exact in the fp32 accumulator:
-// - int8: acc = sum_k q x per row, times scale[n] in float32 at the end;
+// - int8 / fp8: acc = sum_k q x per row, times scale[n] in float32 at the end;
 // - int4 with G % 128 == 0 (a 128-k step inside one group): each step's mma chain starts from zero
 //   and is added as acc += scale[n, group] * part in float32;
 // - int4 with G % 128 != 0 (G % 32 == 0: a lane's 32 k inside one group): the A operand is the fp16
@@ -35,8 +35,10 @@
 // The path needs float16 x with unit stride along K and 16-byte aligned rows, a 16-byte aligned wq,
 // K % 128 == 0 (int4) or K % 64 == 0 (int8); the emitter also requires G % 32 == 0 for int4.
 //
-// Fallback (linear_quant: float32 x, other K / G, misaligned pointers, strided x; and LinearF8, whose
-// E4M3 codes decode through cuda_fp8.h, as its only path so far):
+// - fp8 (LinearF8, the int8 layout holding E4M3 codes): cvt.rn.f16x2.e4m3x2 (cuda_fp8.h) gives the same
+//   (k0, k2), (k1, k3) pairs, exact (every E4M3 value is a float16); the per-channel scale as for int8.
+// Fallback (linear_quant: float32 x, other K / G, misaligned pointers, strided x; E4M3 codes decode
+// through cuda_fp8.h there too):
 // one warp per output feature (warps loop grid-stride over features): its lanes walk the packed row
 // with 16-byte loads (scalar byte loads when the row is not 16-byte aligned), dequantize in registers
 // (int8 -> float * scale; nibble -> (v - 8) * group scale: exact in float32, as the reference), and
@@ -166,6 +168,15 @@ __device__ __forceinline__ void qlin_q8_pairs(unsigned u, unsigned (&p)[2]) {
   p[1] = qlin_hsub2(__byte_perm(v, 0x64646464u, 0x4341), 0x64806480u);
 }
 
+// 4 E4M3 codes of one row (u: k 0..3) -> half2 pairs (k0, k2), (k1, k3), the order of qlin_q8_pairs;
+// exact (every E4M3 value is a float16): cvt.rn.f16x2.e4m3x2 on sm89+, through cuda_fp8.h
+__device__ __forceinline__ void qlin_f8_pairs(unsigned u, unsigned (&p)[2]) {
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(__byte_perm(u, 0u, 0x0020)), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(__byte_perm(u, 0u, 0x0031)), __NV_E4M3);
+  p[0] = unsigned(a.x) | (unsigned(a.y) << 16);
+  p[1] = unsigned(b.x) | (unsigned(b.y) << 16);
+}
+
 // element offset of row m < M (row-major over the leading R-1 dims) of a View
 template <typename T, int R> __device__ __forceinline__ long long qlin_row(const View<T, R>& v, long long m) {
   if constexpr (R == 1) {
@@ -235,18 +246,25 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
   }
 }
 
-// one int8 step: wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
-template <typename T, int J>
+// one int8 step (F8: E4M3 codes): wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
+template <typename T, int J, bool F8>
 __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
                                            const T* const (&xr)[J], int k) {
   const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // words 2h, 2h + 1: k 8h .. 8h+7 of the lane's 16
     unsigned pl0[2], ph0[2], pl1[2], ph1[2];
-    qlin_q8_pairs(ulo[2 * h], pl0);
-    qlin_q8_pairs(uhi[2 * h], ph0);
-    qlin_q8_pairs(ulo[2 * h + 1], pl1);
-    qlin_q8_pairs(uhi[2 * h + 1], ph1);
+    if constexpr (F8) {
+      qlin_f8_pairs(ulo[2 * h], pl0);
+      qlin_f8_pairs(uhi[2 * h], ph0);
+      qlin_f8_pairs(ulo[2 * h + 1], pl1);
+      qlin_f8_pairs(uhi[2 * h + 1], ph1);
+    } else {
+      qlin_q8_pairs(ulo[2 * h], pl0);
+      qlin_q8_pairs(uhi[2 * h], ph0);
+      qlin_q8_pairs(ulo[2 * h + 1], pl1);
+      qlin_q8_pairs(uhi[2 * h + 1], ph1);
+    }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       // x halves 8h .. 8h+7: tiles (k0, k2 | k1, k3) of each word
@@ -258,12 +276,13 @@ __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo,
 }
 
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1)
-template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS>
+template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red) {
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
+  static_assert(!F8 || BITS == 8, "E4M3 codes are one byte per weight");
   static_assert(S == 1 || S == 2 || S == 4 || S == 8, "split-K ways: 1, 2, 4 or 8");
   constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
@@ -323,7 +342,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
                                       __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
                                       __half_as_ushort(shi[u]) * 0x10001u);
             } else {
-              qlin_step8<T, J>(acc, wlo[u], whi[u], xr, st * 64);
+              qlin_step8<T, J, F8>(acc, wlo[u], whi[u], xr, st * 64);
             }
           }
         }

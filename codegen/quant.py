@@ -1,9 +1,10 @@
-"""LinearQ8 / LinearQ4: weight-only quantized projections (quant.cu).
+"""LinearQ8 / LinearQ4 / LinearF8: weight-only quantized projections (quant.cu).
 
 The emitter binds x and y as Views of their own rank (leading dims flatten to M rows), the packed
 weight and the float16 scales as contiguous arena buffers, and the optional bias [N]. Two paths:
 - the tensor-core path (linear_quant_mma: float16 x, K % 128 == 0 for int4 / K % 64 == 0 for int8, and
-  G % 32 == 0 for int4, all known here; aligned pointers and unit-stride x rows checked at run time by
+  G % 32 == 0 for int4, all known here; LinearF8's E4M3 codes take the int8 route, decoded by
+  cvt.rn.f16x2.e4m3x2; aligned pointers and unit-stride x rows checked at run time by
   qlin_mma_ok): 16-byte streaming loads of packed weights dequantized exactly into mma.sync A
   fragments. M picks J (tiles of 8 rows of x) at run time among the variants M can reach: J = 1 for
   M <= 8, 2 for M <= 16, 4 beyond (larger M loops over 32-row tiles). split_k picks S, the ways of
@@ -117,7 +118,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         if ctx.plan.placement(v).strides is not None:
             raise CodegenError(f"{node.name}: {node.op} needs contiguous {v.name}, it is a strided view")
     bits = 4 if node.op == "LinearQ4" else 8
-    f8 = node.op == "LinearF8"  # E4M3 codes: the CUDA-core kernel only (no tensor-core path yet)
+    f8 = node.op == "LinearF8"  # E4M3 codes in the int8 layout
     t = c_type(dt)
     r = len(x_v.shape)
     ctx.view(x_v, "x")
@@ -141,7 +142,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
     ]
     blocks = _ceil(n_upper, WARPS)
-    if path_choice() == "table" and not f8 and mma_applies(dt, bits, k_static, group):
+    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
         js = mma_variants(m_upper)
         split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)
         if split > 1:
@@ -154,7 +155,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                         f"{steps_in_flight(bits, j)}, {has_bias}>({args});")
+                         f"{steps_in_flight(bits, j)}, {has_bias}{', true' if f8 else ''}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         items = _ceil(_ceil(n_upper, 16), WARPS // split)
         # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)

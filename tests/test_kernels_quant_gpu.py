@@ -9,7 +9,8 @@ outputs poisoned first (kernel_harness). The cases cover, for float16 x:
   lin_row_offset);
 - the fallback, chosen at code generation: K = 96 (int8 K % 64 != 0; int4 K % 128 != 0, rows of 48
   bytes: the scalar path), K = 64 int4, group 16; and at run time: a K-major x (stride != 1).
-float32 x takes the fallback everywhere. test_quant_kernels_split reruns the float16 graph with the
+LinearF8 (E4M3 codes) follows the int8 cases: K in {64, 128, 4096} on the tensor-core path, K = 96 the
+fallback. float32 x takes the fallback everywhere. test_quant_kernels_split reruns the float16 graph with the
 split-K ways forced to 1, 2 and 4 (ATLAS_QUANT_SPLIT; the table picks 8 for these narrow N, 1 for the
 K = 128 int4 cases).
 Weights come from the real packers on uniform weights scaled by 1/sqrt(K) so |y| is O(1).
@@ -33,7 +34,8 @@ CASES = [  # (bits, K, N, group)
     (4, 512, 24, 256), (4, 4096, 256, 128), (4, 4096, 72, 64), (4, 4096, 1000, 32),
 ]
 MS = (1, 2, 3, 8, 9, 32, 33, 100)
-F8_CASES = [(64, 40), (96, 33), (4096, 256)]  # (K, N) of LinearF8 (E4M3 codes, the CUDA-core kernel)
+# (K, N) of LinearF8 (E4M3 codes): the tensor-core path for K % 64 == 0 (the int8 route), K = 96 the fallback
+F8_CASES = [(64, 40), (96, 33), (128, 72), (4096, 256), (4096, 1000)]
 
 
 def _packed(bits, k, n, group, seed):

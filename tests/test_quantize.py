@@ -363,6 +363,14 @@ def test_quant_emitter_paths(monkeypatch):
         for x in node_kernels:
             assert ("linear_quant_mma<" in x) == fast, (bits, k, n, group)
             assert "atlas::linear_quant<__half, 2, " in x  # the run-time fallback
+    from test_kernels_quant_gpu import F8_CASES
+
+    for k, n in F8_CASES:  # E4M3 codes take the int8 route (K % 64 == 0), decoded by cvt e4m3x2
+        node_kernels = [x for x in ks if "_LinearF8(" in x and f"N = {n}LL, K = {k}LL;" in x]
+        assert len(node_kernels) == 2, (k, n)
+        for x in node_kernels:
+            assert (", true>(x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red)" in x) == (k % 64 == 0), (k, n)
+            assert "atlas::linear_quant<__half, 2, 8, " in x and ", true>(x, wq" in x  # the fallback, E4M3
     # M <= 100: J = 1, 2 and 4 (M-tiles of 32 rows)
     assert "if (M <= 8) atlas::linear_quant_mma<__half, 2, 4, 128, 1, 8, " in src
     assert "else if (M <= 16) atlas::linear_quant_mma<__half, 2, 4, 128, 2, 8, " in src
