@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kernel_lab import PEAK, SHAPES, check_output, generate_with_env, time_launches
+from kernel_lab import PEAK, SHAPES, arena_count, check_output, generate_with_env, time_launches
 
 from atlasc.codegen import quant
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
