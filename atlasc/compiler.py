@@ -7,6 +7,7 @@ draws it with rich) and writes the artifact atomically: a failure anywhere leave
 from __future__ import annotations
 
 import hashlib
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -97,8 +98,15 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     seconds["import"] = time.perf_counter() - t
     _check_dtype(graph, options.dtype)
 
+    with tempfile.TemporaryDirectory(prefix="atlasc-spill-") as spill:
+        return _compile_program(graph, model_path, out_path, options, seconds, say, Path(spill), dump_ir)
+
+
+def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOptions, seconds: dict,
+                     say, spill_dir: Path, dump_ir) -> CompileResult:
+    """compile_model after the import; the large constants passes make go to files in spill_dir."""
     t = time.perf_counter()
-    program = Program({"main": graph}, options, progress=say)
+    program = Program({"main": graph}, options, progress=say, spill_dir=spill_dir)
     program, report = run_pipeline(program, verify_each=options.verify, dump_ir=dump_ir,
                                    on_pass=lambda name: say("pass", name))
     seconds["passes"] = time.perf_counter() - t

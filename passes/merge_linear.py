@@ -49,6 +49,21 @@ def _signature(node: Node) -> tuple:
     return (node.op, tuple(sorted(node.attrs.items())), tuple((c.dtype, tuple(c.shape[1:])) for c in consts))
 
 
+def _concat_rows(program: Program, parts: list[np.ndarray]) -> np.ndarray:
+    """The parts stacked along axis 0, in an array from program.new_array (on disk for a compile),
+    copied a block of rows at a time (a part may be a memory-mapped or transposed view)."""
+    rows = sum(int(p.shape[0]) for p in parts)
+    out = program.new_array((rows,) + tuple(parts[0].shape[1:]), parts[0].dtype)
+    r = 0
+    for p in parts:
+        step = max(1, (16 << 20) // max(1, p[:1].nbytes))
+        for r0 in range(0, p.shape[0], step):
+            block = p[r0:r0 + step]
+            out[r:r + block.shape[0]] = block
+            r += block.shape[0]
+    return out
+
+
 def _merge_group(program: Program, graph: Graph, nodes: list[Node], index: int) -> None:
     x = nodes[0].inputs[0]
     k = MERGEABLE[nodes[0].op]
@@ -57,8 +72,7 @@ def _merge_group(program: Program, graph: Graph, nodes: list[Node], index: int) 
     for j in range(1, 1 + k):
         parts = [n.inputs[j].data for n in nodes]
         tag = "w" if j == 1 else "s"
-        inputs.append(constant(f"merged_{tag}_{index}__{nodes[0].inputs[j].name}",
-                               np.ascontiguousarray(np.concatenate(parts))))
+        inputs.append(constant(f"merged_{tag}_{index}__{nodes[0].inputs[j].name}", _concat_rows(program, parts)))
     biases = [n.inputs[1 + k] if len(n.inputs) > 1 + k else None for n in nodes]
     sizes = tuple(int(n.inputs[1].shape[0]) for n in nodes)
     if any(b is not None for b in biases):

@@ -147,16 +147,18 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int) -> np.nda
     return dequant_q4(packed, scale, group)
 
 
-def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Quantize w chunk by chunk; also the relative error of x W^T on ERROR_ROWS random rows x."""
+def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int,
+                    new_array=np.empty) -> tuple[np.ndarray, np.ndarray, float]:
+    """Quantize w chunk by chunk into arrays from new_array(shape, dtype) (Program.new_array: on disk for
+    a compile); also the relative error of x W^T on ERROR_ROWS random rows x."""
     n, k = w.shape
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
     if mode == "int8":
-        wq, scale = np.empty((n, k), np.int8), np.empty(n, np.float16)
+        wq, scale = new_array((n, k), np.int8), new_array((n,), np.float16)
     elif mode == "fp8":
-        wq, scale = np.empty((n, k), np.uint8), np.empty(n, np.float16)
+        wq, scale = new_array((n, k), np.uint8), new_array((n,), np.float16)
     else:
-        wq, scale = np.empty((n, k // 2), np.uint8), np.empty((n, k // group), np.float16)
+        wq, scale = new_array((n, k // 2), np.uint8), new_array((n, k // group), np.float16)
     num = den = 0.0
     for r0, r1 in _chunks(n, k):
         c = np.asarray(w[r0:r1], np.float32)
@@ -284,7 +286,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         if id(w) not in made:
             say("quantize", f"{mode} {w.name} ({len(made) + 1} weights, {done_bytes / 1e9:.2f} of "
                             f"{total_bytes / 1e9:.2f} GB)", (done_bytes, total_bytes))
-            wq, scale, err = _quantize_layer(w.data, mode, group, seed=len(made))
+            wq, scale, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array)
             done_bytes += w.data.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
                    "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes)}

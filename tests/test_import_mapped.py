@@ -1,5 +1,6 @@
 """Large external initializers are memory-mapped at import, not read into protobuf memory
-(atlasc/frontend/load.py load_model_mapped): same graph, same artifact, same errors."""
+(atlasc/frontend/load.py load_model_mapped), and the large constants passes make are spilled to files
+(Program.new_array): same graph, same artifact, same errors."""
 
 from __future__ import annotations
 
@@ -57,6 +58,30 @@ def test_mapped_compile_gives_the_same_artifact(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(load, "MAP_MIN_BYTES", 1 << 62)  # nothing mapped
     compile_model(tiny, tmp_path / "read.atlas", opts)
     assert (tmp_path / "mapped.atlas").read_bytes() == (tmp_path / "read.atlas").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_spilled_constants_give_the_same_artifact(tiny, tmp_path, monkeypatch, quant):
+    """The merged (and quantized) weights passes make go to files in a temporary directory during a
+    compile (Program.new_array), which is gone afterwards; the artifact is the same as from memory."""
+    import atlasc.ir.program as program_mod
+
+    opts = CompileOptions(archs=("sm90",), max_batch=2, max_seq=32, prefill_logits="last", quant=quant)
+    monkeypatch.setattr(program_mod, "SPILL_MIN_BYTES", 1)  # every constant a pass makes is spilled
+    spilled = compile_model(tiny, tmp_path / "spilled.atlas", opts)
+    made = [c.data for g in spilled.program.entries.values() for c in g.constants()
+            if c.name.startswith("merged_") or c.name.endswith(("__q4", "__scale"))]
+    assert made and all(_is_mapped(a) for a in made)
+    base = made[0]
+    while not isinstance(base, np.memmap):
+        base = base.base
+    assert not Path(base.filename).parent.exists()  # the spill directory is removed after the write
+    monkeypatch.setattr(program_mod, "SPILL_MIN_BYTES", 1 << 62)  # nothing spilled
+    kept = compile_model(tiny, tmp_path / "memory.atlas", opts)
+    assert not any(_is_mapped(c.data) and c.name.startswith("merged_")
+                   for g in kept.program.entries.values() for c in g.constants())
+    assert (tmp_path / "spilled.atlas").read_bytes() == (tmp_path / "memory.atlas").read_bytes()
 
 
 def test_truncated_external_data_is_one_error(tiny):

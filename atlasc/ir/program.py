@@ -7,12 +7,18 @@ shared by reference between entries, so one weights image serves them all.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
-
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 from atlasc.ir.graph import Graph
 from atlasc.ir.memory import MemoryPlan
+
+
+SPILL_MIN_BYTES = 1 << 20  # smaller constants stay in memory (Program.new_array)
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,18 @@ class Program:
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)
     # progress of long passes: (stage, detail, (done, total) or None); set by the compile driver
     progress: Callable[..., None] | None = field(default=None, repr=False, compare=False)
+    # where passes put the large constants they make (quantized and merged weights): set by the compile
+    # driver to a temporary directory that outlives the artifact's write; None keeps them in memory
+    spill_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    def new_array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array for a constant a pass makes. With spill_dir set and at least
+        SPILL_MIN_BYTES, a file-backed np.memmap there: its pages are written back and evictable, so
+        the compile's own (anonymous) memory stays bounded by the layer in hand, not the model.
+        Otherwise np.empty. Either way the caller fills every element."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.spill_dir is None or nbytes < SPILL_MIN_BYTES:
+            return np.empty(shape, dtype)
+        path = Path(self.spill_dir) / f"{uuid.uuid4().hex}.bin"
+        return np.memmap(path, dtype=dtype, mode="w+", shape=tuple(shape))
