@@ -84,18 +84,18 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return wq, scale
 
 
-# the 127 finite non-negative E4M3 values in code order (codes 0x00..0x7E), increasing
-_E4M3_POS = E4M3[:127].astype(np.float64)
-
-
 def to_e4m3(v: np.ndarray) -> np.ndarray:
     """float -> E4M3 codes (uint8): round to nearest, ties to the even code (IEEE), saturating at +-448,
-    as float8_e4m3fn conversion does (tests/test_quantize.py checks it on every boundary)."""
-    a = np.minimum(np.abs(np.asarray(v, np.float64)), E4M3_MAX)
-    hi = np.clip(np.searchsorted(_E4M3_POS, a), 1, 126)  # a in (_E4M3_POS[hi - 1], _E4M3_POS[hi]]
-    lo = hi - 1
-    d_lo, d_hi = a - _E4M3_POS[lo], _E4M3_POS[hi] - a
-    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo).astype(np.uint8)
+    as float8_e4m3fn conversion does (tests/test_quantize.py checks it on every boundary). v is rounded
+    to float32 first (the quantizer's w / s is float32). Normal range (|v| >= 2^-6): the float32 bits
+    rounded to 3 mantissa bits (round half to even on the 20 dropped bits; a carry moves into the
+    exponent, as it should), exponent re-biased 127 -> 7. Below: multiples of 2^-9, np.rint (half even)."""
+    a = np.minimum(np.abs(np.asarray(v, np.float32)), np.float32(E4M3_MAX))
+    bits = a.view(np.uint32)
+    normal = ((bits + np.uint32(0x7FFFF) + ((bits >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)).astype(np.int32)
+    normal -= 120 << 3  # float32 exponent bias 127, E4M3 bias 7, 3 mantissa bits
+    sub = np.rint(a * np.float32(512)).astype(np.int32)  # 2^-9 steps; 8 (= 2^-6) is the first normal code
+    code = np.where(a < np.float32(2.0 ** -6), sub, normal).astype(np.uint8)
     return code | np.where(np.signbit(v), np.uint8(0x80), np.uint8(0))
 
 
