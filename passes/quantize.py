@@ -48,7 +48,7 @@ import numpy as np
 
 from atlasc.errors import ShapeError, UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
-from atlasc.ir.ops.quant import E4M3, E4M3_MAX, dequant_f8
+from atlasc.ir.ops.quant import E4M3_MAX, dequant_f8
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
