@@ -14,7 +14,7 @@ import numpy as np
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
-from atlasc.ir.ops.quant import dequant
+from atlasc.ir.ops.quant import dequant, q4_zero
 from atlasc.ir.program import Program
 
 QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
@@ -90,6 +90,8 @@ def _weight_blocks(program: Program, name: str, node):
     w = program.float_weights[name]
     parts = w if isinstance(w, tuple) else ((name, w),)
     wq, scale = node.inputs[1].data, node.inputs[2].data
+    zero_v = q4_zero(node)
+    zero = None if zero_v is None else zero_v.data
     offset = 0
     for layer, part in parts:
         data = part.data
@@ -98,7 +100,8 @@ def _weight_blocks(program: Program, name: str, node):
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             q0, q1 = offset + r0, offset + r1
-            deq = dequant(node.op, wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128))
+            deq = dequant(node.op, wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128),
+                          None if zero is None else zero[q0:q1])
             yield layer, np.asarray(data[r0:r1], np.float32), deq
         offset += n
 

@@ -2,7 +2,9 @@
 //
 // Layout: wq is a contiguous [N, row_bytes] constant: int8 [N, K] (row_bytes = K) or packed int4
 // uint8 [N, K/2] (low nibble = even k, high nibble = odd k, value + 8); scale is float16 [N] (int8)
-// or [N, K/G] (int4). x and y are Views whose leading dims flatten to M rows (any strides).
+// or [N, K/G] (int4). x and y are Views whose leading dims flatten to M rows (any strides). int4 with
+// zero points (asymmetric, ZP): zero is uint8 [N, K/G] in [0, 15] and the nibble is the unsigned code,
+// w = (nibble - zero) * scale; symmetric is the same with zero = 8 everywhere.
 //
 // Tensor-core path (linear_quant_mma; float16 x, sm80+, checked at run time by qlin_mma_ok):
 // mma.sync m16n8k16 (fp16 in, fp32 accumulate) with A = 16 weight rows x 16 k, B = 16 k x 8 rows of
@@ -14,7 +16,8 @@
 // - int4: a 32-bit word holds k 0..7; (u & 0x000F000F) | 0x64006400 is the half2 (1024 + n_k0,
 //   1024 + n_k4), minus 1032 = q exactly; the high nibbles (mask 0x00F000F0: 1024 + 16 n) take an
 //   fma by 1/16 and -72; u >> 8 gives k 2, 3, 6, 7. A word yields the pairs (k0, k4), (k1, k5),
-//   (k2, k6), (k3, k7): 9 instructions per 8 weights.
+//   (k2, k6), (k3, k7): 9 instructions per 8 weights. With zero points the constants 1032 and 72 become
+//   1024 + z and 64 + z (z in [0, 15]: nibble - z in [-15, 15], still exact), per row and group.
 // - int8: u ^ 0x80808080 makes the bytes q + 128; __byte_perm with 0x64 high bytes builds the half2
 //   (1024 + q + 128) of bytes (0, 2) and (1, 3), minus 1152 = q exactly: 5 instructions per 4 weights.
 // Inside one k16 tile the k order is free as long as A and B agree: the fragment slots (2c, 2c+1 |
@@ -60,7 +63,8 @@ __device__ __forceinline__ float e4m3_to_float(unsigned int byte) {
 // is an E4M3 code (LinearF8) instead of an int8
 template <typename T, int BITS, bool F8 = false>
 __device__ __forceinline__ void qlin_byte(float (&acc)[QLIN_QM], unsigned int byte, long long j, float s8,
-                                          const __half* __restrict__ srow, long long G, const T* __restrict__ x,
+                                          const __half* __restrict__ srow, const unsigned char* __restrict__ zrow,
+                                          long long G, const T* __restrict__ x,
                                           const long long (&xoff)[QLIN_QM], long long xk, int rows) {
   if constexpr (BITS == 8) {
     const float w = (F8 ? e4m3_to_float(byte) : float(static_cast<signed char>(byte))) * s8;
@@ -70,8 +74,9 @@ __device__ __forceinline__ void qlin_byte(float (&acc)[QLIN_QM], unsigned int by
   } else {
     const long long k = 2 * j;  // k and k + 1 share a group (G is even)
     const float s = __half2float(srow[k / G]);
-    const float w0 = float(int(byte & 15u) - 8) * s;
-    const float w1 = float(int(byte >> 4) - 8) * s;
+    const int z = zrow ? int(zrow[k / G]) : 8;  // zero point (asymmetric) or the symmetric offset 8
+    const float w0 = float(int(byte & 15u) - z) * s;
+    const float w1 = float(int(byte >> 4) - z) * s;
 #pragma unroll
     for (int m = 0; m < QLIN_QM; ++m)
       if (m < rows) {
@@ -85,7 +90,8 @@ template <typename T, int R, int BITS, bool HAS_BIAS, bool F8 = false>
 __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                              const __half* __restrict__ scale, const T* __restrict__ bias,
                                              long long bias_stride, const View<T, R>& y, long long M, long long N,
-                                             long long K, long long G) {
+                                             long long K, long long G,
+                                             const unsigned char* __restrict__ zero = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row_bytes = BITS == 8 ? K : K / 2;
   const long long groups = BITS == 8 ? 1 : K / G;
@@ -94,6 +100,7 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
   for (long long n = (long long)blockIdx.x * QLIN_WARPS + warp; n < N; n += (long long)gridDim.x * QLIN_WARPS) {
     const unsigned char* wr = wq + n * row_bytes;
     const __half* srow = scale + n * groups;
+    const unsigned char* zrow = zero ? zero + n * groups : nullptr;
     const float s8 = BITS == 8 ? __half2float(scale[n]) : 0.f;
     float b = 0.f;
     if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
@@ -111,12 +118,12 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
           const unsigned int u[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
           for (int i = 0; i < 16; ++i)
-            qlin_byte<T, BITS, F8>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, G, x.p, xoff,
+            qlin_byte<T, BITS, F8>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, zrow, G, x.p, xoff,
                                    xk, rows);
         }
       } else {
         for (long long j = lane; j < row_bytes; j += 32)
-          qlin_byte<T, BITS, F8>(acc, wr[j], j, s8, srow, G, x.p, xoff, xk, rows);
+          qlin_byte<T, BITS, F8>(acc, wr[j], j, s8, srow, zrow, G, x.p, xoff, xk, rows);
       }
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) {
@@ -151,14 +158,23 @@ __device__ __forceinline__ unsigned qlin_hmul2(unsigned a, unsigned b) {
 __device__ __forceinline__ unsigned qlin_lo(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
 __device__ __forceinline__ unsigned qlin_hi(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
 
-// 8 int4 of one row (u: k 0..7, byte b = k 2b low nibble, 2b+1 high) -> half2 q pairs (k0, k4),
-// (k1, k5), (k2, k6), (k3, k7), exact: (1024 + n) - 1032 and (1024 + 16 n) / 16 - 72
-__device__ __forceinline__ void qlin_q4_pairs(unsigned u, unsigned (&p)[4]) {
+// 8 int4 of one row (u: k 0..7, byte b = k 2b low nibble, 2b+1 high) -> half2 pairs (k0, k4),
+// (k1, k5), (k2, k6), (k3, k7) of nibble - z, exact: (1024 + n) - (1024 + z) and (1024 + 16 n) / 16 -
+// (64 + z); sub2 / fma2 are the half2 constants (1024 + z, 1024 + z) and (-(64 + z), ...) of
+// qlin_zero_consts (symmetric: z = 8, 0x64086408 and 0xD480D480)
+__device__ __forceinline__ void qlin_q4_pairs(unsigned u, unsigned (&p)[4], unsigned sub2 = 0x64086408u,
+                                              unsigned fma2 = 0xD480D480u) {
   const unsigned v = u >> 8;
-  p[0] = qlin_hsub2((u & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-  p[1] = qlin_hfma2((u & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
-  p[2] = qlin_hsub2((v & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-  p[3] = qlin_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+  p[0] = qlin_hsub2((u & 0x000F000Fu) | 0x64006400u, sub2);
+  p[1] = qlin_hfma2((u & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, fma2);
+  p[2] = qlin_hsub2((v & 0x000F000Fu) | 0x64006400u, sub2);
+  p[3] = qlin_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, fma2);
+}
+
+// the half2 constants of qlin_q4_pairs for zero point z in [0, 15]: 1024 + z is 0x6400 + z in float16
+__device__ __forceinline__ void qlin_zero_consts(unsigned z, unsigned& sub2, unsigned& fma2) {
+  sub2 = (0x6400u + z) * 0x10001u;
+  fma2 = unsigned(__half_as_ushort(__float2half_rn(-(64.f + float(z))))) * 0x10001u;
 }
 
 // 4 int8 of one row (u: k 0..3) -> half2 q pairs (k0, k2), (k1, k3), exact: (1024 + q + 128) - 1152
@@ -207,7 +223,9 @@ __device__ __forceinline__ bool qlin_mma_ok(const View<T, R>& x, const unsigned 
 template <typename T, int J, bool EXACT>
 __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
                                            const T* const (&xr)[J], int k, float slo, float shi,
-                                           unsigned s2lo, unsigned s2hi) {
+                                           unsigned s2lo, unsigned s2hi, unsigned zsub_lo = 0x64086408u,
+                                           unsigned zfma_lo = 0xD480D480u, unsigned zsub_hi = 0x64086408u,
+                                           unsigned zfma_hi = 0xD480D480u) {
   float part[J][4];
 #pragma unroll
   for (int j = 0; j < J; ++j)
@@ -217,8 +235,8 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
 #pragma unroll
   for (int w = 0; w < 4; ++w) {  // word w: k 8w .. 8w+7 of the lane's 32
     unsigned plo[4], phi[4];
-    qlin_q4_pairs(ulo[w], plo);
-    qlin_q4_pairs(uhi[w], phi);
+    qlin_q4_pairs(ulo[w], plo, zsub_lo, zfma_lo);
+    qlin_q4_pairs(uhi[w], phi, zsub_hi, zfma_hi);
     if constexpr (!EXACT) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -276,13 +294,15 @@ __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo,
 }
 
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1)
-template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false>
+template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
-                                                 long long N, long long K, float* red) {
+                                                 long long N, long long K, float* red,
+                                                 const unsigned char* __restrict__ zero = nullptr) {
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
   static_assert(!F8 || BITS == 8, "E4M3 codes are one byte per weight");
+  static_assert(!ZP || BITS == 4, "zero points are int4-only");
   static_assert(S == 1 || S == 2 || S == 4 || S == 8, "split-K ways: 1, 2, 4 or 8");
   constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
@@ -312,17 +332,21 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       const unsigned char* w1 = wq + r1 * row_bytes + 16 * c;
       const __half* s0 = scale + (long long)r0 * groups;
       const __half* s1 = scale + (long long)r1 * groups;
+      const unsigned char* z0 = ZP ? zero + (long long)r0 * groups : nullptr;
+      const unsigned char* z1 = ZP ? zero + (long long)r1 * groups : nullptr;
       const T* xr[J];
 #pragma unroll
       for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
       for (int s = ks; s < steps; s += S * U) {
         uint4 wlo[U], whi[U];
         __half slo[U], shi[U];
+        unsigned char zlo[U], zhi[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;
           wlo[u] = whi[u] = make_uint4(0u, 0u, 0u, 0u);
           slo[u] = shi[u] = __ushort_as_half(0);
+          zlo[u] = zhi[u] = 8;
           if (st < steps) {
             wlo[u] = lin_ld_stream(w0 + st * QLIN_STEP_BYTES);
             whi[u] = lin_ld_stream(w1 + st * QLIN_STEP_BYTES);
@@ -330,6 +354,10 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
               const int grp = EXACT ? st * 128 / GS : (st * 128 + 32 * c) / GS;
               slo[u] = __ldg(s0 + grp);
               shi[u] = __ldg(s1 + grp);
+              if constexpr (ZP) {
+                zlo[u] = __ldg(z0 + grp);
+                zhi[u] = __ldg(z1 + grp);
+              }
             }
           }
         }
@@ -338,9 +366,18 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
           const int st = s + S * u;
           if (st < steps) {
             if constexpr (BITS == 4) {
-              qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
-                                      __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
-                                      __half_as_ushort(shi[u]) * 0x10001u);
+              if constexpr (ZP) {
+                unsigned sub_lo, fma_lo, sub_hi, fma_hi;
+                qlin_zero_consts(zlo[u], sub_lo, fma_lo);
+                qlin_zero_consts(zhi[u], sub_hi, fma_hi);
+                qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
+                                        __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
+                                        __half_as_ushort(shi[u]) * 0x10001u, sub_lo, fma_lo, sub_hi, fma_hi);
+              } else {
+                qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
+                                        __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
+                                        __half_as_ushort(shi[u]) * 0x10001u);
+              }
             } else {
               qlin_step8<T, J, F8>(acc, wlo[u], whi[u], xr, st * 64);
             }

@@ -1,4 +1,5 @@
-"""LinearQ8 / LinearQ4 / LinearF8: weight-only quantized projections (quant.cu).
+"""LinearQ8 / LinearQ4 / LinearF8: weight-only quantized projections (quant.cu); LinearQ4 with or without
+zero points (its fifth input, asymmetric groups).
 
 The emitter binds x and y as Views of their own rank (leading dims flatten to M rows), the packed
 weight and the float16 scales as contiguous arena buffers, and the optional bias [N]. Two paths:
@@ -110,11 +111,12 @@ def steps_in_flight(bits: int, j: int) -> int:
 def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     x_v, wq_v, s_v = node.inputs[0], node.inputs[1], node.inputs[2]
     b_v = node.inputs[3] if len(node.inputs) > 3 else None
+    z_v = node.inputs[4] if node.op == "LinearQ4" and len(node.inputs) > 4 else None  # zero points
     y_v = node.outputs[0]
     dt = x_v.dtype
     if dt not in ("float32", "float16"):
         raise CodegenError(f"{node.name}: {node.op} on {dt} has no CUDA kernel (supported: float32, float16)")
-    for v in (wq_v, s_v):
+    for v in (wq_v, s_v) + ((z_v,) if z_v is not None else ()):
         if ctx.plan.placement(v).strides is not None:
             raise CodegenError(f"{node.name}: {node.op} needs contiguous {v.name}, it is a strided view")
     bits = 4 if node.op == "LinearQ4" else 8
@@ -129,13 +131,16 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.lines.append(f"  const unsigned char* wq = reinterpret_cast<const unsigned char*>({ctx.address(wq_v)});")
     ctx.lines.append(f"  const __half* wscale = reinterpret_cast<const __half*>({ctx.address(s_v)});")
     has_bias = bind_bias(ctx, b_v, t)
+    zp = z_v is not None
+    ctx.lines.append(f"  const unsigned char* wzero = "
+                     f"{f'reinterpret_cast<const unsigned char*>({ctx.address(z_v)})' if zp else 'nullptr'};")
     k_static = wq_v.shape[1] * 2 if bits == 4 and isinstance(wq_v.shape[1], int) else wq_v.shape[1]
     n_upper = ctx.upper(wq_v.shape[0])
     m_upper = 1
     for d in x_v.shape[:-1]:
         m_upper *= ctx.upper(d)
     fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
-                f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL);")
+                f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{', wzero' if zp else ''});")
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
         "  long long M = 1;",
@@ -149,13 +154,14 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
             lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
         else:
             lines.append("  float* qlin_red = nullptr;")
-        args = "x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red"
+        args = "x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red" + (", wzero" if zp else "")
         lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>(x, wq, M, N, K)) {{")
         for i, j in enumerate(js):
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                         f"{steps_in_flight(bits, j)}, {has_bias}{', true' if f8 else ''}>({args});")
+                         f"{steps_in_flight(bits, j)}, {has_bias}{', true' if f8 else ''}"
+                         f"{', false, true' if zp else ''}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         items = _ceil(_ceil(n_upper, 16), WARPS // split)
         # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)

@@ -47,7 +47,7 @@ import fnmatch
 import numpy as np
 
 from atlasc.errors import ShapeError, UsageError
-from atlasc.ir.graph import Graph, Node, Value, constant
+from atlasc.ir.graph import Graph, Node, constant
 from atlasc.ir.ops.quant import E4M3_MAX, dequant_f8
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
@@ -135,30 +135,58 @@ def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     return packed, scale
 
 
+def quantize_int4_asym(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w [N, K] float -> (packed uint8 [N, K/2] of unsigned codes, scale float16 [N, K/group], zero uint8
+    [N, K/group]) with w ~= (code - zero) * scale. Per group the range [min(w, 0), max(w, 0)] is cut
+    into 15 steps (s = (hi - lo) / 15 in float16), zero = rint(-lo / s) in [0, 15], code = rint(w / s) +
+    zero clamped to [0, 15]: |dequant - w| <= s elementwise (s / 2 inside the range; the clamp at its
+    ends costs at most another s / 2 from zero's rounding)."""
+    n, k = w.shape
+    if group < 2 or group % 2 or k % group:
+        raise ValueError(f"group size {group} must be even and divide K = {k}")
+    packed = np.empty((n, k // 2), np.uint8)
+    scale = np.empty((n, k // group), np.float16)
+    zero = np.empty((n, k // group), np.uint8)
+    for r0, r1 in _chunks(n, k):
+        c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
+        lo, hi = np.minimum(c.min(axis=2), 0), np.maximum(c.max(axis=2), 0)
+        s = _scale16(hi - lo, 15)
+        s32 = s.astype(np.float32)
+        z = np.clip(np.rint(-lo / s32), 0, 15)
+        q = np.clip(np.rint(c / s32[..., None]) + z[..., None], 0, 15).astype(np.int8)
+        packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k) - 8)
+        scale[r0:r1], zero[r0:r1] = s, z.astype(np.uint8)
+    return packed, scale, zero
+
+
 def dequantize_int8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
     from atlasc.ir.ops.quant import dequant_q8
 
     return dequant_q8(wq, scale)
 
 
-def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int, zero: np.ndarray | None = None) -> np.ndarray:
     from atlasc.ir.ops.quant import dequant_q4
 
-    return dequant_q4(packed, scale, group)
+    return dequant_q4(packed, scale, group, zero)
 
 
-def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int,
-                    new_array=np.empty) -> tuple[np.ndarray, np.ndarray, float]:
+def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=np.empty,
+                    zero_points: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
     """Quantize w chunk by chunk into arrays from new_array(shape, dtype) (Program.new_array: on disk for
-    a compile); also the relative error of x W^T on ERROR_ROWS random rows x."""
+    a compile): (codes, scales, int4 zero points or None, the relative error of x W^T on ERROR_ROWS
+    random rows x)."""
     n, k = w.shape
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
+    zero = None
     if mode == "int8":
         wq, scale = new_array((n, k), np.int8), new_array((n,), np.float16)
     elif mode == "fp8":
         wq, scale = new_array((n, k), np.uint8), new_array((n,), np.float16)
     else:
         wq, scale = new_array((n, k // 2), np.uint8), new_array((n, k // group), np.float16)
+        if zero_points:
+            zero = new_array((n, k // group), np.uint8)
     num = den = 0.0
     for r0, r1 in _chunks(n, k):
         c = np.asarray(w[r0:r1], np.float32)
@@ -168,6 +196,10 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int,
         elif mode == "fp8":
             q, s = quantize_fp8(c)
             deq = dequant_f8(q, s)
+        elif zero is not None:
+            q, s, z = quantize_int4_asym(c, group)
+            zero[r0:r1] = z
+            deq = dequantize_int4(q, s, group, z)
         else:
             q, s = quantize_int4(c, group)
             deq = dequantize_int4(q, s, group)
@@ -175,7 +207,7 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int,
         y = x @ c.T
         num += float(np.sum(np.square((y - x @ deq.T).astype(np.float64))))
         den += float(np.sum(np.square(y.astype(np.float64))))
-    return wq, scale, float(np.sqrt(num / den)) if den > 0 else 0.0
+    return wq, scale, zero, float(np.sqrt(num / den)) if den > 0 else 0.0
 
 
 def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
@@ -272,7 +304,8 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         ks = sorted({int(n.inputs[1].shape[1]) for n in candidates})
         raise UsageError(f"--group-size {group} divides no linear layer's K (K: {', '.join(map(str, ks))})",
                          hint="pick a group size that divides K, e.g. 32, 64 or 128")
-    made: dict[int, tuple[Value, Value, dict]] = {}  # id(W) -> (wq, scale, layer record): shared weights once
+    zero_points = mode == "int4" and opts.zero_points
+    made: dict[int, tuple] = {}  # id(W) -> (wq, scale, zero or None, layer record): shared weights once
     layers = []
     say = program.progress or (lambda stage, detail, done=None: None)
     total_bytes = sum({id(n.inputs[1]): n.inputs[1].data.nbytes for n in candidates}.values())
@@ -286,17 +319,22 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         if id(w) not in made:
             say("quantize", f"{mode} {w.name} ({len(made) + 1} weights, {done_bytes / 1e9:.2f} of "
                             f"{total_bytes / 1e9:.2f} GB)", (done_bytes, total_bytes))
-            wq, scale, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array)
+            wq, scale, zero, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array,
+                                                   zero_points=zero_points)
             done_bytes += w.data.nbytes
+            extra = 0 if zero is None else zero.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
-                   "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes)}
+                   "bytes_before": int(w.data.nbytes), "bytes_after": int(wq.nbytes + scale.nbytes + extra)}
             tag = "f8" if mode == "fp8" else f"q{mode[3:]}"
-            made[id(w)] = (constant(f"{w.name}__{tag}", wq), constant(f"{w.name}__scale", scale), rec)
+            zero_v = None if zero is None else constant(f"{w.name}__zero", zero)
+            made[id(w)] = (constant(f"{w.name}__{tag}", wq), constant(f"{w.name}__scale", scale), zero_v, rec)
             layers.append(rec)
-        wq_v, scale_v, _ = made[id(w)]
+        wq_v, scale_v, zero_v, _ = made[id(w)]
         program.float_weights[node.name] = w  # for the end-to-end accuracy report (atlasc/accuracy.py)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
-        ins = [node.inputs[0], wq_v, scale_v] + ([bias] if bias is not None else [])
+        ins = [node.inputs[0], wq_v, scale_v] + ([bias] if bias is not None or zero_v is not None else [])
+        if zero_v is not None:
+            ins.append(zero_v)  # LinearQ4(x, wq, scale, bias or None, zero)
         if mode in ("int8", "fp8"):
             node.op, node.inputs, node.attrs = op, ins, {}
         else:
@@ -306,6 +344,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
     after = sum(r["bytes_after"] for r in layers)
     program.quantization = {
         "mode": mode, "group_size": group if mode == "int4" else None, "skip": list(opts.quant_skip),
+        **({"zero_points": True} if zero_points else {}),
         "layers": layers, "bytes_before": before, "bytes_after": after,
         "max_rel_error": max((r["rel_error"] for r in layers), default=0.0),
         "declined": {k.split(" at ", 1)[1]: v for k, v in stats.declined.items()},

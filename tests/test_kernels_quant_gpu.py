@@ -9,6 +9,7 @@ outputs poisoned first (kernel_harness). The cases cover, for float16 x:
   lin_row_offset);
 - the fallback, chosen at code generation: K = 96 (int8 K % 64 != 0; int4 K % 128 != 0, rows of 48
   bytes: the scalar path), K = 64 int4, group 16; and at run time: a K-major x (stride != 1).
+LinearQ4 with zero points (ZP_CASES, with and without bias: the bias slot None) covers both paths too.
 LinearF8 (E4M3 codes) follows the int8 cases: K in {64, 128, 4096} on the tensor-core path, K = 96 the
 fallback. float32 x takes the fallback everywhere. test_quant_kernels_split reruns the float16 graph with the
 split-K ways forced to 1, 2 and 4 (ATLAS_QUANT_SPLIT; the table picks 8 for these narrow N, 1 for the
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlasc.passes.quantize import quantize_fp8, quantize_int4, quantize_int8
+from atlasc.passes.quantize import quantize_fp8, quantize_int4, quantize_int4_asym, quantize_int8
 
 pytestmark = pytest.mark.gpu
 
@@ -34,6 +35,10 @@ CASES = [  # (bits, K, N, group)
     (4, 512, 24, 256), (4, 4096, 256, 128), (4, 4096, 72, 64), (4, 4096, 1000, 32),
 ]
 MS = (1, 2, 3, 8, 9, 32, 33, 100)
+# (K, N, group) of LinearQ4 with zero points: the tensor-core path (exact scales: G 128 / 256; scales in
+# the A operand: G 32 / 64) and the fallback (K = 96: scalar bytes; G = 16)
+ZP_CASES = [(128, 40, 32), (256, 70, 128), (512, 24, 256), (4096, 72, 64), (4096, 1000, 128), (96, 33, 32),
+            (64, 24, 16)]
 # (K, N) of LinearF8 (E4M3 codes): the tensor-core path for K % 64 == 0 (the int8 route), K = 96 the fallback
 F8_CASES = [(64, 40), (96, 33), (128, 72), (4096, 256), (4096, 1000)]
 
@@ -66,6 +71,16 @@ def build_quant(dtype: str, m_max: int = 100):
         sv = b.input(f"sf{i}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
         b.node("LinearF8", [xs[k], wv, sv])
         b.node("LinearF8", [xs[k], wv, sv, b.input(f"bf{i}", dtype, (n,))])
+    for i, (k, n, group) in enumerate(ZP_CASES):  # int4 with zero points (asymmetric groups)
+        w = (np.random.default_rng(70 + i).uniform(-0.5, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        wq, scale, zero = quantize_int4_asym(w, group)
+        if k not in xs:
+            xs[k] = b.input(f"x{k}", dtype, ("m", k))
+        wv = b.input(f"wz{i}", "uint8", wq.shape, gen=lambda rng, shape, a=wq: a)
+        sv = b.input(f"sz{i}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
+        zv = b.input(f"zz{i}", "uint8", zero.shape, gen=lambda rng, shape, a=zero: a)
+        b.node("LinearQ4", [xs[k], wv, sv, None, zv], {"group_size": group})
+        b.node("LinearQ4", [xs[k], wv, sv, b.input(f"bz{i}", dtype, (n,)), zv], {"group_size": group})
     wq, scale = _packed(8, 256, 70, 0, 99)
     w3 = b.input("wq3d", "int8", wq.shape, gen=lambda rng, shape, a=wq: a)
     s3 = b.input("s3d", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)

@@ -33,6 +33,7 @@ from atlasc.passes.quantize import (
     pack_int4,
     quantize_fp8,
     quantize_int4,
+    quantize_int4_asym,
     quantize_int8,
 )
 from atlasc.pipeline import run_pipeline
@@ -69,6 +70,34 @@ def test_int4_round_trip(w, group):
     err = np.abs(dequantize_int4(packed, scale, group) - w)
     bound = np.repeat(scale.astype(np.float32), group, axis=1) / 2
     assert np.all(err <= bound * (1 + 1e-6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights, st.sampled_from([2, 4, 8, 16]))
+def test_int4_zero_point_round_trip(w, group):
+    """Asymmetric groups: codes and zero points in [0, 15], |dequant - w| <= s, and the kernel's view of
+    the codes (nibble - zero through dequant_q4) equals (code - zero) * scale exactly."""
+    packed, scale, zero = quantize_int4_asym(w, group)
+    n, k = w.shape
+    assert packed.shape == (n, k // 2) and scale.shape == zero.shape == (n, k // group) and zero.dtype == np.uint8
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0) and np.all(zero <= 15)
+    deq = dequantize_int4(packed, scale, group, zero)
+    codes = np.empty((n, k), np.int32)
+    codes[:, 0::2], codes[:, 1::2] = packed & 15, packed >> 4
+    zeros, scales = np.repeat(zero.astype(np.int32), group, axis=1), np.repeat(scale.astype(np.float32), group, axis=1)
+    want = (codes - zeros) * scales
+    assert np.array_equal(deq, want.astype(np.float32))
+    bound = np.repeat(scale.astype(np.float32), group, axis=1)
+    assert np.all(np.abs(deq - w) <= bound * (1 + 1e-6))
+
+
+def test_int4_zero_points_beat_symmetric_on_skewed_weights():
+    """On weights in [-0.5, 1] the 16 asymmetric levels cover the range the symmetric 15 waste half of."""
+    w = np.random.default_rng(0).uniform(-0.5, 1, (64, 256)).astype(np.float32)
+    sym = np.abs(dequantize_int4(*quantize_int4(w, 128), 128) - w).mean()
+    p, s, z = quantize_int4_asym(w, 128)
+    asym = np.abs(dequantize_int4(p, s, 128, z) - w).mean()
+    assert asym < 0.8 * sym, (asym, sym)
 
 
 def test_zero_row_gets_scale_one():
@@ -135,6 +164,29 @@ def test_quantized_layers_merge_after_quantize(quant):
     # one calibration error per layer of the quantize report (what `atlasc inspect` pairs them by)
     assert report["top1_agreement"] > 0.5
     assert set(report["layer_rel_error_on_calibration"]) == {r["layer"] for r in program.quantization["layers"]}
+
+
+def test_int4_zero_points_through_the_pipeline():
+    """--zero-points: every LinearQ4 (merged ones too) carries a uint8 zero point per group (input 4, the
+    bias slot None when there is no bias), equal to quantizing the stacked float parts; prefill logits
+    stay within the symmetric int4 bound."""
+    program = _program("llama", "int4", group_size=16, zero_points=True)
+    nodes = _ops(program, "LinearQ4")
+    assert nodes and not _ops(program, FLOAT_LINEAR)
+    assert program.quantization["zero_points"]
+    for n in nodes:
+        assert len(n.inputs) == 5 and n.inputs[4].dtype == "uint8" and n.inputs[4].shape == n.inputs[2].shape
+        if n.name.startswith("merged_linear"):
+            stacked = np.concatenate([p.data for _, p in program.float_weights[n.name]]).astype(np.float32)
+            wq, scale, zero = quantize_int4_asym(stacked, 16)
+            assert np.array_equal(n.inputs[1].data, wq) and np.array_equal(n.inputs[4].data, zero)
+    rel, _, _ = _max_rel("llama", program)
+    print(f"llama int4 g16 zero points prefill logits max rel diff {rel:.4f}")
+    assert rel < 0.25
+    from atlasc.accuracy import accuracy_report, random_prompts
+
+    report = accuracy_report(program, random_prompts(256, prompts=2, length=8))
+    assert report["top1_agreement"] > 0.5
 
 
 def test_quant_skip_keeps_matching_layers_in_float():
@@ -371,6 +423,16 @@ def test_quant_emitter_paths(monkeypatch):
         for x in node_kernels:
             assert (", true>(x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red)" in x) == (k % 64 == 0), (k, n)
             assert "atlas::linear_quant<__half, 2, 8, " in x and ", true>(x, wq" in x  # the fallback, E4M3
+    from test_kernels_quant_gpu import ZP_CASES
+
+    zp_kernels = [x for x in ks if "_LinearQ4(" in x and "wzero = reinterpret_cast" in x]
+    assert len(zp_kernels) == 2 * len(ZP_CASES)
+    for x in zp_kernels:
+        assert "LL, wzero);" in x  # the fallback gets them
+        fast = "linear_quant_mma<" in x
+        assert not fast or ", false, true>(x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, wzero)" in x
+    assert sum("linear_quant_mma<" in x for x in zp_kernels) == 2 * sum(
+        quant.mma_applies("float16", 4, k, g) for k, _, g in ZP_CASES)
     # M <= 100: J = 1, 2 and 4 (M-tiles of 32 rows)
     assert "if (M <= 8) atlas::linear_quant_mma<__half, 2, 4, 128, 1, 8, " in src
     assert "else if (M <= 16) atlas::linear_quant_mma<__half, 2, 4, 128, 2, 8, " in src

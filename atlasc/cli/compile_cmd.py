@@ -14,7 +14,7 @@ from rich.table import Table
 from atlasc.cli import _bytes, _err, _existing_file, _out, app, state
 from atlasc.errors import UsageError
 
-CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "quant_skip",
+CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "quant_skip",
                "prefill_logits"}
 
 
@@ -64,6 +64,9 @@ def compile_command(
                                               "channel; sm89 and newer). Default none.")] = None,
     group_size: Annotated[int | None, typer.Option("--group-size", help="int4: weights per scale along K "
                                                    "(must divide K). Default 128.")] = None,
+    zero_points: Annotated[bool, typer.Option("--zero-points", help="int4: asymmetric groups, each with a "
+                                              "zero point (range min..max in 16 steps) instead of the "
+                                              "symmetric +-max. Default symmetric.")] = False,
     quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
                                                          "node or output name matches this glob in float "
                                                          "(repeatable, or comma-separated).")] = None,
@@ -100,6 +103,10 @@ def compile_command(
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
     fusion = bool(cfg.get("fusion", True)) and not no_fusion and os.environ.get("ATLAS_FUSION_ENABLED", "1") != "0"
     quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
+    if zero_points or bool(cfg.get("zero_points", False)):
+        if quant_opts["quant"] != "int4":
+            raise UsageError(f"--zero-points applies to --quant int4, not {quant_opts['quant']}")
+        quant_opts["zero_points"] = True
     if calib is not None:
         _existing_file(calib, "calibration file")
         if quant_opts["quant"] == "none":

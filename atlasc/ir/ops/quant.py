@@ -2,9 +2,11 @@
 
     LinearQ8(x[..., K], wq int8 [N, K], scale float16 [N], bias[N]?)
         per-output-channel symmetric: w[n, k] ~= wq[n, k] * scale[n]
-    LinearQ4(x[..., K], wq uint8 [N, K/2], scale float16 [N, K/group_size], bias[N]?)
+    LinearQ4(x[..., K], wq uint8 [N, K/2], scale float16 [N, K/group_size], bias[N]?, zero uint8 [N, K/group_size]?)
         two int4 per byte (low nibble = even k, high nibble = odd k), values in [-8, 7] stored + 8;
         w[n, k] ~= (nibble(n, k) - 8) * scale[n, k // group_size]
+        with zero points (asymmetric; the bias slot may then be None): the nibble is the unsigned code
+        and w[n, k] ~= (nibble(n, k) - zero[n, k // group_size]) * scale[n, k // group_size], zero in [0, 15]
 
 References dequantize exactly in float32 (an int times a float16 scale is exact in float32), then
 compute x.astype(float32) @ w^T (+ bias in float32) and round once to x's dtype, as Linear does.
@@ -53,21 +55,31 @@ def dequant_f8(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return E4M3[np.asarray(wq, np.uint8)] * scale.astype(np.float32)[:, None]
 
 
-def dequant_q4(packed: np.ndarray, scale: np.ndarray, group_size: int) -> np.ndarray:
+def dequant_q4(packed: np.ndarray, scale: np.ndarray, group_size: int, zero: np.ndarray | None = None) -> np.ndarray:
+    """float32 [N, K]: (nibble - 8) * scale per group, or (nibble - zero) * scale with zero points
+    (exact in float32: an integer in [-15, 15] times a float16)."""
     q = unpack_int4(packed)
     n, k = q.shape
     g = q.reshape(n, k // group_size, group_size).astype(np.float32)
+    if zero is not None:  # nibble - zero = (nibble - 8) + (8 - zero)
+        g += (8 - np.asarray(zero, np.float32))[:, :, None]
     g *= scale.astype(np.float32)[:, :, None]  # the same products as repeating the scales, without the copy
     return g.reshape(n, k)
 
 
-def dequant(op: str, wq: np.ndarray, scale: np.ndarray, group_size: int = 128) -> np.ndarray:
-    """float32 [rows, K] of a quantized layer's weight rows (wq and scale sliced alike along N)."""
+def dequant(op: str, wq: np.ndarray, scale: np.ndarray, group_size: int = 128,
+            zero: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, K] of a quantized layer's weight rows (wq, scale and zero sliced alike along N)."""
     if op == "LinearQ8":
         return dequant_q8(wq, scale)
     if op == "LinearF8":
         return dequant_f8(wq, scale)
-    return dequant_q4(wq, scale, group_size)
+    return dequant_q4(wq, scale, group_size, zero)
+
+
+def q4_zero(node) -> object:
+    """The zero-point input of a LinearQ4 node (a Value), or None when it is symmetric."""
+    return node.inputs[4] if node.op == "LinearQ4" and len(node.inputs) > 4 else None
 
 
 def _common(ins, name: str, k):
@@ -83,6 +95,8 @@ def _common(ins, name: str, k):
     if x.shape[-1] != k:
         raise DimMismatch(x.shape[-1], k, f"{name}: inner ")
     n = wq.shape[0]
+    if len(ins) > 4 and ins[3] is None:  # LinearQ4 with zero points and no bias
+        return [TensorType(x.dtype, tuple(x.shape[:-1]) + (n,))]
     if len(ins) > 3 and ins[3] is not None:
         b = ins[3]
         if b.dtype != x.dtype:
@@ -123,6 +137,11 @@ def _q4_infer(ins, attrs):
     if tuple(scale.shape) != (wq.shape[0], k // g):
         raise ShapeError(f"LinearQ4: scale must be [N, K/group] = [{wq.shape[0]}, {k // g}], "
                          f"got {list(scale.shape)}")
+    if len(ins) > 4:
+        zero = ins[4]
+        if zero.dtype != "uint8" or tuple(zero.shape) != tuple(scale.shape):
+            raise ShapeError(f"LinearQ4: zero points must be uint8 {list(scale.shape)} like the scales, "
+                             f"got {zero.dtype} {list(zero.shape)}")
     return _common(ins, "LinearQ4", k)
 
 
@@ -132,9 +151,14 @@ def _reference(op: str):
     def ref(ins, attrs):
         x, wq, s = ins[0], ins[1], ins[2]
         bias = ins[3] if len(ins) > 3 else None
+        zero = ins[4] if len(ins) > 4 else None
         g = int(attrs.get("group_size", 128))
         k = 2 * wq.shape[1] if op == "LinearQ4" else wq.shape[1]
-        return [matmul_rows(x, lambda r0, r1: dequant(op, wq[r0:r1], s[r0:r1], g), wq.shape[0], k, bias)]
+
+        def rows(r0, r1):
+            return dequant(op, wq[r0:r1], s[r0:r1], g, None if zero is None else zero[r0:r1])
+
+        return [matmul_rows(x, rows, wq.shape[0], k, bias)]
 
     return ref
 
@@ -145,9 +169,10 @@ register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_per_channel_infer("Lin
 register("LinearF8", inputs=(3, 4), kind="opaque",
          infer=_per_channel_infer("LinearF8", "uint8", "uint8 (E4M3 codes)"), reference=_reference("LinearF8"),
          doc="x @ (E4M3(wq uint8 [N, K]) * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
-register("LinearQ4", inputs=(3, 4), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
+register("LinearQ4", inputs=(3, 5), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
          reference=_reference("LinearQ4"),
-         doc="x @ ((int4 nibbles of wq [N, K/2]) * scale[N, K/group])^T (+ bias); float32, one rounding")
+         doc="x @ (((int4 nibbles of wq [N, K/2]) - 8 or - zero[N, K/group]) * scale[N, K/group])^T (+ bias); "
+             "float32, one rounding")
 
 
 # -- DequantizeLinear (ONNX opset 21, constants only: a pre-quantized export's weights) --------------
