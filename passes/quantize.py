@@ -8,7 +8,10 @@ Matches (after fuse-linear and merge-linear):
     y = LinearQ4(x, Wp, s, [b], group_size=G)     options.quant == "int4": Wp uint8 [N, K/2], s [N, K/G]
     y = LinearF8(x, Wf, s, [b])                   options.quant == "fp8": Wf uint8 E4M3 codes [N, K], s [N]
 
-Symmetric round-to-nearest: per output channel for int8 (s = max|w| / 127), per group of G weights
+int4 with options.zero_points (`--zero-points`): LinearQ4(x, Wp, s, [b] or None, z) with z uint8
+[N, K/G], asymmetric groups (quantize_int4_asym: the range [min(w, 0), max(w, 0)] in 15 steps).
+
+Symmetric round-to-nearest (the default): per output channel for int8 (s = max|w| / 127), per group of G weights
 along K for int4 (s = max|w| / 7, values clamped to [-8, 7]), per output channel for fp8 (s = max|w|
 / 448, E4M3 round-to-nearest-even; only for --arch sm89 and newer, a UsageError otherwise). Scales
 are stored in float16 (at least 2^-14, the smallest normal, so they never flush to zero; an all-zero
@@ -27,11 +30,12 @@ row chunks (a few MB of float32 at a time), so memory stays bounded by one layer
 Pre-quantized exports (every mode, --quant none too): a MatMul whose weight is a DequantizeLinear of
 stored integers becomes a quantized layer with those integers, without requantizing:
 
-    MatMul(x, DequantizeLinear(q [K, N], s, [zp], axis=0, block_size=G))   int4 values (zp 0, or uint4
-        with zp 8)                                   => LinearQ4(x, pack(q^T), s^T, group_size=G)
+    MatMul(x, DequantizeLinear(q [K, N], s, [zp], axis=0, block_size=G))   int4 / uint4 values
+        => LinearQ4(x, pack(q^T), s^T, group_size=G), plus zp^T (as unsigned codes) when it is not the
+        symmetric one (int4 zp 0, uint4 zp 8)
     MatMul(x, DequantizeLinear(q [K, N], s [N], [zp], axis=1))              int8 (zp 0, or uint8 with
         zp 128)                                      => LinearQ8(x, q^T, s)
-Scales become float16 (exact for float16 exports). Any other DequantizeLinear (asymmetric zero
+Scales become float16 (exact for float16 exports). Any other DequantizeLinear (per-channel int8 zero
 points, blocked int8, a weight not fed to a MatMul) is a one-line ShapeError.
 
 Requires: fuse-linear (its weights are transposed views: quantizing reads them in row chunks, and
@@ -225,27 +229,37 @@ def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
         if x.dtype != s_v.dtype:
             raise ShapeError(f"node '{node.name}': MatMul of {x.dtype} by a DequantizeLinear to {s_v.dtype}")
         q = q_v.data.astype(np.int32)
-        if zp_v is not None:
-            zero = np.unique(zp_v.data)
-            if zero.size != 1:
-                raise ShapeError(f"node '{dq.name}': DequantizeLinear with per-channel zero points (asymmetric) "
-                                 "is not supported yet", hint="export symmetric quantization")
-            q = q - int(zero[0])
         k, n = q.shape
         axis, block = dq.attrs["axis"] % 2, int(dq.attrs["block_size"])
         scale = s_v.data.astype(np.float16)
-        if block > 0 and axis == 0 and k % block == 0 and q.min() >= -8 and q.max() <= 7 and block % 2 == 0:
-            wq = constant(f"{q_v.name}__q4", pack_int4(q.T))
-            sc = constant(f"{s_v.name}__scale", np.ascontiguousarray(scale.T))
-            new = Node("LinearQ4", [x, wq, sc], list(node.outputs), {"group_size": block}, name=node.name)
-        elif block == 0 and axis == 1 and scale.shape == (n,) and q.min() >= -128 and q.max() <= 127:
-            wq = constant(f"{q_v.name}__q8", np.ascontiguousarray(q.T.astype(np.int8)))
-            new = Node("LinearQ8", [x, wq, constant(f"{s_v.name}__scale", scale)], list(node.outputs), {},
-                       name=node.name)
-        else:
-            raise ShapeError(f"node '{dq.name}': DequantizeLinear weight (axis {axis}, block_size {block}, "
-                             f"values {q.min()}..{q.max()}) is not int4 blocked along K nor int8 per output "
-                             "channel", hint="those are the pre-quantized layouts atlasc maps to its kernels")
+        new = None
+        if block > 0 and axis == 0 and k % block == 0 and block % 2 == 0 and scale.shape == (k // block, n):
+            # int4 (stored as int8, codes q + 8) or uint4 (stored as uint8, codes q): w = (code - zero) * s
+            lo = 0 if q_v.dtype == "uint8" else -8
+            codes = q - lo
+            zp = np.zeros(scale.shape, np.int32) if zp_v is None else np.broadcast_to(
+                zp_v.data.astype(np.int32), scale.shape)
+            zero = zp - lo
+            if codes.min() >= 0 and codes.max() <= 15 and zero.min() >= 0 and zero.max() <= 15:
+                wq = constant(f"{q_v.name}__q4", pack_int4(codes.T - 8))
+                sc = constant(f"{s_v.name}__scale", np.ascontiguousarray(scale.T))
+                ins = [x, wq, sc]
+                if np.any(zero != 8):  # asymmetric: LinearQ4(x, wq, scale, None, zero)
+                    ins += [None, constant(f"{q_v.name}__zero", np.ascontiguousarray(zero.T.astype(np.uint8)))]
+                new = Node("LinearQ4", ins, list(node.outputs), {"group_size": block}, name=node.name)
+        if new is None:
+            if zp_v is not None and np.unique(zp_v.data).size != 1:
+                raise ShapeError(f"node '{dq.name}': DequantizeLinear with per-channel zero points (asymmetric) "
+                                 "is supported for int4 blocked along K only", hint="export int8 symmetric")
+            q8 = q - (0 if zp_v is None else int(np.unique(zp_v.data)[0]))
+            if block == 0 and axis == 1 and scale.shape == (n,) and q8.min() >= -128 and q8.max() <= 127:
+                wq = constant(f"{q_v.name}__q8", np.ascontiguousarray(q8.T.astype(np.int8)))
+                new = Node("LinearQ8", [x, wq, constant(f"{s_v.name}__scale", scale)], list(node.outputs), {},
+                           name=node.name)
+            else:
+                raise ShapeError(f"node '{dq.name}': DequantizeLinear weight (axis {axis}, block_size {block}, "
+                                 f"values {q.min()}..{q.max()}) is not int4 blocked along K nor int8 per output "
+                                 "channel", hint="those are the pre-quantized layouts atlasc maps to its kernels")
         graph.nodes[graph.nodes.index(node)] = new
         rule = "MatMul(x, DequantizeLinear(q, s)) => LinearQ4/Q8 (stored integers)"
         stats.applied[rule] = stats.applied.get(rule, 0) + 1

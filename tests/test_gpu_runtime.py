@@ -184,17 +184,22 @@ def test_batch_bucket_kernels_agree(build_dir):
 
 
 @pytest.mark.parametrize("name,quant,group", [("llama-fp16", "int8", 128), ("llama-fp16", "int4", 32),
-                                              ("llama", "int4", 16)])
+                                              ("llama", "int4", 16), ("llama-fp16", "int4z", 32),
+                                              ("llama-fp16", "fp8", 128)])
 def test_quantized_artifacts_match_the_cpu_runtime(name, quant, group, build_dir):
-    """End to end with quantized weights: the GPU runs an int8 / int4 artifact (tensor-core kernels where
-    they apply: fp16, K a multiple of 64 / 128 with int4 groups of 32 or more; the CUDA-core kernel
-    elsewhere) and gives the reference runtime's greedy tokens and logits on the same artifact."""
+    """End to end with quantized weights: the GPU runs an int8 / int4 / fp8 artifact (int4z: int4 with
+    zero points; tensor-core kernels where they apply: fp16, K a multiple of 64 / 128 with int4 groups of
+    32 or more; the CUDA-core kernel elsewhere) and gives the reference runtime's greedy tokens and
+    logits on the same artifact."""
     from atlasc.runtime.cpu import CpuModel
     from atlasc.runtime.gpu import GpuModel
 
+    if quant == "fp8" and int(device().arch[2:]) < 89:
+        pytest.skip("fp8 needs sm89 or newer")
     path = f"{build_dir}/{name}-{quant}-g{group}.atlas"
-    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64,
-                                                                 quant=quant, group_size=group))
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(
+        archs=(device().arch,), max_batch=4, max_seq=64, quant=quant.rstrip("z"), group_size=group,
+        zero_points=quant == "int4z"))
     prompts = _prompts(3, 9, seed=11)
     want = generate(CpuModel(open_artifact(path)), prompts, 12, keep_logits=True)
     model = GpuModel(open_artifact(path), device=device())

@@ -1,7 +1,8 @@
 """Pre-quantized ONNX (issue 6): MatMul(x, DequantizeLinear(q, scale)) with constant int4 weights
 blocked along K, or int8 per output channel, compiles to LinearQ4 / LinearQ8 holding the stored
 integers (no requantization) and matches onnxruntime on random inputs (float16 scales: bit-exact up
-to summation order; float32 scales are stored as float16, 2^-11 relative). Asymmetric zero points and
+to summation order; float32 scales are stored as float16, 2^-11 relative). int4 / uint4 zero points per
+block become LinearQ4's zero-point input. Per-channel int8 zero points (asymmetric int8) and
 other layouts are one-line errors, exit 2."""
 
 from __future__ import annotations
@@ -69,7 +70,32 @@ def test_prequantized_matmul_matches_onnxruntime(dtype, kind, op):
                                atol=tol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("kind, zero, needle", [("int4", 3, "zero points"), ("int8", 5, "zero points")])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("kind", ["int4", "uint4"])
+def test_prequantized_int4_with_zero_points_matches_onnxruntime(dtype, kind):
+    """Blocked int4 / uint4 weights with a zero point per block: LinearQ4 with its zero-point input."""
+    rng = np.random.default_rng(11 + len(kind))
+    model = dq_model(rng, dtype, kind, zero=3)
+    zp = model.graph.initializer[2]
+    lo, hi = (-8, 7) if kind == "int4" else (0, 15)
+    vals = rng.integers(lo, hi + 1, tuple(zp.dims))
+    model.graph.initializer[2].CopyFrom(H.make_tensor("z", zp.data_type, vals.shape, vals.flatten().tolist()))
+    x = rng.standard_normal((5, 64)).astype(dtype)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    program, _ = run_pipeline(Program({"main": import_onnx(model)}, CompileOptions(max_batch=8, max_seq=8)))
+    (node,) = program.entries["forward"].nodes
+    assert node.op == "LinearQ4" and len(node.inputs) == 5
+    assert np.array_equal(node.inputs[4].data, (vals - lo).T)
+    got = interpret(program.entries["forward"], {"x": x})["y"]
+    tol = 2e-3
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                               atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind, zero, needle", [("int8", 5, "zero points")])
 def test_unsupported_prequantized_layouts_are_one_line_errors(tmp_path, kind, zero, needle):
     rng = np.random.default_rng(1)
     model = dq_model(rng, np.float32, kind, zero=zero)

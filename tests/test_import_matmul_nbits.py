@@ -62,8 +62,31 @@ def test_matmul_nbits_matches_onnxruntime(dtype, block, bias, zp):
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("block, bias", [(32, False), (64, True)])
+def test_matmul_nbits_with_zero_points_matches_onnxruntime(dtype, block, bias):
+    """Asymmetric blocks (random 4-bit zero points, an odd block count per row padded to whole bytes for
+    block 64 at K = 192): LinearQ4 with its zero-point input, equal to onnxruntime's dequantization."""
+    rng = np.random.default_rng(7 + block)
+    k, n = (256 if block == 32 else 192), 40
+    blocks = k // block
+    z = rng.integers(0, 16, (n, blocks + blocks % 2)).astype(np.uint8)
+    zero_points = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+    model = nbits_model(rng, dtype, k=k, n=n, block=block, bias=bias, zero_points=zero_points)
+    x = rng.standard_normal((5, k)).astype(dtype)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = import_onnx(model)
+    (node,) = graph.nodes
+    assert node.op == "LinearQ4" and len(node.inputs) == 5 and (node.inputs[3] is None) == (not bias)
+    assert np.array_equal(node.inputs[4].data, z[:, :blocks])
+    got = interpret(graph, {"x": x})["y"]
+    tol = 2e-3  # fp32: scales stored as fp16; fp16: one rounding of the output (and of the bias) apart
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                               atol=tol * np.abs(want).max())
+
+
 @pytest.mark.parametrize("change, needle", [
-    ({"zero_points": np.full((40, 2), 0x77, np.uint8)}, "asymmetric"),
+    ({"zero_points": np.full((40, 2), 0.5, np.float32)}, "float32 zero points"),
     ({"bits": 8, "block": 32}, "bits=8"),
     ({"block": 24}, "block_size 24"),
 ])

@@ -325,10 +325,24 @@ def test_cli_compile_int8_and_inspect(cli, tmp_path):
     assert r.code == 0 and "quantization int8" in r.stdout and "rel error" in r.stdout, r
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_cli_compile_int4_zero_points_and_inspect(cli, tmp_path):
+    out = tmp_path / "z.atlas"
+    r = cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int4", "--group-size", "16", "--zero-points", "--json")
+    assert r.code == 0, r
+    q = json.loads(r.stdout.strip().splitlines()[-1])["quantization"]
+    assert q["zero_points"] and q["mode"] == "int4"
+    r = cli("inspect", out)
+    assert r.code == 0 and "quantization int4 g16 with zero points" in r.stdout, r
+    r = cli("inspect", out, "--json")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["options"]["zero_points"] is True
+
+
 def test_cli_bad_quant_values(cli, tmp_path):
     from test_compile_cli import one_error
 
     out = tmp_path / "q.atlas"
+    one_error(cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int8", "--zero-points"), "--zero-points")
     one_error(cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int3"), "--quant")
     one_error(cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int4", "--group-size", "48"), "48")
     one_error(cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int4", "--group-size", "7"), "--group-size")

@@ -101,7 +101,8 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
 def _print_quantization(out, q: dict | None) -> None:
     if not q:
         return
-    title = f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
+    title = f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "") \
+        + (" with zero points" if q.get("zero_points") else "")
     table = Table(title=f"{title}: weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}",
                   title_justify="left", show_edge=False)
     acc = q.get("accuracy") or {}

@@ -171,7 +171,8 @@ def _print_report(result, time_passes: bool) -> None:
     out.print(mem)
     q = result.manifest.report.get("quantization")
     if q:
-        out.print(f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
+        out.print(f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "") \
+        + (" with zero points" if q.get("zero_points") else "")
                   + f": {len(q['layers'])} layers, weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}, "
                   f"max relative error {q['max_rel_error']:.4f}")
     if state.verbose or time_passes:

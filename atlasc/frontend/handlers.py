@@ -318,11 +318,13 @@ def h_rotary(imp, node, ins):
 
 
 def h_matmul_nbits(imp, node, ins):
-    """com.microsoft MatMulNBits (4-bit, symmetric: no zero points or all 8) -> LinearQ4, as stored.
+    """com.microsoft MatMulNBits (4-bit) -> LinearQ4, as stored.
 
     MatMulNBits packs B [N, K/block, block/2] as unsigned nibbles, low nibble first, w = (q - zp) *
     scale with zp = 8 by default: exactly LinearQ4's [N, K/2] layout (q + 8), so no requantization;
-    the scales become float16 (LinearQ4's scale type; exact for float16 exports)."""
+    the scales become float16 (LinearQ4's scale type; exact for float16 exports). uint8 zero points
+    (two per byte, low nibble first, each row padded to whole bytes) other than all 8 become LinearQ4's
+    zero-point input [N, K/block]; float zero points are an error."""
     a = node.attrs
     bits, block, k, n = int(a.get("bits", 4)), int(a["block_size"]), int(a["K"]), int(a["N"])
     where = "MatMulNBits"
@@ -336,14 +338,22 @@ def h_matmul_nbits(imp, node, ins):
     if not (isinstance(packed, Known) and isinstance(scales, Known)) or packed.symbolic or scales.symbolic:
         raise ShapeError(f"{where}: B and scales must be initializers")
     zp = ins[3] if len(ins) > 3 else None
+    zero = None
     if zp is not None:
         z = np.asarray(zp.array) if isinstance(zp, Known) else None
         if z is None:
             raise ShapeError(f"{where}: zero points must be an initializer")
-        symmetric = np.all(z == 0x88) if z.dtype == np.uint8 else np.all(z == 8)
-        if not symmetric:
-            raise ShapeError(f"{where} with zero points other than 8 (asymmetric int4) is not supported yet",
-                             hint="export with symmetric quantization (no zero points)")
+        if z.dtype != np.uint8:
+            raise ShapeError(f"{where} with {z.dtype} zero points is not supported (packed uint8 only)")
+        blocks, row_bytes = k // block, (k // block + 1) // 2
+        if z.size != n * row_bytes:
+            raise ShapeError(f"{where}: zero points must hold N * ceil(K/block / 2) = {n * row_bytes} bytes, "
+                             f"got {z.size}")
+        z = z.reshape(n, row_bytes)
+        unpacked = np.empty((n, 2 * row_bytes), np.uint8)
+        unpacked[:, 0::2], unpacked[:, 1::2] = z & 15, z >> 4
+        if np.any(unpacked[:, :blocks] != 8):  # all 8 is the symmetric default
+            zero = Known.numeric(np.ascontiguousarray(unpacked[:, :blocks]))
     b = np.asarray(packed.array)
     if b.dtype != np.uint8 or b.size != n * k // 2:
         raise ShapeError(f"{where}: B must be uint8 [N, K/block, block/2] = {n} x {k // block} x {block // 2}")
@@ -353,7 +363,10 @@ def h_matmul_nbits(imp, node, ins):
     wq = Known.numeric(np.ascontiguousarray(b.reshape(n, k // 2)))
     scale = Known.numeric(s.reshape(n, k // block).astype(np.float16))
     bias = ins[5] if len(ins) > 5 else None
-    imp.emit(node, "LinearQ4", [ins[0], wq, scale] + ([bias] if bias is not None else []), {"group_size": block})
+    extra = [bias] if bias is not None else []
+    if zero is not None:
+        extra = [bias, zero]  # LinearQ4(x, wq, scale, bias or None, zero)
+    imp.emit(node, "LinearQ4", [ins[0], wq, scale] + extra, {"group_size": block})
 
 
 def h_dequantize_linear(imp, node, ins):
