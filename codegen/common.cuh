@@ -14,6 +14,18 @@
 
 namespace atlas {
 
+// Programmatic dependent launch (sm90+), the first statement of every generated kernel: wait until the
+// grids this one depends on have completed and their writes are visible, then let the next kernel's
+// blocks be scheduled (they wait here in turn). A runtime that turns a graph's kernel-to-kernel edges
+// into programmatic ones (runtime/cudagraph.py, ATLAS_PDL=1) overlaps a kernel's launch with the tail of
+// the one before; with plain launches and edges both instructions return at once.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ long long imax(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long imin(long long a, long long b) { return a < b ? a : b; }
 __device__ __forceinline__ long long floordiv(long long a, long long b) {

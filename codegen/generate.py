@@ -238,7 +238,8 @@ def codegen_choices() -> dict:
     from atlasc.codegen import attention, linear, quant
 
     return {"linear_path": linear.path_choice(), "quant_path": quant.path_choice(),
-            "attention_path": attention.path_choice(), "attention_max_split": attention.split_max()}
+            "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
+            "pdl_wait": True}  # every kernel starts with atlas::pdl_enter (common.cuh)
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
@@ -248,6 +249,7 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
         code.preamble,
         f"// {node.name}: {node.op} -> {sig}",
         f'extern "C" __global__ void __launch_bounds__({threads}) {ctx.kernel}(unsigned char* __restrict__ arena) {{',
+        "  atlas::pdl_enter();",
         f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",
         "  (void)d;",
         *ctx.lines,

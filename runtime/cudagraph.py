@@ -14,6 +14,17 @@ import ctypes.util
 from atlasc.errors import AtlasError
 
 CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+CU_GRAPH_NODE_TYPE_KERNEL = 0
+CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC = 1
+CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC = 1
+PDL_ENV = "ATLAS_PDL"
+
+
+class EdgeData(ctypes.Structure):
+    """CUgraphEdgeData (cuda.h): from_port, to_port, type, 5 reserved bytes."""
+
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
 
 
 class CudaGraphError(AtlasError):
@@ -41,10 +52,48 @@ def _check(result: int, what: str) -> None:
         raise CudaGraphError(f"{what} failed: {msg.value.decode() if msg.value else result}")
 
 
-class CapturedGraph:
-    """The launches issued by `record()` on `stream`, instantiated for replay."""
+def make_programmatic(graph) -> int:
+    """Turn every plain kernel -> kernel edge of an (uninstantiated) graph into a programmatic one
+    (from port CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the downstream kernel's blocks may be scheduled
+    once every upstream block has run griddepcontrol.launch_dependents, and its griddepcontrol.wait
+    holds it until the upstream grid has completed with its writes visible (atlasc kernels start with
+    both: atlas::pdl_enter in codegen/common.cuh). Returns how many edges changed."""
+    lib = _libcuda()
+    count = ctypes.c_size_t(0)
+    _check(lib.cuGraphGetEdges_v2(graph, None, None, None, ctypes.byref(count)), "cuGraphGetEdges")
+    n = count.value
+    if n == 0:
+        return 0
+    frm, to, data = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (EdgeData * n)()
+    _check(lib.cuGraphGetEdges_v2(graph, frm, to, data, ctypes.byref(count)), "cuGraphGetEdges")
 
-    def __init__(self, stream, record):
+    def is_kernel(node) -> bool:
+        kind = ctypes.c_int(-1)
+        _check(lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
+        return kind.value == CU_GRAPH_NODE_TYPE_KERNEL
+
+    picked = [i for i in range(n) if data[i].from_port == 0 and data[i].type == 0
+              and is_kernel(frm[i]) and is_kernel(to[i])]
+    if not picked:
+        return 0
+    m = len(picked)
+    sel_from = (ctypes.c_void_p * m)(*[frm[i] for i in picked])
+    sel_to = (ctypes.c_void_p * m)(*[to[i] for i in picked])
+    _check(lib.cuGraphRemoveDependencies_v2(graph, sel_from, sel_to, (EdgeData * m)(), ctypes.c_size_t(m)),
+           "cuGraphRemoveDependencies")
+    new = (EdgeData * m)()
+    for e in new:
+        e.from_port, e.type = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    _check(lib.cuGraphAddDependencies_v2(graph, sel_from, sel_to, new, ctypes.c_size_t(m)), "cuGraphAddDependencies")
+    return m
+
+
+class CapturedGraph:
+    """The launches issued by `record()` on `stream`, instantiated for replay; with programmatic=True
+    its kernel-to-kernel edges become programmatic first (make_programmatic; self.programmatic counts
+    them)."""
+
+    def __init__(self, stream, record, programmatic: bool = False):
         lib = _libcuda()
         self.stream_handle = ctypes.c_void_p(stream.handle)
         begin = getattr(lib, "cuStreamBeginCapture_v2", None) or lib.cuStreamBeginCapture
@@ -55,6 +104,14 @@ class CapturedGraph:
         finally:
             _check(lib.cuStreamEndCapture(self.stream_handle, ctypes.byref(graph)), "cuStreamEndCapture")
         self.graph = graph
+        self.programmatic = 0
+        if programmatic:
+            try:
+                self.programmatic = make_programmatic(graph)
+            except CudaGraphError:
+                lib.cuGraphDestroy(graph)
+                self.graph = ctypes.c_void_p()
+                raise
         self.exec = ctypes.c_void_p()
         _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiate")

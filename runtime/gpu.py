@@ -4,11 +4,14 @@ Load: verify the artifact, pick the cubin for this GPU's arch (a clear error nam
 artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
 free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
 arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
-device allocation happens after load.
+device allocation happens after load. ATLAS_PDL=1 (sm90+, not yet the default: to be measured) makes the
+captured graphs' kernel-to-kernel edges programmatic, so a kernel's blocks launch while the previous
+kernel drains (each kernel waits for its inputs in atlas::pdl_enter).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 
@@ -17,6 +20,7 @@ import numpy as np
 from atlasc.artifact import Artifact
 from atlasc.errors import InputError
 from atlasc.runtime.bind import bind_entry, output_shape
+from atlasc.runtime.cudagraph import PDL_ENV
 from atlasc.runtime.device import Device, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
@@ -52,6 +56,11 @@ class GpuModel:
         self.kernels = KernelTable(self.dev, self.module, kernels)
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
+        # programmatic dependent launch inside the captured graphs: opt-in (ATLAS_PDL=1) until measured on
+        # a GPU; needs sm90+ and an artifact whose kernels start with atlas::pdl_enter (report.codegen)
+        self.pdl = (os.environ.get(PDL_ENV, "0") == "1" and int(self.dev.arch[2:]) >= 90
+                    and bool(m.report.get("codegen", {}).get("pdl_wait")))
+        self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
         self.graphs = {}
         self.reset()
 
@@ -113,9 +122,16 @@ class GpuModel:
             return
         graph = self.graphs.get(key)
         if graph is None:
-            from atlasc.runtime.cudagraph import CapturedGraph
+            from atlasc.runtime.cudagraph import CapturedGraph, CudaGraphError
 
-            graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches))
+            graph = None
+            if self.pdl:
+                try:
+                    graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches), programmatic=True)
+                except CudaGraphError as e:  # a driver without programmatic edges: plain ones
+                    self.pdl, self.pdl_error = False, str(e)
+            if graph is None:
+                graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches))
             self.graphs[key] = graph
         graph.launch()
 

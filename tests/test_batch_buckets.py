@@ -133,9 +133,18 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
 
     c = llama32.manifest.report["codegen"]
     assert c == {"linear_path": "table", "quant_path": "table", "attention_path": "fast",
-                 "attention_max_split": 32, "batch_buckets": {"decode": ["batch", [1, 8]]}}
+                 "attention_max_split": 32, "pdl_wait": True, "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
     monkeypatch.setenv("ATLAS_QUANT_PATH", "simt")
     assert codegen_choices() == {"linear_path": "table", "quant_path": "simt", "attention_path": "rows",
-                                 "attention_max_split": 4}
+                                 "attention_max_split": 4, "pdl_wait": True}
+
+
+def test_every_kernel_starts_with_the_pdl_wait(llama32):
+    """Each kernel definition's first statement is atlas::pdl_enter() (griddepcontrol.wait on sm90+), so a
+    graph whose edges are programmatic (runtime/cudagraph.py make_programmatic) never reads an input early."""
+    lines = llama32.source().splitlines() if callable(llama32.source) else llama32.source.splitlines()
+    defs = [i for i, line in enumerate(lines) if line.startswith('extern "C" __global__') and line.endswith("{")]
+    assert len(defs) > 50
+    assert all(lines[i + 1] == "  atlas::pdl_enter();" for i in defs)

@@ -227,3 +227,23 @@ def test_greedy_without_fusion_matches_onnxruntime(name, build_dir):
     got = generate(model, prompts, 32, keep_logits=True)
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-fp16", "gpt2"])
+def test_programmatic_dependent_launch_keeps_the_tokens(name, build_dir, monkeypatch):
+    """ATLAS_PDL=1 (sm90+): the captured graphs' kernel-to-kernel edges become programmatic (every kernel
+    waits for its inputs in atlas::pdl_enter) and greedy generation gives onnxruntime's tokens, as the
+    plain graphs do."""
+    from atlasc.runtime.gpu import GpuModel
+
+    if int(device().arch[2:]) < 90:
+        pytest.skip("programmatic dependent launch needs sm90")
+    monkeypatch.setenv("ATLAS_PDL", "1")
+    model = GpuModel(open_artifact(artifact_path(name, build_dir)), device=device())
+    assert model.pdl
+    prompts, want_tokens, want_logits = stored_greedy(name, 4, 17)
+    got = generate(model, prompts, 32, keep_logits=True)
+    assert model.pdl, model.pdl_error  # the driver took the programmatic edges
+    assert model.graphs and all(g.programmatic > 0 for g in model.graphs.values())
+    model.close()
+    assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
