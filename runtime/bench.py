@@ -6,8 +6,9 @@ decode step must read (every weight once, except embedding tables of which only 
 are read, plus the KV cache up to the current length) over the bandwidth (4.30 TB/s measured on the
 H200 by a device-to-device copy, or --bandwidth).
 
-`profile`: one decode step launched kernel by kernel (no CUDA graph) with CUDA events around each
-launch: time, bytes moved and FLOPs per kernel (from the manifest's shapes at that step's sizes).
+`profile`: one step captured as a CUDA graph with an event-record node around every kernel and replayed
+(the kernels run back to back, as in `run`; the host only launches the graph): time, bytes moved and
+FLOPs per kernel (from the manifest's shapes at that step's sizes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from atlasc.artifact.dims import evaluate_dim
+from atlasc.runtime.cudagraph import CapturedGraph, CudaGraphError, GraphEvents
 from atlasc.runtime.generate import Sampling, generate
 from atlasc.runtime.launches import node_launch
 
@@ -98,6 +100,7 @@ class KernelRow:
     us: float
     bytes: int
     flops: int
+    method: str = "graph"  # how it was timed: "graph" (event nodes in a replayed graph) or "host" launches
 
     @property
     def gbps(self) -> float:
@@ -116,8 +119,12 @@ def _numel(shape_json, env) -> int:
 
 
 def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", repeats: int = 20) -> list[KernelRow]:
-    """Median per-kernel time of one step of `entry` at (batch, context): the step's kernels launched one
-    by one (no graph), back to back, each timed by a pair of CUDA events."""
+    """Median per-kernel time of one step of `entry` at (batch, context). The step is captured as a CUDA
+    graph with an event-record node before every kernel and after the last (GraphEvents), and replayed:
+    the GPU runs the kernels back to back, and a kernel's time is the span between its two events (the
+    gap before the next kernel included), so the rows add up to the replayed step. Where the driver
+    refuses event nodes in a capture, each kernel is launched from the host between two events instead
+    (KernelRow.method "host"), which counts the host's launch time for kernels shorter than it."""
     m = model.manifest
     e = m.entries[entry]
     roles = m.report.get("roles", {})
@@ -151,26 +158,58 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
     launched = [n for n in e.nodes if n.kernel]  # "": an aliased reshape, no kernel
     times = {n.name: [] for n in launched}
     launches = [node_launch(n, env) for n in launched]  # the variants a run at this batch uses
-    # one step's kernels are enqueued back to back, each between two events, and the host waits once
-    # per step: waiting after every kernel let the GPU idle (and clock down) between kernels, which
-    # inflated short kernels (the v5 profile summed to 2x the graph-replayed step)
-    events = [(cuda.Event(), cuda.Event()) for _ in launched]
-    for _ in range(repeats):
-        for n, (kernel, grid, block, smem), (start, end) in zip(launched, launches, events):
-            start.record(model.dev.stream)
-            model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
-            end.record(model.dev.stream)
-        events[-1][1].synchronize()
-        for n, (start, end) in zip(launched, events):
-            times[n.name].append(end.time_since(start) * 1e3)
+    method = "graph"
+    try:
+        _time_in_graph(model, launched, launches, times, repeats)
+    except CudaGraphError:
+        method = "host"
+        for n in launched:
+            times[n.name].clear()
+        # launched from the host, back to back, each between two events; one wait per step (a wait after
+        # every kernel let the GPU idle and clock down: the v5 profile summed to 2x the replayed step)
+        events = [(cuda.Event(), cuda.Event()) for _ in launched]
+        for _ in range(repeats):
+            for n, (kernel, grid, block, smem), (start, end) in zip(launched, launches, events):
+                start.record(model.dev.stream)
+                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
+                end.record(model.dev.stream)
+            events[-1][1].synchronize()
+            for n, (start, end) in zip(launched, events):
+                times[n.name].append(end.time_since(start) * 1e3)
     rows = []
     for n in launched:
         moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
         if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
             moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])
         rows.append(KernelRow(node_launch(n, env)[0], n.op, n.name, statistics.median(times[n.name]), moved,
-                              _flops(n, values, weights, env)))
+                              _flops(n, values, weights, env), method))
     return sorted(rows, key=lambda r: -r.us)
+
+
+def _time_in_graph(model, launched, launches, times: dict, repeats: int) -> None:
+    """times[node] += the us of each replay of the step captured with an event node around every kernel."""
+    stream = model.dev.stream
+    events = GraphEvents(len(launched) + 1)
+    graph = None
+    try:
+
+        def record():
+            for i, (n, (kernel, grid, block, smem)) in enumerate(zip(launched, launches)):
+                events.record(stream, i)
+                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
+            events.record(stream, len(launched))
+
+        graph = CapturedGraph(stream, record)
+        graph.launch()  # warm-up
+        events.elapsed_ms()
+        for _ in range(repeats):
+            graph.launch()
+            for n, ms in zip(launched, events.elapsed_ms()):
+                times[n.name].append(ms * 1e3)
+    finally:
+        if graph is not None:
+            graph.close()
+        events.close()
 
 
 def _flops(n, values, weights, env) -> int:

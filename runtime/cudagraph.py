@@ -127,3 +127,44 @@ class CapturedGraph:
         if self.graph:
             lib.cuGraphDestroy(self.graph)
             self.graph = ctypes.c_void_p()
+
+
+CU_EVENT_RECORD_EXTERNAL = 0x1
+
+
+class GraphEvents:
+    """count CUDA events to record inside a stream capture as event-record nodes (cuEventRecordWithFlags
+    with CU_EVENT_RECORD_EXTERNAL): replaying the graph then times each segment between consecutive
+    events on the GPU alone, with the kernels running back to back (no host launch in between)."""
+
+    def __init__(self, count: int):
+        lib = _libcuda()
+        self.events = []
+        for _ in range(count):
+            ev = ctypes.c_void_p()
+            _check(lib.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(0)), "cuEventCreate")
+            self.events.append(ev)
+
+    def record(self, stream, i: int) -> None:
+        """Record event i on stream (a pycuda Stream) as a node of the graph being captured."""
+        _check(_libcuda().cuEventRecordWithFlags(self.events[i], ctypes.c_void_p(stream.handle),
+                                                 ctypes.c_uint(CU_EVENT_RECORD_EXTERNAL)), "cuEventRecordWithFlags")
+
+    def elapsed_ms(self) -> list[float]:
+        """Milliseconds between event i and i + 1, for every i, after the last one has completed."""
+        lib = _libcuda()
+        _check(lib.cuEventSynchronize(self.events[-1]), "cuEventSynchronize")
+        elapsed = getattr(lib, "cuEventElapsedTime_v2", None) or lib.cuEventElapsedTime
+        out = []
+        for a, b in zip(self.events, self.events[1:]):
+            ms = ctypes.c_float()
+            _check(elapsed(ctypes.byref(ms), a, b), "cuEventElapsedTime")
+            out.append(ms.value)
+        return out
+
+    def close(self) -> None:
+        lib = _libcuda()
+        destroy = getattr(lib, "cuEventDestroy_v2", None) or lib.cuEventDestroy
+        for ev in self.events:
+            destroy(ev)
+        self.events = []

@@ -82,19 +82,21 @@ def profile_command(
     top: Annotated[int, typer.Option("--top", help="Rows to print.")] = 25,
     as_json: Annotated[bool, typer.Option("--json", help="Print every row as JSON.")] = False,
 ) -> None:
-    """Per-kernel time of one step (CUDA events, graphs off), with bytes and FLOPs per kernel and the
-    achieved GB/s and TFLOP/s, slowest first."""
+    """Per-kernel time of one step (the step replayed as a CUDA graph with an event around every kernel:
+    the kernels run back to back and the rows add up to the step), with bytes and FLOPs per kernel and
+    the achieved GB/s and TFLOP/s, slowest first."""
     from atlasc.runtime.bench import profile
 
     m = _load(model, cuda_graphs=False)
     rows = profile(m, batch, context, entry)
     total = sum(r.us for r in rows)
     if as_json:
-        print(json.dumps({"total_us": total, "rows": [{"kernel": r.kernel, "op": r.op, "node": r.node, "us": r.us,
-                                                       "bytes": r.bytes, "flops": r.flops, "gbps": r.gbps,
-                                                       "tflops": r.tflops} for r in rows]}))
+        rows_json = [{"kernel": r.kernel, "op": r.op, "node": r.node, "us": r.us, "bytes": r.bytes, "flops": r.flops,
+                      "gbps": r.gbps, "tflops": r.tflops} for r in rows]
+        print(json.dumps({"total_us": total, "method": rows[0].method if rows else "", "rows": rows_json}))
         return
-    t = Table(title=f"{entry} step, batch {batch}, context {context}: {len(rows)} kernels, {total:.1f} us",
+    how = "" if not rows or rows[0].method == "graph" else " (launched from the host: short kernels overstated)"
+    t = Table(title=f"{entry} step, batch {batch}, context {context}: {len(rows)} kernels, {total:.1f} us{how}",
               title_justify="left", show_edge=False)
     for col in ("op", "node", "us", "% time", "MB", "GB/s", "TFLOP/s"):
         t.add_column(col, justify="left" if col in ("op", "node") else "right")
