@@ -3,7 +3,8 @@
 Builds the model (examples/build_llama.py: real shapes, seeded random fp16 weights), compiles it
 for this GPU, runs `atlasc bench`, then measures transformers' LlamaForCausalLM of the same config
 (random weights too: timing only) with eager generation and with the static cache, and prints one
-table with the ratios. The peers are measured here, never quoted.
+table with the ratios. The peers are measured here, never quoted. --pdl-ab benches atlasc's artifact
+twice, with plain CUDA graphs and with ATLAS_PDL=1 (programmatic dependent launch).
 
     python examples/bench_vs_torch.py --config llama-3.2-1b --batch 1,32 --prompt 128 --gen 128
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -25,7 +27,8 @@ from build_llama import CONFIGS, write  # noqa: E402
 
 
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
-                 quant: str = "none") -> list[dict]:
+                 quant: str = "none", pdl_ab: bool = False) -> list[dict]:
+    """atlasc's bench rows (each with "engine"); pdl_ab: the same artifact again with ATLAS_PDL=1."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
@@ -46,9 +49,17 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
     print(f"[atlasc] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}",
           flush=True)
-    model = GpuModel(open_artifact(art_path), device=dev)
-    rows = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
-    model.close()
+    rows = []
+    for pdl in ("0", "1") if pdl_ab else (os.environ.get("ATLAS_PDL", "0"),):
+        os.environ["ATLAS_PDL"] = pdl  # read by GpuModel at load
+        model = GpuModel(open_artifact(art_path), device=dev)
+        measured = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
+        # the driver may refuse programmatic edges at the first capture: then the graphs are plain ones
+        engine = "atlasc+pdl" if model.pdl else "atlasc"
+        if model.pdl_error:
+            print(f"[atlasc] ATLAS_PDL=1 refused, plain graphs: {model.pdl_error}", flush=True)
+        rows += [{"engine": engine, **r} for r in measured]
+        model.close()
     return rows
 
 
@@ -105,20 +116,24 @@ def main() -> None:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--quant", default="none", choices=("none", "int8", "int4", "fp8"),
                     help="compile atlasc's artifact with --quant (the peers stay fp16)")
+    ap.add_argument("--pdl-ab", action="store_true",
+                    help="bench atlasc's artifact twice: plain CUDA graphs, then ATLAS_PDL=1 (programmatic edges)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
-        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant)
+        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant,
+                            args.pdl_ab)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
     precision = "fp16" if args.quant == "none" else f"atlasc {args.quant} (weights), peers fp16"
     print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
     print(f"{'engine':<22} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
           f"{'GiB':>6} {'vs atlasc':>9}")
-    by_batch = {r["batch"]: r for r in ours}
+    by_batch = {r["batch"]: r for r in ours if r["engine"] == ours[0]["engine"]}
     for r in ours:
-        print(f"{'atlasc':<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} {r['decode_ms_per_step']:>9.3f} "
-              f"{r['tokens_per_s']:>10.1f} {r['roofline_pct']:>8.1f}% {r['peak_device_gib']:>6.2f} {'1.00x':>9}")
+        ratio = r["tokens_per_s"] / by_batch[r["batch"]]["tokens_per_s"]
+        print(f"{r['engine']:<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} {r['decode_ms_per_step']:>9.3f} "
+              f"{r['tokens_per_s']:>10.1f} {r['roofline_pct']:>8.1f}% {r['peak_device_gib']:>6.2f} {ratio:>8.2f}x")
     for r in peers:
         ratio = by_batch[r["batch"]]["tokens_per_s"] / r["tokens_per_s"]
         print(f"{'transformers ' + r['mode']:<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} "

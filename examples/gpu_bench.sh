@@ -2,7 +2,8 @@
 # One call on the GPU machine for speed: the kernel labs (Linear fp16, int4/int8, decode attention),
 # then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
 # tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
-# artifact quantized; SKIP_TORCH=1 skips the transformers peers.
+# artifact quantized; SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs
+# and with ATLAS_PDL=1.
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -17,7 +18,7 @@ if [ "${LABS:-1}" != 0 ]; then
 fi
 quant="${QUANT:-none}"  # QUANT=int4 / int8 / fp8: atlasc compiles with --quant (transformers stays fp16)
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
-    ${SKIP_TORCH:+--skip-torch} --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
+    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 14 "$out/quant_lab.log" && \
     tail -n 20 "$out/attention_lab.log"
