@@ -400,3 +400,26 @@ def test_prefill_logits_option(tmp_path, value, model, needle):
         assert r.returncode == 2 and needle in r.stderr and not out.exists()
     else:
         assert r.returncode == 0 and out.exists(), r.stderr
+
+
+def test_terminated_compile_leaves_nothing_behind(tmp_path):
+    """SIGTERM during a compile (after the spill directory exists, while nvcc runs in a fresh cache) exits
+    143 and removes the spill directory and the temporary artifact: nothing half-written."""
+    import signal
+    import time
+
+    tmpdir, out = tmp_path / "tmp", tmp_path / "out"
+    tmpdir.mkdir()
+    out.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "ATLAS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "atlasc", "compile", str(GPT2), "-o", str(out / "g.atlas"),
+                             *GPT2_FLAGS], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith("atlasc-spill-") for p in tmpdir.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the compile ended before its spill dir showed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=300)
+    assert proc.returncode == 143
+    assert not [p for p in tmpdir.iterdir() if p.name.startswith("atlasc-spill-")]
+    assert list(out.iterdir()) == []

@@ -7,7 +7,9 @@ and `hint: <hint>` on stderr (one line each) and exits with code 2, or re-raises
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -313,6 +315,10 @@ def _report(e: AtlasError) -> None:
         err.print(Text("hint: ", style="bold") + Text(e.hint))
 
 
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `atlasc` console script and `python -m atlasc`.
 
@@ -320,6 +326,11 @@ def main(argv: list[str] | None = None) -> None:
     """
     state.debug = False
     state.verbose = 0
+    # a terminated compile (SIGTERM, e.g. a CI timeout) unwinds like Ctrl-C: the temporary artifact and
+    # the spill directory of the weights passes made are removed, nothing is left half-written
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         # standalone mode: typer prints its own usage errors and exits 2; AtlasError comes through
         app(args=argv, prog_name="atlasc")
@@ -328,6 +339,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _report(e)
         sys.exit(e.exit_code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 # commands defined in their own modules register themselves on `app`
