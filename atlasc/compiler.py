@@ -99,7 +99,9 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     _check_dtype(graph, options.dtype)
 
     with tempfile.TemporaryDirectory(prefix="atlasc-spill-") as spill:
-        return _compile_program(graph, model_path, out_path, options, seconds, say, Path(spill), dump_ir)
+        result = _compile_program(graph, model_path, out_path, options, seconds, say, Path(spill), dump_ir)
+    result.program.spill_dir = None  # removed: later constants stay in memory (the spilled ones stay mapped)
+    return result
 
 
 def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOptions, seconds: dict,

@@ -11,8 +11,10 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -135,8 +137,7 @@ def compile_chunked(source: str, chunks: list[str], archs: tuple[str, ...], *, o
                 name = f"part{i:04d}.cubin"
                 (Path(tmp) / name).write_bytes(data)
                 names.append(name)
-            proc = subprocess.run([link, f"-arch=sm_{arch[2:]}", *names, "-o", "linked.cubin"], capture_output=True,
-                                  text=True, check=False, cwd=tmp)
+            proc = _run_tool([link, f"-arch=sm_{arch[2:]}", *names, "-o", "linked.cubin"], cwd=tmp)
             if proc.returncode != 0:
                 err = NvccError(f"nvlink failed for {arch}: {_first_error(proc.stderr + proc.stdout)}",
                                 hint="this is a bug in atlasc's code generation; please report it")
@@ -187,6 +188,54 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
         return dict(pool.map(one, archs))
 
 
+_children: set = set()  # nvcc / nvlink processes running now (stop_children)
+_children_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+class CompileStopped(AtlasError):
+    """The compile was terminated while nvcc ran (stop_children)."""
+
+
+def _run_tool(cmd: list[str], cwd) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True) that stop_children() can end."""
+    if _stopping.is_set():
+        raise CompileStopped("the compile was terminated")
+    # its own process group (stop_children ends cicc / ptxas too) and its temporaries in cwd, a folder the
+    # caller removes (nvcc leaves its tmpxft files behind when it is terminated)
+    env = {**os.environ, "TMPDIR": str(cwd)}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                          start_new_session=True) as proc:
+        with _children_lock:
+            _children.add(proc)
+        try:
+            if _stopping.is_set():
+                _terminate(proc)
+            out, err = proc.communicate()
+        finally:
+            with _children_lock:
+                _children.discard(proc)
+    if _stopping.is_set():
+        raise CompileStopped("the compile was terminated")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop_children() -> None:
+    """Terminate the running nvcc / nvlink processes and refuse new ones (a terminated compile: the
+    thread pools then unwind at once instead of waiting for every queued job)."""
+    _stopping.set()
+    with _children_lock:
+        for proc in list(_children):
+            _terminate(proc)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the tool and the processes it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
     # -lineinfo records the build folder in the cubin: a folder named by the content hash keeps
     # rebuilds byte-identical (a random temporary name would not)
@@ -208,8 +257,7 @@ def _run_nvcc_in(exe: str, source: str, arch: str, args: list[str], tmp: Path) -
         os.utime(src, (315532800, 315532800))  # the line table records the file's mtime: pin it (1980-01-01)
         # relative paths from inside the temp folder: -lineinfo records the file name, and a random
         # folder name in the cubin would break byte-identical rebuilds
-        proc = subprocess.run([exe, *args, src.name, "-o", out.name], capture_output=True, text=True, check=False,
-                              cwd=tmp)
+        proc = _run_tool([exe, *args, src.name, "-o", out.name], cwd=tmp)
         if proc.returncode != 0 or not out.exists():
             kept = Path(tempfile.gettempdir()) / f"atlasc-failed-{hashlib.sha256(source.encode()).hexdigest()[:12]}.cu"
             kept.write_text(source)

@@ -237,6 +237,9 @@ def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
             # int4 (stored as int8, codes q + 8) or uint4 (stored as uint8, codes q): w = (code - zero) * s
             lo = 0 if q_v.dtype == "uint8" else -8
             codes = q - lo
+            if zp_v is not None and zp_v.data.size != 1 and tuple(zp_v.data.shape) != scale.shape:
+                raise ShapeError(f"node '{dq.name}': DequantizeLinear zero point {list(zp_v.data.shape)} does not "
+                                 f"match its scale {list(scale.shape)}")
             zp = np.zeros(scale.shape, np.int32) if zp_v is None else np.broadcast_to(
                 zp_v.data.astype(np.int32), scale.shape)
             zero = zp - lo

@@ -59,13 +59,19 @@ def make_programmatic(graph) -> int:
     holds it until the upstream grid has completed with its writes visible (atlasc kernels start with
     both: atlas::pdl_enter in codegen/common.cuh). Returns how many edges changed."""
     lib = _libcuda()
+    calls = {}
+    for name in ("cuGraphGetEdges_v2", "cuGraphRemoveDependencies_v2", "cuGraphAddDependencies_v2"):
+        calls[name] = getattr(lib, name, None)
+        if calls[name] is None:  # drivers before CUDA 12.3 have no edge data
+            raise CudaGraphError(f"this CUDA driver has no {name}: no programmatic graph edges")
+    get_edges = calls["cuGraphGetEdges_v2"]
     count = ctypes.c_size_t(0)
-    _check(lib.cuGraphGetEdges_v2(graph, None, None, None, ctypes.byref(count)), "cuGraphGetEdges")
+    _check(get_edges(graph, None, None, None, ctypes.byref(count)), "cuGraphGetEdges")
     n = count.value
     if n == 0:
         return 0
     frm, to, data = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (EdgeData * n)()
-    _check(lib.cuGraphGetEdges_v2(graph, frm, to, data, ctypes.byref(count)), "cuGraphGetEdges")
+    _check(get_edges(graph, frm, to, data, ctypes.byref(count)), "cuGraphGetEdges")
 
     def is_kernel(node) -> bool:
         kind = ctypes.c_int(-1)
@@ -79,12 +85,13 @@ def make_programmatic(graph) -> int:
     m = len(picked)
     sel_from = (ctypes.c_void_p * m)(*[frm[i] for i in picked])
     sel_to = (ctypes.c_void_p * m)(*[to[i] for i in picked])
-    _check(lib.cuGraphRemoveDependencies_v2(graph, sel_from, sel_to, (EdgeData * m)(), ctypes.c_size_t(m)),
+    _check(calls["cuGraphRemoveDependencies_v2"](graph, sel_from, sel_to, (EdgeData * m)(), ctypes.c_size_t(m)),
            "cuGraphRemoveDependencies")
     new = (EdgeData * m)()
     for e in new:
         e.from_port, e.type = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-    _check(lib.cuGraphAddDependencies_v2(graph, sel_from, sel_to, new, ctypes.c_size_t(m)), "cuGraphAddDependencies")
+    _check(calls["cuGraphAddDependencies_v2"](graph, sel_from, sel_to, new, ctypes.c_size_t(m)),
+           "cuGraphAddDependencies")
     return m
 
 
@@ -101,20 +108,24 @@ class CapturedGraph:
         graph = ctypes.c_void_p()
         try:
             record()
-        finally:
-            _check(lib.cuStreamEndCapture(self.stream_handle, ctypes.byref(graph)), "cuStreamEndCapture")
+        except BaseException:
+            lib.cuStreamEndCapture(self.stream_handle, ctypes.byref(graph))
+            if graph:
+                lib.cuGraphDestroy(graph)
+            raise
+        _check(lib.cuStreamEndCapture(self.stream_handle, ctypes.byref(graph)), "cuStreamEndCapture")
         self.graph = graph
         self.programmatic = 0
-        if programmatic:
-            try:
-                self.programmatic = make_programmatic(graph)
-            except CudaGraphError:
-                lib.cuGraphDestroy(graph)
-                self.graph = ctypes.c_void_p()
-                raise
         self.exec = ctypes.c_void_p()
-        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0)),
-               "cuGraphInstantiate")
+        try:
+            if programmatic:
+                self.programmatic = make_programmatic(graph)
+            _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0)),
+                   "cuGraphInstantiate")
+        except CudaGraphError:
+            lib.cuGraphDestroy(graph)
+            self.graph = ctypes.c_void_p()
+            raise
 
     def launch(self) -> None:
         _check(_libcuda().cuGraphLaunch(self.exec, self.stream_handle), "cuGraphLaunch")

@@ -84,6 +84,29 @@ def test_spilled_constants_give_the_same_artifact(tiny, tmp_path, monkeypatch, q
     assert (tmp_path / "spilled.atlas").read_bytes() == (tmp_path / "memory.atlas").read_bytes()
 
 
+def test_full_spill_disk_is_one_error(tiny, tmp_path, monkeypatch, cli):
+    """No room in TMPDIR for a spilled constant: a one-line error naming the directory (exit 2), no
+    artifact, and the spill directory removed."""
+    import errno
+    import tempfile
+
+    import atlasc.ir.program as program_mod
+    from test_compile_cli import one_error
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(program_mod, "SPILL_MIN_BYTES", 1)
+    monkeypatch.setattr(program_mod.os, "posix_fallocate", full)
+    spill_root = tmp_path / "tmp"
+    spill_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
+    out = tmp_path / "x.atlas"
+    one_error(cli("compile", tiny, "-o", out, "--arch", "sm90", "--max-seq", "32", "--quant", "int8"),
+              "no room", "spill")
+    assert not out.exists() and list(spill_root.iterdir()) == []
+
+
 def test_truncated_external_data_is_one_error(tiny):
     data = tiny.with_name(tiny.name + ".data")
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])

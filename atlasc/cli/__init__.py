@@ -316,6 +316,10 @@ def _report(e: AtlasError) -> None:
 
 
 def _terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    from atlasc.codegen.nvcc import stop_children
+
+    stop_children()  # running nvcc processes end now; the thread pools unwind without waiting for them
     raise SystemExit(128 + signum)
 
 

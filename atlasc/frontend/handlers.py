@@ -343,6 +343,8 @@ def h_matmul_nbits(imp, node, ins):
         z = np.asarray(zp.array) if isinstance(zp, Known) else None
         if z is None:
             raise ShapeError(f"{where}: zero points must be an initializer")
+        if z.dtype != np.uint8 and np.all(z == 8):
+            z = np.full(n * ((k // block + 1) // 2), 0x88, np.uint8)  # the symmetric default, as packed uint8
         if z.dtype != np.uint8:
             raise ShapeError(f"{where} with {z.dtype} zero points is not supported (packed uint8 only)")
         blocks, row_bytes = k // block, (k // block + 1) // 2

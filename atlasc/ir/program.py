@@ -7,6 +7,8 @@ shared by reference between entries, so one weights image serves them all.
 
 from __future__ import annotations
 
+import errno
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,11 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
+from atlasc.errors import AtlasError
 from atlasc.ir.graph import Graph
 from atlasc.ir.memory import MemoryPlan
 
 
 SPILL_MIN_BYTES = 1 << 20  # smaller constants stay in memory (Program.new_array)
+
+
+class SpillError(AtlasError):
+    """The spill directory has no room for a constant a pass makes."""
 
 
 @dataclass(frozen=True)
@@ -85,4 +92,14 @@ class Program:
         if self.spill_dir is None or nbytes < SPILL_MIN_BYTES:
             return np.empty(shape, dtype)
         path = Path(self.spill_dir) / f"{uuid.uuid4().hex}.bin"
-        return np.memmap(path, dtype=dtype, mode="w+", shape=tuple(shape))
+        with open(path, "wb") as f:
+            try:  # reserve the blocks now: a full disk is this error, not a SIGBUS when the map is written
+                os.posix_fallocate(f.fileno(), 0, nbytes)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # no fallocate here: a sparse file
+                    f.truncate(nbytes)
+                    return np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
+                raise SpillError(f"no room for {nbytes / 2**20:.0f} MiB of compile spill files in {self.spill_dir}: "
+                                 f"{e.strerror}", hint="point TMPDIR at a disk with room for the quantized "
+                                 "weights (a RAM-backed /tmp gives no memory relief)") from None
+        return np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
