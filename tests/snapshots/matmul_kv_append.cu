@@ -2,6 +2,7 @@
 
 // matmul1: MatMul -> matmul1_out0: float16[m, 48]
 extern "C" __global__ void __launch_bounds__(256) snap_0000_MatMul(unsigned char* __restrict__ arena) {
+  atlas::pdl_enter();
   const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
   (void)d;
   atlas::View<__half, 2> a_src;
@@ -40,6 +41,7 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_MatMul(unsigned char
 
 // kvappend2: KVAppend -> kvappend2_out0: float16[batch, 2, past_seq + seq, 8]
 extern "C" __global__ void __launch_bounds__(256) snap_0001_KVAppend(unsigned char* __restrict__ arena) {
+  atlas::pdl_enter();
   const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
   (void)d;
   atlas::View<__half, 4> x;

@@ -1,5 +1,6 @@
 // ln: LayerNormalization -> ln_out0: float16[b, n], ln_out1: float32[b, 1], ln_out2: float32[b, 1]
 extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(unsigned char* __restrict__ arena) {
+  atlas::pdl_enter();
   const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
   (void)d;
   atlas::View<__half, 2> x;
@@ -55,6 +56,7 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(u
 
 // cat: Concat -> cat_out0: float16[b, n + 16]
 extern "C" __global__ void __launch_bounds__(256) snap_0001_Concat(unsigned char* __restrict__ arena) {
+  atlas::pdl_enter();
   const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
   (void)d;
   atlas::View<__half, 2> y;
