@@ -118,12 +118,20 @@ def main() -> None:
                     help="compile atlasc's artifact with --quant (the peers stay fp16)")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="bench atlasc's artifact twice: plain CUDA graphs, then ATLAS_PDL=1 (programmatic edges)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="keep the ONNX file and the artifact (CONFIG.onnx, CONFIG.atlas) here, e.g. for `atlasc "
+                         "profile` afterwards (default: a temporary folder, removed)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
-    with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
-        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant,
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, args.quant,
                             args.pdl_ab)
+    else:
+        with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
+            ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant,
+                                args.pdl_ab)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
     precision = "fp16" if args.quant == "none" else f"atlasc {args.quant} (weights), peers fp16"
     print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")

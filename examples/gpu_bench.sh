@@ -3,7 +3,8 @@
 # then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
 # tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
 # artifact quantized; SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs
-# and with ATLAS_PDL=1.
+# and with ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the
+# largest batch, 256 keys).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -17,9 +18,17 @@ if [ "${LABS:-1}" != 0 ]; then
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
 quant="${QUANT:-none}"  # QUANT=int4 / int8 / fp8: atlasc compiles with --quant (transformers stays fp16)
+work="${WORKDIR:-/tmp/atlasc-work}"  # the ONNX file and the artifact stay here (not under $OUT: gigabytes)
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
-    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} --json "$out/bench_$config.json" 2>&1 | tee "$out/bench_$config.log"
+    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
+    tee "$out/bench_$config.log"
+if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
+    for b in 1 "${batches##*,}"; do
+        atlasc profile "$work/$config.atlas" --batch "$b" --context 256 --top 30 2>&1 | tee "$out/profile_${config}_b$b.log"
+    done
+fi
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 14 "$out/quant_lab.log" && \
     tail -n 20 "$out/attention_lab.log"
 tail -n 12 "$out/bench_$config.log"
+[ "${PROFILE:-0}" != 0 ] && head -n 16 "$out"/profile_"${config}"_b*.log
