@@ -65,7 +65,7 @@ def compile_command(
     group_size: Annotated[int | None, typer.Option("--group-size", help="int4: weights per scale along K "
                                                    "(must divide K). Default 128.")] = None,
     zero_points: Annotated[bool, typer.Option("--zero-points", help="int4: asymmetric groups, each with a "
-                                              "zero point (range min..max in 16 steps) instead of the "
+                                              "zero point (16 levels over [min, max], 0 included) instead of the "
                                               "symmetric +-max. Default symmetric.")] = False,
     quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
                                                          "node or output name matches this glob in float "
