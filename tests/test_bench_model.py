@@ -1,7 +1,9 @@
-"""The byte count behind `atlasc bench`'s roofline (CPU: it reads only the manifest)."""
+"""The byte count behind `atlasc bench`'s roofline (CPU: it reads only the manifest), and `atlasc profile`'s
+graph timing against a simulated driver."""
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import numpy as np
@@ -31,3 +33,98 @@ def test_decode_bytes_counts_weights_once_embedding_rows_and_the_cache(tmp_path)
         per_token = 2 * kv.layers * kv.kv_heads * kv.head_dim * np.dtype(kv.dtype).itemsize
         assert decode_bytes(m, 1, 10) == others + row + 10 * per_token
         assert decode_bytes(m, 3, 20) == others + 3 * row + 3 * 20 * per_token
+
+
+class _FakeGraphDriver:
+    """The libcuda calls of CapturedGraph and GraphEvents, simulated: a capture records event and kernel
+    launches in order; a graph launch walks them with each kernel taking its fixed duration, stamping
+    each event with the time reached (so elapsed times are exactly the kernels' durations)."""
+
+    def __init__(self, durations_us: dict[str, float]):
+        self.durations, self.capturing, self.graphs, self.stamps, self.next_id = durations_us, None, {}, {}, 1
+
+    def _id(self, out) -> int:
+        self.next_id += 1
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = self.next_id
+        return self.next_id
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        self.capturing = []
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph):
+        self.graphs[self._id(graph)] = self.capturing
+        self.capturing = None
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, exec_, graph, flags):
+        ctypes.cast(exec_, ctypes.POINTER(ctypes.c_void_p))[0] = graph.value
+        return 0
+
+    def cuGraphLaunch(self, exec_, stream):
+        t = 0.0
+        for kind, what in self.graphs[exec_.value]:
+            if kind == "event":
+                self.stamps[what] = t
+            else:
+                t += self.durations[what]
+        return 0
+
+    def cuEventCreate(self, ev, flags):
+        self._id(ev)
+        return 0
+
+    def cuEventRecordWithFlags(self, ev, stream, flags):
+        assert flags.value == 1 and self.capturing is not None  # CU_EVENT_RECORD_EXTERNAL, inside a capture
+        self.capturing.append(("event", ev.value))
+        return 0
+
+    def cuEventSynchronize(self, ev):
+        return 0
+
+    def cuEventElapsedTime_v2(self, ms, a, b):
+        ctypes.cast(ms, ctypes.POINTER(ctypes.c_float))[0] = (self.stamps[b.value] - self.stamps[a.value]) / 1e3
+        return 0
+
+    def cuGraphExecDestroy(self, exec_):
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        return 0
+
+    def cuEventDestroy_v2(self, ev):
+        return 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatch):
+    """`atlasc profile`'s graph timing, with a simulated driver: every launched decode kernel gets exactly
+    the time between the events around it (the batch-1 variants at batch 1), method "graph"."""
+    from types import SimpleNamespace
+
+    from atlasc.runtime import bench, cudagraph
+    from atlasc.runtime.launches import node_launch
+
+    path = tmp_path / "llama.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64))
+    art = open_artifact(path)
+    m = art.manifest
+    launched = [n for n in m.entries["decode"].nodes if n.kernel]
+    env = {"batch": 1, "past_seq": 15, **m.entries["decode"].bindings}
+    kernels = [node_launch(n, env)[0] for n in launched]
+    durations = {k: 1.0 + i for i, k in enumerate(dict.fromkeys(kernels))}  # distinct us per kernel
+    driver = _FakeGraphDriver(durations)
+    monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
+
+    def launch(kernel, grid, block, smem, arena, node=""):
+        driver.capturing.append(("kernel", kernel))
+
+    model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
+                            dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
+                            write_inputs=lambda entry, feeds, symbols: None)
+    rows = bench.profile(model, batch=1, context=16, repeats=3)
+    assert len(rows) == len(launched) and {r.method for r in rows} == {"graph"}
+    by_node = {r.node: r for r in rows}
+    for n, k in zip(launched, kernels):
+        assert by_node[n.name].kernel == k and by_node[n.name].us == pytest.approx(durations[k], rel=1e-5)
+    art.close()
