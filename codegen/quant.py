@@ -28,6 +28,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import bind_bias
 from atlasc.ir.graph import Node
+from atlasc.ir.ops.quant import q4_zero
 
 THREADS = 256  # QLIN_THREADS in quant.cu
 WARPS = THREADS // 32
@@ -111,7 +112,7 @@ def steps_in_flight(bits: int, j: int) -> int:
 def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     x_v, wq_v, s_v = node.inputs[0], node.inputs[1], node.inputs[2]
     b_v = node.inputs[3] if len(node.inputs) > 3 else None
-    z_v = node.inputs[4] if node.op == "LinearQ4" and len(node.inputs) > 4 else None  # zero points
+    z_v = q4_zero(node)  # LinearQ4's zero points (asymmetric groups), or None
     y_v = node.outputs[0]
     dt = x_v.dtype
     if dt not in ("float32", "float16"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlasc.ir.graph import Graph, Node, Value, constant
+from atlasc.ir.ops.quant import q4_zero
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -34,18 +35,13 @@ RULE = "Linear(x, W1), Linear(x, W2), ... => Split(Linear(x, [W1; W2; ...]))"
 MERGEABLE = {"Linear": 1, "LinearQ8": 2, "LinearQ4": 2, "LinearF8": 2}
 
 
-def _zero(node: Node):
-    """LinearQ4's zero points (input 4, after the bias slot), or None."""
-    return node.inputs[4] if node.op == "LinearQ4" and len(node.inputs) > 4 else None
-
-
 def _mergeable(node: Node) -> bool:
     if node.op not in MERGEABLE:
         return False
     k = MERGEABLE[node.op]
     consts = node.inputs[1:1 + k]
     b = node.inputs[1 + k] if len(node.inputs) > 1 + k else None
-    z = _zero(node)
+    z = q4_zero(node)
     return all(c.is_constant for c in consts) and (b is None or b.is_constant) and (z is None or z.is_constant)
 
 
@@ -54,7 +50,7 @@ def _signature(node: Node) -> tuple:
     whether LinearQ4 has zero points."""
     consts = node.inputs[1:1 + MERGEABLE[node.op]]
     return (node.op, tuple(sorted(node.attrs.items())), tuple((c.dtype, tuple(c.shape[1:])) for c in consts),
-            _zero(node) is not None)
+            q4_zero(node) is not None)
 
 
 def _concat_rows(program: Program, parts: list[np.ndarray]) -> np.ndarray:
@@ -87,10 +83,10 @@ def _merge_group(program: Program, graph: Graph, nodes: list[Node], index: int) 
         dt = next(b.data.dtype for b in biases if b is not None)
         parts = [b.data.reshape(-1) if b is not None else np.zeros(n, dt) for b, n in zip(biases, sizes)]
         inputs.append(constant(f"merged_b_{index}__{name0}", np.concatenate(parts)))
-    if _zero(nodes[0]) is not None:  # LinearQ4(x, wq, scale, bias or None, zero)
+    if q4_zero(nodes[0]) is not None:  # LinearQ4(x, wq, scale, bias or None, zero)
         if len(inputs) == 1 + k:
             inputs.append(None)
-        inputs.append(constant(f"merged_z_{index}__{name0}", _concat_rows(program, [_zero(n).data for n in nodes])))
+        inputs.append(constant(f"merged_z_{index}__{name0}", _concat_rows(program, [q4_zero(n).data for n in nodes])))
     first_out = nodes[0].outputs[0]
     shape = tuple(first_out.shape[:-1]) + (sum(sizes),)
     merged = Value(f"merged_{index}__{first_out.name}", first_out.dtype, shape)

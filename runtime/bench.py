@@ -177,11 +177,11 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
             for n, (start, end) in zip(launched, events):
                 times[n.name].append(end.time_since(start) * 1e3)
     rows = []
-    for n in launched:
+    for n, (kernel, *_) in zip(launched, launches):
         moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
         if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
             moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])
-        rows.append(KernelRow(node_launch(n, env)[0], n.op, n.name, statistics.median(times[n.name]), moved,
+        rows.append(KernelRow(kernel, n.op, n.name, statistics.median(times[n.name]), moved,
                               _flops(n, values, weights, env), method))
     return sorted(rows, key=lambda r: -r.us)
 

@@ -20,7 +20,7 @@ import numpy as np
 from atlasc.artifact import Artifact
 from atlasc.errors import InputError
 from atlasc.runtime.bind import bind_entry, output_shape
-from atlasc.runtime.cudagraph import PDL_ENV
+from atlasc.runtime.cudagraph import PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
@@ -122,8 +122,6 @@ class GpuModel:
             return
         graph = self.graphs.get(key)
         if graph is None:
-            from atlasc.runtime.cudagraph import CapturedGraph, CudaGraphError
-
             graph = None
             if self.pdl:
                 try:
@@ -162,4 +160,3 @@ class GpuModel:
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             out[spec.name] = self.dev.download(self.arena, spec.offset, n).view(dt).reshape(shape)
         return out
-

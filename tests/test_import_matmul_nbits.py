@@ -105,3 +105,11 @@ def test_unsupported_variants_are_one_line_errors(tmp_path, change, needle):
     with pytest.raises(ShapeError, match=needle):
         import_onnx(model)
     assert_compile_refused(model, tmp_path, needle)
+
+
+def test_unpacked_symmetric_zero_points_import_as_symmetric():
+    """Zero points given unpacked (the scales' type) and all 8: the symmetric LinearQ4, no zero input."""
+    rng = np.random.default_rng(5)
+    model = nbits_model(rng, np.float32, k=128, n=40, block=32, zero_points=np.full(40 * 4, 8.0, np.float32))
+    (node,) = import_onnx(model).nodes
+    assert node.op == "LinearQ4" and len(node.inputs) == 3

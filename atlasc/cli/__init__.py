@@ -173,6 +173,12 @@ def _symbol(name: str, info: dict) -> str:
     return f"{lo if lo is not None else ''} <= {name}" + (f" <= {hi}" if hi is not None else "")
 
 
+def _quant_title(q: dict) -> str:
+    """"quantization int4 g128 with zero points": a quantize report's mode, as compile and inspect print it."""
+    return (f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
+            + (" with zero points" if q.get("zero_points") else ""))
+
+
 def _bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":

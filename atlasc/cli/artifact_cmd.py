@@ -10,7 +10,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from atlasc.cli import _bytes, _out
+from atlasc.cli import _bytes, _out, _quant_title
 from atlasc.errors import UsageError
 
 
@@ -101,8 +101,7 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
 def _print_quantization(out, q: dict | None) -> None:
     if not q:
         return
-    title = f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "") \
-        + (" with zero points" if q.get("zero_points") else "")
+    title = _quant_title(q)
     table = Table(title=f"{title}: weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}",
                   title_justify="left", show_edge=False)
     acc = q.get("accuracy") or {}

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from atlasc.cli import _bytes, _err, _existing_file, _out, app, state
+from atlasc.cli import _bytes, _err, _existing_file, _out, _quant_title, app, state
 from atlasc.errors import UsageError
 
 CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "quant_skip",
@@ -171,10 +171,8 @@ def _print_report(result, time_passes: bool) -> None:
     out.print(mem)
     q = result.manifest.report.get("quantization")
     if q:
-        out.print(f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "") \
-        + (" with zero points" if q.get("zero_points") else "")
-                  + f": {len(q['layers'])} layers, weights {_bytes(q['bytes_before'])} -> {_bytes(q['bytes_after'])}, "
-                  f"max relative error {q['max_rel_error']:.4f}")
+        out.print(f"{_quant_title(q)}: {len(q['layers'])} layers, weights {_bytes(q['bytes_before'])} -> "
+                  f"{_bytes(q['bytes_after'])}, max relative error {q['max_rel_error']:.4f}")
     if state.verbose or time_passes:
         table = Table(title="passes", title_justify="left", show_edge=False)
         table.add_column("pass")

@@ -343,19 +343,19 @@ def h_matmul_nbits(imp, node, ins):
         z = np.asarray(zp.array) if isinstance(zp, Known) else None
         if z is None:
             raise ShapeError(f"{where}: zero points must be an initializer")
-        if z.dtype != np.uint8 and np.all(z == 8):
-            z = np.full(n * ((k // block + 1) // 2), 0x88, np.uint8)  # the symmetric default, as packed uint8
-        if z.dtype != np.uint8:
-            raise ShapeError(f"{where} with {z.dtype} zero points is not supported (packed uint8 only)")
         blocks, row_bytes = k // block, (k // block + 1) // 2
-        if z.size != n * row_bytes:
+        if z.dtype != np.uint8:  # unpacked zero points: only the symmetric default (all 8) is supported
+            if not np.all(z == 8):
+                raise ShapeError(f"{where} with {z.dtype} zero points is not supported (packed uint8 only)")
+        elif z.size != n * row_bytes:
             raise ShapeError(f"{where}: zero points must hold N * ceil(K/block / 2) = {n * row_bytes} bytes, "
                              f"got {z.size}")
-        z = z.reshape(n, row_bytes)
-        unpacked = np.empty((n, 2 * row_bytes), np.uint8)
-        unpacked[:, 0::2], unpacked[:, 1::2] = z & 15, z >> 4
-        if np.any(unpacked[:, :blocks] != 8):  # all 8 is the symmetric default
-            zero = Known.numeric(np.ascontiguousarray(unpacked[:, :blocks]))
+        else:
+            z = z.reshape(n, row_bytes)
+            unpacked = np.empty((n, 2 * row_bytes), np.uint8)
+            unpacked[:, 0::2], unpacked[:, 1::2] = z & 15, z >> 4
+            if np.any(unpacked[:, :blocks] != 8):  # all 8 is the symmetric default
+                zero = Known.numeric(np.ascontiguousarray(unpacked[:, :blocks]))
     b = np.asarray(packed.array)
     if b.dtype != np.uint8 or b.size != n * k // 2:
         raise ShapeError(f"{where}: B must be uint8 [N, K/block, block/2] = {n} x {k // block} x {block // 2}")

@@ -96,10 +96,10 @@ class Program:
             try:  # reserve the blocks now: a full disk is this error, not a SIGBUS when the map is written
                 os.posix_fallocate(f.fileno(), 0, nbytes)
             except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # no fallocate here: a sparse file
-                    f.truncate(nbytes)
-                    return np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
-                raise SpillError(f"no room for {nbytes / 2**20:.0f} MiB of compile spill files in {self.spill_dir}: "
-                                 f"{e.strerror}", hint="point TMPDIR at a disk with room for the quantized "
-                                 "weights (a RAM-backed /tmp gives no memory relief)") from None
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise SpillError(f"no room for {nbytes / 2**20:.0f} MiB of compile spill files in "
+                                     f"{self.spill_dir}: {e.strerror}",
+                                     hint="point TMPDIR at a disk with room for the quantized weights "
+                                     "(a RAM-backed /tmp gives no memory relief)") from None
+                f.truncate(nbytes)  # no fallocate on this filesystem: a sparse file
         return np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
