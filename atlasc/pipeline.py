@@ -27,6 +27,7 @@ from atlasc.passes.fuse_rotary import fuse_rotary
 from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
+from atlasc.passes.fuse_linear_prologue import fuse_linear_prologue
 from atlasc.passes.plan_memory import plan_memory
 from atlasc.passes.quantize import quantize
 from atlasc.passes.rewrite import RewriteStats
@@ -44,6 +45,7 @@ PASSES: dict[str, PassFn] = {
     "fuse-rotary": fuse_rotary,
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
+    "fuse-linear-prologue": fuse_linear_prologue,
     "merge-linear": merge_linear,
     "quantize": quantize,
     "schedule": schedule,
@@ -68,6 +70,7 @@ PIPELINES: dict[str, list[str]] = {
         "fuse-rotary",
         "dce",
         "fuse-elementwise",
+        "fuse-linear-prologue",
         "schedule",
         "plan-memory",
     ],

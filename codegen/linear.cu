@@ -60,6 +60,9 @@ template <> struct LinVec<float> {
     f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
     f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
   }
+  __device__ __forceinline__ static uint4 pack(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  }
 };
 template <> struct LinVec<__half> {
   static constexpr int N = 8;
@@ -73,6 +76,15 @@ template <> struct LinVec<__half> {
       f[2 * i] = t.x;
       f[2 * i + 1] = t.y;
     }
+  }
+  __device__ __forceinline__ static uint4 pack(const float* f) {  // rounds each value to float16
+    unsigned int u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+      u[i] = *reinterpret_cast<const unsigned int*>(&h);
+    }
+    return make_uint4(u[0], u[1], u[2], u[3]);
   }
 };
 
@@ -88,11 +100,119 @@ template <typename T, int R> __device__ __forceinline__ long long lin_row_offset
   return off;
 }
 
+// -- x sources of the decode paths (GEMV and MMA decode) ------------------------------------------
+// A source hands out row m (< M) of the Linear's input at column k: `vec` 16 bytes (V values from a
+// multiple of V; only called when the block's `vec` flag holds), `at` one value. XView reads a View;
+// the prologue sources compute x on the fly from the tensors its producer would have read, so that
+// the producer's kernel is not launched (decode only: every block recomputes what it reads).
+template <typename T> struct XView {
+  const T* p;
+  const long long* off;  // row offsets (shared memory)
+  long long ks;          // stride along K
+  __device__ __forceinline__ uint4 vec(int m, long long k) const {
+    return __ldg(reinterpret_cast<const uint4*>(p + off[m] + k));
+  }
+  __device__ __forceinline__ float at(int m, long long k) const { return float(load(p + off[m] + k * ks)); }
+};
+
+// RMSNormalization (ADD: AddRMSNormalization) as the prologue: x = T(h * inv[m] * g) with h = a
+// (ADD: h = T(a + b), the sum that AddRMSNormalization stores), inv[m] = 1 / sqrt(mean(h^2) + eps)
+// from lin_norm_setup; the same float32 arithmetic as norm_block in reduce.cu.
+template <typename T, bool ADD> struct XNorm {
+  const T* a;
+  const T* b;
+  const T* g;
+  const long long* aoff;
+  const long long* boff;
+  long long ak, bk, gk;  // strides along K
+  const float* inv;      // shared memory, one per row
+  __device__ __forceinline__ float h(int m, long long k) const {
+    const float v = float(load(a + aoff[m] + k * ak));
+    if constexpr (ADD) return float(T(v + float(load(b + boff[m] + k * bk))));
+    return v;
+  }
+  __device__ __forceinline__ float at(int m, long long k) const {
+    return float(T(h(m, k) * inv[m] * float(load(g + k * gk))));
+  }
+  __device__ __forceinline__ uint4 vec(int m, long long k) const {
+    constexpr int V = LinVec<T>::N;
+    float av[V], gv[V];
+    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k)), av);
+    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(g + k)), gv);
+    if constexpr (ADD) {
+      float bv[V];
+      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(b + boff[m] + k)), bv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) av[e] = float(T(av[e] + bv[e]));
+    }
+    const float r = inv[m];
+#pragma unroll
+    for (int e = 0; e < V; ++e) av[e] = av[e] * r * gv[e];
+    return LinVec<T>::pack(av);  // rounds to T
+  }
+};
+
+// the per-row statistics of an XNorm (a warp per row) and, when s is given, the sum h written by
+// block 0 (AddRMSNormalization's second output); ends with __syncthreads
+template <typename T, bool ADD, int R>
+__device__ __forceinline__ void lin_norm_setup(const XNorm<T, ADD>& src, long long M, long long K, float eps,
+                                               float* inv, const View<T, R>* s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (long long m = warp; m < M; m += LIN_WARPS) {
+    float q = 0.f;
+    T* srow = (s && blockIdx.x == 0) ? s->p + lin_row_offset(*s, m) : nullptr;
+    for (long long k = lane; k < K; k += 32) {
+      const float v = src.h(int(m), k);
+      q += v * v;
+      if (srow) store(srow + k * s->stride[R - 1], v);
+    }
+    q = warp_sum(q);
+    if (lane == 0) inv[m] = 1.f / sqrtf(q / float(K) + eps);
+  }
+  __syncthreads();
+}
+
+// an elementwise program as the prologue: x = fn(m, k), already rounded to T by the generated code
+template <typename T, typename Fn> struct XFn {
+  Fn fn;
+  __device__ __forceinline__ float at(int m, long long k) const { return fn(m, k); }
+  __device__ __forceinline__ uint4 vec(int m, long long k) const {
+    constexpr int V = LinVec<T>::N;
+    float f[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) f[e] = fn(m, k + e);
+    return LinVec<T>::pack(f);
+  }
+};
+
+// whether this arch has the MMA paths (sm80+)
+__device__ __forceinline__ bool lin_sm80() {
+#if __CUDA_ARCH__ >= 800
+  return true;
+#else
+  return false;
+#endif
+}
+
+// whether a View's rows can be read with 16-byte loads: unit stride along K, 16-byte aligned rows
+template <typename T, int R> __device__ __forceinline__ bool lin_vec_rows(const View<T, R>& v) {
+  constexpr int V = LinVec<T>::N;
+  bool ok = v.stride[R - 1] == 1 && (reinterpret_cast<uintptr_t>(v.p) % 16 == 0);
+#pragma unroll
+  for (int i = 0; i < R - 1; ++i) ok = ok && (v.shape[i] == 1 || v.stride[i] % V == 0);
+  return ok;
+}
+
+// row offsets of the first M rows of a View into shared memory (no barrier)
+template <typename T, int R> __device__ __forceinline__ void lin_offsets(const View<T, R>& v, long long M, long long* off) {
+  if (threadIdx.x < M) off[threadIdx.x] = lin_row_offset(v, threadIdx.x);
+}
+
 // one feature group [n0, n0 + F) of the GEMV, 16-byte loads
-template <typename T, int MT, int F, int U>
-__device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const T* __restrict__ x, const long long* xoff,
-                                              long long M, const T* __restrict__ w, long long n0, long long N,
-                                              long long K, int lane) {
+template <typename T, int MT, int F, int U, typename XS>
+__device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const XS& xs, long long M,
+                                              const T* __restrict__ w, long long n0, long long N, long long K,
+                                              int lane) {
   constexpr int V = LinVec<T>::N;
   const long long KV = K / V;  // 16-byte vectors per row
   const T* wr[F];
@@ -114,7 +234,7 @@ __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const T* __re
       for (int m = 0; m < MT; ++m) {
         if (m < M) {
           float xf[V];
-          LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xoff[m] + (v0 + 32 * u) * V)), xf);
+          LinVec<T>::unpack(xs.vec(m, (v0 + 32 * u) * V), xf);
 #pragma unroll
           for (int f = 0; f < F; ++f)
 #pragma unroll
@@ -131,7 +251,7 @@ __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const T* __re
     for (int m = 0; m < MT; ++m) {
       if (m < M) {
         float xf[V];
-        LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xoff[m] + v0 * V)), xf);
+        LinVec<T>::unpack(xs.vec(m, v0 * V), xf);
 #pragma unroll
         for (int f = 0; f < F; ++f)
 #pragma unroll
@@ -141,11 +261,11 @@ __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const T* __re
   }
 }
 
-// the same with scalar loads through x's K stride (any alignment)
-template <typename T, int MT, int F>
-__device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const T* __restrict__ x, const long long* xoff,
-                                                 long long xk, long long M, const T* __restrict__ w, long long n0,
-                                                 long long N, long long K, int lane) {
+// the same with scalar loads (any alignment)
+template <typename T, int MT, int F, typename XS>
+__device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const XS& xs, long long M,
+                                                 const T* __restrict__ w, long long n0, long long N, long long K,
+                                                 int lane) {
   const T* wr[F];
 #pragma unroll
   for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f, N - 1) * K;
@@ -156,7 +276,7 @@ __device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const T* _
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       if (m < M) {
-        const float xv = float(load(x + xoff[m] + k * xk));
+        const float xv = xs.at(m, k);
 #pragma unroll
         for (int f = 0; f < F; ++f) acc[f][m] = fmaf(wf[f], xv, acc[f][m]);
       }
@@ -164,14 +284,14 @@ __device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const T* _
   }
 }
 
-// GEMV over every feature group (M <= MT <= 32); xoff / yoff: row offsets in shared memory
-template <typename T, int R, int MT, int F, int U, bool HAS_BIAS>
-__device__ __forceinline__ void linear_gemv(const View<T, R>& x, const T* __restrict__ w, const T* __restrict__ bias,
+// GEMV over every feature group (M <= MT <= 32); x from the source xs; yoff: row offsets in shared memory
+template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS>
+__device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ w, const T* __restrict__ bias,
                                             long long bias_stride, const View<T, R>& y, long long M, long long N,
-                                            long long K, const long long* xoff, const long long* yoff, bool vec) {
+                                            long long K, const long long* yoff, bool vec) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long groups = (N + F - 1) / F;
-  const long long xk = x.stride[R - 1], yn = y.stride[R - 1];
+  const long long yn = y.stride[R - 1];
   for (long long g = (long long)blockIdx.x * LIN_WARPS + warp; g < groups; g += (long long)gridDim.x * LIN_WARPS) {
     const long long n0 = g * F;
     float acc[F][MT];
@@ -180,9 +300,9 @@ __device__ __forceinline__ void linear_gemv(const View<T, R>& x, const T* __rest
 #pragma unroll
       for (int m = 0; m < MT; ++m) acc[f][m] = 0.f;
     if (vec) {
-      lin_group_vec<T, MT, F, U>(acc, x.p, xoff, M, w, n0, N, K, lane);
+      lin_group_vec<T, MT, F, U>(acc, xs, M, w, n0, N, K, lane);
     } else {
-      lin_group_scalar<T, MT, F>(acc, x.p, xoff, xk, M, w, n0, N, K, lane);
+      lin_group_scalar<T, MT, F>(acc, xs, M, w, n0, N, K, lane);
     }
 #pragma unroll
     for (int f = 0; f < F; ++f) {
@@ -257,18 +377,18 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
   lin_mma(d, wlo.z, whi.z, wlo.w, whi.w, xv.z, xv.w);
 }
 
-// MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; xoff / yoff: row offsets
-// (linear_gemv_setup), red: 1024 * J floats of shared memory
-template <typename T, int R, int J, int U, bool HAS_BIAS>
-__device__ __forceinline__ void linear_mma_decode(const View<T, R>& x, const T* __restrict__ w,
+// MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; x from the source xs
+// (16-byte reads); yoff: row offsets (linear_gemv_setup), red: 1024 * J floats of shared memory
+template <typename T, int R, int J, int U, bool HAS_BIAS, typename XS>
+__device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
-                                                  const long long* xoff, const long long* yoff, float* red) {
+                                                  const long long* yoff, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const long long steps = K / 32, blocks_n = (N + 15) / 16, yn = y.stride[R - 1];
-  const T* xr[J];
+  int xm[J];
 #pragma unroll
-  for (int j = 0; j < J; ++j) xr[j] = x.p + xoff[imin(8 * j + g, M - 1)] + 8 * c;
+  for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
   for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
     const long long n0 = nb * 16;
     const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
@@ -290,13 +410,13 @@ __device__ __forceinline__ void linear_mma_decode(const View<T, R>& x, const T* 
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int j = 0; j < J; ++j)
-          lin_mma_step(acc[j], wlo[u], whi[u], __ldg(reinterpret_cast<const uint4*>(xr[j] + (s + LIN_WARPS * u) * 32)));
+          lin_mma_step(acc[j], wlo[u], whi[u], xs.vec(xm[j], (s + LIN_WARPS * u) * 32 + 8 * c));
     }
     for (; s < steps; s += LIN_WARPS) {
       const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
 #pragma unroll
       for (int j = 0; j < J; ++j)
-        lin_mma_step(acc[j], wlo, whi, __ldg(reinterpret_cast<const uint4*>(xr[j] + s * 32)));
+        lin_mma_step(acc[j], wlo, whi, xs.vec(xm[j], s * 32 + 8 * c));
     }
     // red[r][warp][lane], r = 4j + q: conflict-free writes here and reads below
 #pragma unroll

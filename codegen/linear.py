@@ -101,6 +101,49 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
     return runs
 
 
+def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
+                 prefix: str = "    ") -> list[str]:
+    """The decode paths' if / else chain over M for the x source `xs` (bools `vec` and, with MMA runs,
+    `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional."""
+    args = "xs, w, bias, bias_stride, y, M, N, K, lin_yoff"
+    lines, first = [], prefix
+    for lo, hi, j in runs:
+        cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
+        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {MMA_DECODE_U[j]}, {has_bias}>("
+                     f"{args}, lin_red);")
+        prefix = first + "else "
+    for i, mt in enumerate(variants):
+        f, u = GEMV_CONFIG[mt]
+        cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
+        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec);")
+        prefix = first + "else "
+    return lines
+
+
+def decode_choice(dtype: str, k_static, n_static, variants: list[int]) -> list[tuple[int, int, int]]:
+    """The MMA decode runs (mma_runs) for a Linear of this dtype and weight shape [N, K]."""
+    path = path_choice()
+    mma = dtype == "float16" and isinstance(k_static, int) and k_static % 32 == 0 and path != "simt"
+    narrow = isinstance(n_static, int) and n_static <= MMA_M1_MAX_N
+    use_mma = {mt: mma and (path == "mma" or DECODE_PATH[mt] == "mma" or (mt == 1 and narrow and path == "table"))
+               for mt in variants}
+    return mma_runs(variants, use_mma)
+
+
+def decode_grid(n_upper: int, variants: list[int], runs: list) -> int:
+    """Blocks for the decode paths: a warp per GEMV feature group, a block per 16 MMA features."""
+    f_min = min(GEMV_CONFIG[mt][0] for mt in variants)
+    blocks = -(-n_upper // (WARPS * f_min))
+    if runs:
+        blocks = max(blocks, -(-n_upper // 16))
+    return blocks
+
+
+def red_floats(runs: list) -> int:
+    """Shared floats for the MMA decode's partial C fragments (0 without MMA runs)."""
+    return 4 * WARPS * 32 * max([j for _, _, j in runs], default=0)
+
+
 @emitter("Linear")
 def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     x_v, w_v = node.inputs[0], node.inputs[1]
@@ -123,14 +166,10 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         m_upper *= ctx.upper(d)
     variants = gemv_variants(m_upper)
     tiled = r >= 2 and m_upper > GEMV_MAX_M
-    path = path_choice()
     k_static = w_v.shape[1]
-    mma = dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 and path != "simt"
-    narrow = isinstance(w_v.shape[0], int) and w_v.shape[0] <= MMA_M1_MAX_N
-    use_mma = {mt: mma and (path == "mma" or DECODE_PATH[mt] == "mma" or (mt == 1 and narrow and path == "table"))
-               for mt in variants}
-    runs = mma_runs(variants, use_mma)
-    mma_prefill = tiled and mma
+    runs = decode_choice(dt, k_static, w_v.shape[0], variants)
+    mma_prefill = tiled and dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 \
+        and path_choice() != "simt"
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
@@ -140,25 +179,16 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"lin_yoff[{MMA_M if mma_prefill else GEMV_MAX_M}];",
     ]
     if runs or mma_prefill:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8 in the prefill)
-        red = 4 * WARPS * 32 * max([j for _, _, j in runs] + [MMA_M // 8 if mma_prefill else 0])
+        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_prefill else 0)
         lines.append(f"  __shared__ float lin_red[{red}];")
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
         f"    const bool vec = atlas::linear_gemv_setup<{t}, {r}>(x, w, y, M, K, lin_xoff, lin_yoff);",
+        f"    const atlas::XView<{t}> xs{{x.p, lin_xoff, x.stride[{r - 1}]}};",
     ]
     if runs:
         lines.append(f"    const bool mma = atlas::lin_mma_ok<{t}, {r}>(x, w, K);")
-    prefix = "    "
-    for lo, hi, j in runs:
-        cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
-        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {MMA_DECODE_U[j]}, {has_bias}>("
-                     f"{args}, lin_red);")
-        prefix = "    else "
-    for i, mt in enumerate(variants):
-        f, u = GEMV_CONFIG[mt]
-        cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
-        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec);")
-        prefix = "    else "
+    lines += decode_calls(t, r, variants, runs, has_bias)
     lines.append("  }")
     if mma_prefill:
         lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
@@ -166,10 +196,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if tiled:
         lines.append(f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);")
     n_upper = ctx.upper(w_v.shape[0])
-    f_min = min(GEMV_CONFIG[mt][0] for mt in variants)
-    blocks = -(-n_upper // (WARPS * f_min))
-    if runs:
-        blocks = max(blocks, -(-n_upper // 16))
+    blocks = decode_grid(n_upper, variants, runs)
     if tiled:
         batch = 1
         for d in y_v.shape[:-2]:

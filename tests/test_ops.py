@@ -1159,6 +1159,53 @@ def test_add_rmsnorm(rng, dtype):
     np.testing.assert_allclose(got["y"].astype(np.float64), want[0].astype(np.float64), rtol=tol, atol=tol)
 
 
+@covers("NormLinear", "ElementwiseLinear")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_prologue_linears(rng, dtype):
+    """NormLinear / ElementwiseLinear equal their two ops run one after the other (numpy written out:
+    the sum rounded, the norm in float32, the Linear accumulated in float32 and rounded once)."""
+    a, b = rand(rng, (2, 1, 16), dtype), rand(rng, (2, 1, 16), dtype)
+    gamma, w, bias = rand(rng, (16,), dtype), rand(rng, (5, 16), dtype), rand(rng, (5,), dtype)
+    gu = rand(rng, (2, 1, 32), dtype)
+    vals = {n: Value(n, dtype, x.shape) for n, x in (("a", a), ("b", b), ("g", gamma), ("w", w), ("bias", bias),
+                                                      ("gu", gu))}
+    y1, s1, y2, y3 = (Value(n, dtype, shape) for n, shape in
+                      (("y1", (2, 1, 5)), ("s1", (2, 1, 16)), ("y2", (2, 1, 5)), ("y3", (2, 1, 5))))
+    swiglu = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))),
+              ("Mul", (), (("step", 1), ("in", 1))))
+    g = Graph("prologue")
+    g.inputs = list(vals.values())
+    g.nodes = [
+        Node("NormLinear", [vals["a"], vals["b"], vals["g"], vals["w"]], [y1, s1], {"epsilon": 1e-5}),
+        Node("NormLinear", [vals["a"], None, vals["g"], vals["w"], vals["bias"]], [y2], {"epsilon": 1e-6}),
+        Node("ElementwiseLinear", [vals["gu"], vals["gu"], vals["w"]], [y3],
+             {"program": swiglu, "out_shape": (2, 1, 16), "out_dtype": dtype, "slices": ((0, 16), (16, 16)),
+              "n_in": 2}),
+    ]
+    g.outputs = [y1, s1, y2, y3]
+    verify(g)
+    got = interpret(g, {"a": a, "b": b, "g": gamma, "w": w, "bias": bias, "gu": gu})
+    f = np.float32
+
+    def rms(h, eps):
+        hf = h.astype(f)
+        return (hf * (1.0 / np.sqrt(np.mean(hf * hf, axis=-1, keepdims=True) + eps)) * gamma.astype(f)).astype(dtype)
+
+    def lin(x, bias=None):
+        y = x.astype(f) @ w.astype(f).T
+        return (y if bias is None else y + bias.astype(f)).astype(dtype)
+
+    s = (a + b).astype(dtype)
+    np.testing.assert_array_equal(got["s1"], s)
+    np.testing.assert_array_equal(got["y1"], lin(rms(s, f(1e-5))))
+    np.testing.assert_array_equal(got["y2"], lin(rms(a, f(1e-6)), bias))
+    gate, up = gu[..., :16], gu[..., 16:]
+    sig = (1.0 / (1.0 + np.exp(-gate.astype(f)))).astype(dtype)
+    np.testing.assert_allclose(got["y3"].astype(np.float64),
+                               lin((gate * sig).astype(dtype) * up).astype(np.float64),
+                               rtol=1e-5 if dtype == "float32" else 2e-3, atol=1e-6 if dtype == "float32" else 2e-3)
+
+
 @covers("QKVRotary")
 @pytest.mark.parametrize("batch, seq, past, rot, cos_batch", [(2, 3, 0, 8, 2), (1, 1, 5, 8, 1), (3, 2, 4, 4, 3)])
 def test_qkv_rotary(rng, batch, seq, past, rot, cos_batch):

@@ -1,0 +1,86 @@
+"""Linear with its producer fused in as a prologue (decode: one kernel instead of two).
+
+- `NormLinear(a, b | None, g, w[, bias])`: x = RMSNormalization(a, g) (with b: s = a + b rounded, as
+  AddRMSNormalization, x = RMSNormalization(s, g), and s is the second output), then y = Linear(x, w,
+  bias). Attribute `epsilon`. Outputs (y) or (y, s).
+- `ElementwiseLinear(in_0 .. in_{n-1}, w[, bias])`: x = FusedElementwise(in_0 ..) with the attributes
+  `program`, `out_shape`, `out_dtype`, `slices` of that op, then y = Linear(x, w, bias). Attribute
+  `n_in` = n.
+
+Shape rules and references are those of the two ops composed (the references call the registered
+ones), so a fused pair computes bit-identically to the pair it replaced on the CPU. The pass
+passes/fuse_linear_prologue.py makes them; codegen/linear_prologue.py emits them.
+"""
+
+from __future__ import annotations
+
+from atlasc.errors import ShapeError
+from atlasc.ir.ops.registry import OPS, Attr, register
+
+
+def _norm_parts(ins: list) -> tuple[list, list]:
+    """([norm inputs], [linear inputs without x]) of a NormLinear's inputs."""
+    a, b, g, w = ins[0], ins[1], ins[2], ins[3]
+    bias = ins[4] if len(ins) > 4 else None
+    norm = [a, g] if b is None else [a, b, g]
+    return norm, [w] if bias is None else [w, bias]
+
+
+def _norm_op(ins: list) -> str:
+    return "RMSNormalization" if ins[1] is None else "AddRMSNormalization"
+
+
+def _norm_attrs(attrs: dict, op: str) -> dict:
+    return OPS[op].fill_attrs({"axis": -1, "epsilon": attrs["epsilon"]})
+
+
+def _norm_linear_infer(ins, attrs):
+    if any(t is None for i, t in enumerate(ins) if i != 1 and i != 4):
+        raise ShapeError("NormLinear: a, g and w are required")
+    norm_ins, lin_ins = _norm_parts(ins)
+    op = _norm_op(ins)
+    normed = OPS[op].infer(norm_ins, _norm_attrs(attrs, op))
+    y = OPS["Linear"].infer([normed[0], *lin_ins], {})[0]
+    return [y] if ins[1] is None else [y, normed[1]]
+
+
+def _norm_linear_ref(ins, attrs):
+    norm_ins, lin_ins = _norm_parts(ins)
+    op = _norm_op(ins)
+    normed = OPS[op].reference(norm_ins, _norm_attrs(attrs, op))
+    y = OPS["Linear"].reference([normed[0], *lin_ins], {})[0]
+    return [y] if ins[1] is None else [y, normed[1]]
+
+
+register("NormLinear", inputs=(4, 5), outputs=(1, 2), kind="opaque", attrs={"epsilon": Attr("float")},
+         infer=_norm_linear_infer, reference=_norm_linear_ref,
+         doc="(Add)RMSNormalization over the last axis feeding a Linear, one kernel; outputs y (and the sum)")
+
+_ELT_ATTRS = ("program", "out_shape", "out_dtype", "slices")
+
+
+def _elt_parts(ins: list, attrs: dict) -> tuple[list, list, dict]:
+    n = attrs["n_in"]
+    if not 1 <= n <= len(ins) - 1:
+        raise ShapeError(f"ElementwiseLinear: n_in = {n} with {len(ins)} inputs")
+    elt_attrs = OPS["FusedElementwise"].fill_attrs({k: attrs[k] for k in _ELT_ATTRS if k in attrs})
+    return list(ins[:n]), list(ins[n:]), elt_attrs
+
+
+def _elt_linear_infer(ins, attrs):
+    elt_ins, lin_ins, elt_attrs = _elt_parts(ins, attrs)
+    x = OPS["FusedElementwise"].infer(elt_ins, elt_attrs)[0]
+    return OPS["Linear"].infer([x, *lin_ins], {})
+
+
+def _elt_linear_ref(ins, attrs):
+    elt_ins, lin_ins, elt_attrs = _elt_parts(ins, attrs)
+    x = OPS["FusedElementwise"].reference(elt_ins, elt_attrs)[0]
+    return OPS["Linear"].reference([x, *lin_ins], {})
+
+
+register("ElementwiseLinear", inputs=(3, -1), kind="opaque",
+         attrs={"program": Attr("steps"), "out_shape": Attr("dims"), "out_dtype": Attr("dtype"),
+                "slices": Attr("any", ()), "n_in": Attr("int")},
+         infer=_elt_linear_infer, reference=_elt_linear_ref,
+         doc="a FusedElementwise program computing a Linear's input, one kernel (e.g. SwiGLU into the down projection)")

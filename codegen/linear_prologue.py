@@ -1,0 +1,127 @@
+"""NormLinear and ElementwiseLinear: the decode paths of linear.cu with x computed on the fly.
+
+Only the decode paths (GEMV and MMA decode, M <= 32) are emitted: fuse-linear-prologue makes these
+ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
+- XNorm for NormLinear: lin_norm_setup first computes each row's 1 / rms (a warp per row; block 0 also
+  writes the sum s = a + b, the second output), then x = T(h * inv * g) per element, 16-byte reads of
+  a, b and g where the rows allow;
+- XFn for ElementwiseLinear: a device lambda evaluating the FusedElementwise program at (m, k) with
+  fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
+The 16-byte path needs K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows of a, b
+and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
+"""
+
+from __future__ import annotations
+
+from atlasc.codegen.cexpr import c_type, compute_type
+from atlasc.codegen.elementwise import _align
+from atlasc.codegen.fused import fused_lines
+from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, bind_bias, decode_calls, decode_choice, decode_grid,
+                                   gemv_variants, red_floats)
+from atlasc.ir.graph import Node, Value
+from atlasc.ir.ops import TensorType
+from atlasc.ir.ops.fused import sliced_types, step_types
+
+
+def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
+    """Common declarations: w, bias, y, N, K, M (rows of x_shape); returns (t, r, variants, runs, has_bias)."""
+    if dtype not in ("float32", "float16"):
+        raise CodegenError(f"{node.name}: {node.op} on {dtype} has no CUDA kernel (supported: float32, float16)")
+    if ctx.plan.placement(w_v).strides is not None:
+        raise CodegenError(f"{node.name}: {node.op} needs a contiguous weight, {w_v.name} is a strided view")
+    t, r = c_type(dtype), len(x_shape)
+    m_upper = 1
+    for d in x_shape[:-1]:
+        m_upper *= ctx.upper(d)
+    if m_upper > GEMV_MAX_M:
+        raise CodegenError(f"{node.name}: {node.op} has only decode paths (rows <= {GEMV_MAX_M}), "
+                           f"its rows may reach {m_upper}")
+    ctx.view(y_v, "y", rank=r)
+    ctx.lines.append(f"  const {t}* w = reinterpret_cast<const {t}*>({ctx.address(w_v)});")
+    has_bias = bind_bias(ctx, b_v, t)
+    variants = gemv_variants(m_upper)
+    runs = decode_choice(dtype, w_v.shape[1], w_v.shape[0], variants)
+    ctx.lines.append(f"  const long long N = {ctx.dim(w_v.shape[0])}, K = {ctx.dim(w_v.shape[1])};")
+    ctx.lines.append("  long long M = 1;")
+    ctx.lines += [f"  M *= y.shape[{i}];" for i in range(r - 1)]
+    ctx.lines.append(f"  __shared__ long long lin_yoff[{GEMV_MAX_M}];")
+    if runs:
+        ctx.lines.append(f"  __shared__ float lin_red[{red_floats(runs)}];")
+    ctx.lines.append("  atlas::lin_offsets(y, M, lin_yoff);")
+    return t, r, variants, runs, has_bias
+
+
+def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value) -> KernelCode:
+    """The kernel body after the declarations in ctx.lines: the mma flag and the decode calls; the grid."""
+    body = []
+    if runs:
+        body.append(f"  const bool mma = vec && K % 32 == 0 && atlas::LinVec<{t}>::MMA && atlas::lin_sm80();")
+    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ")
+    blocks = decode_grid(ctx.upper(w_v.shape[0]), variants, runs)
+    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
+
+
+@emitter("NormLinear")
+def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
+    a_v, b_v, g_v, w_v = node.inputs[:4]
+    bias_v = node.inputs[4] if len(node.inputs) > 4 else None
+    y_v = node.outputs[0]
+    s_v = node.outputs[1] if len(node.outputs) > 1 else None
+    t, r, variants, runs, has_bias = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
+    add = b_v is not None
+    ctx.view(a_v, "a", rank=r)
+    ctx.view(b_v if add else a_v, "b", rank=r)
+    ctx.view(g_v, "g", rank=1)
+    ctx.lines += [
+        f"  __shared__ long long lin_aoff[{GEMV_MAX_M}], lin_boff[{GEMV_MAX_M}];",
+        f"  __shared__ float lin_inv[{GEMV_MAX_M}];",
+        "  atlas::lin_offsets(a, M, lin_aoff);",
+        "  atlas::lin_offsets(b, M, lin_boff);",
+        "  __syncthreads();",
+        f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && "
+        f"atlas::lin_vec_rows(a) && atlas::lin_vec_rows(b) && atlas::lin_vec_rows(g);",
+        f"  const atlas::XNorm<{t}, {str(add).lower()}> xs{{a.p, b.p, g.p, lin_aoff, lin_boff, a.stride[{r - 1}], "
+        f"b.stride[{r - 1}], g.stride[0], lin_inv}};",
+    ]
+    if s_v is not None:
+        ctx.view(s_v, "s", rank=r)
+    eps = float(node.attrs["epsilon"])
+    s_ptr = "&s" if s_v is not None else f"static_cast<const atlas::View<{t}, {r}>*>(nullptr)"
+    ctx.lines.append(f"  atlas::lin_norm_setup<{t}, {str(add).lower()}, {r}>(xs, M, K, {eps!r}f, lin_inv, {s_ptr});")
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v)
+
+
+@emitter("ElementwiseLinear")
+def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
+    n_in = int(node.attrs["n_in"])
+    ins, w_v = node.inputs[:n_in], node.inputs[n_in]
+    bias_v = node.inputs[n_in + 1] if len(node.inputs) > n_in + 1 else None
+    y_v = node.outputs[0]
+    program, slices = node.attrs["program"], node.attrs.get("slices") or ()
+    x_dtype = node.attrs["out_dtype"]
+    x_v = Value(f"{node.name}__x", x_dtype, tuple(node.attrs["out_shape"]))  # never stored: shapes only
+    steps = step_types(sliced_types([TensorType(v.dtype, v.shape) for v in ins], slices), program)
+    t, r, variants, runs, has_bias = _head(ctx, node, x_v.shape, x_dtype, w_v, bias_v, y_v)
+    names = [_align(ctx, v, x_v, f"in{k}") for k, v in enumerate(ins)]
+    for name, sl in zip(names, slices):
+        if sl is not None:  # a last-axis slice: same strides, the start offset added
+            ctx.lines.append(f"  {name}.p += {int(sl[0])}LL * {name}_src.stride[{r - 1}];")
+    ctx.lines.append(f"  __shared__ long long lin_ioff[{n_in}][{GEMV_MAX_M}];")
+    ctx.lines += [f"  atlas::lin_offsets({name}, M, lin_ioff[{k}]);" for k, name in enumerate(names)]
+    ctx.lines.append("  __syncthreads();")
+    in_dtypes = [v.dtype for v in ins]
+    body = [f"    const {compute_type(dt)} a{k} = atlas::load({name}.p + lin_ioff[{k}][m] + k * {name}.stride[{r - 1}]);"
+            for k, (name, dt) in enumerate(zip(names, in_dtypes))]
+    body += fused_lines(node, program, in_dtypes, [s.dtype for s in steps], "    ")
+    last = f"t{len(program) - 1}"
+    value = f"atlas::round_f16(float({last}))" if x_dtype == "float16" else f"float({last})"
+    ctx.lines += [
+        "  auto lin_x = [&](int m, long long k) -> float {",
+        *body,
+        f"    return {value};",
+        "  };",
+        f"  const atlas::XFn<{t}, decltype(lin_x)> xs{{lin_x}};",
+        f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;",
+    ]
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v)

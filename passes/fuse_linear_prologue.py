@@ -1,0 +1,126 @@
+"""fuse-linear-prologue: at decode, the op computing a Linear's input runs inside the Linear's kernel.
+
+Matches, where the Linear's rows (its input's leading dims) are at most PROLOGUE_MAX_M at run time
+and the Linear is the producer's only reader:
+
+    x = RMSNormalization(a, g)         ; y = Linear(x, w[, bias])  =>  y = NormLinear(a, None, g, w[, bias])
+    x, s = AddRMSNormalization(a, b, g); y = Linear(x, w[, bias])  =>  y, s = NormLinear(a, b, g, w[, bias])
+    x = FusedElementwise(ins..)        ; y = Linear(x, w[, bias])  =>  y = ElementwiseLinear(ins.., w[, bias])
+
+(norms over the last axis with a rank-1 scale of x's dtype; an elementwise program whose inputs,
+after their slices, have x's shape: no broadcasting). The Linear kernel then computes x on the fly
+(codegen/linear_prologue.py). Every block recomputes the rows it reads, which costs little for a few
+rows and a lot for many: so decode only (PROLOGUE_MAX_M), where the launch saved matters most. A
+Llama decode layer becomes 6 kernels: NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear
+(gate/up), ElementwiseLinear (SwiGLU + down).
+
+Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
+reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
+outputs keep their names; quantized Linears are left alone.
+"""
+
+from __future__ import annotations
+
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import Graph, Node
+from atlasc.ir.program import Program
+from atlasc.passes.rewrite import RewriteStats
+
+PROLOGUE_MAX_M = 8  # most rows a fused Linear may see (decode batch); above, each block's recompute costs more than a launch
+NORMS = ("RMSNormalization", "AddRMSNormalization")
+RULES = {
+    "RMSNormalization": "Linear(RMSNormalization(a, g)) => NormLinear(a, g)",
+    "AddRMSNormalization": "Linear(AddRMSNormalization(a, b, g)) => NormLinear(a, b, g)",
+    "FusedElementwise": "Linear(FusedElementwise(ins)) => ElementwiseLinear(ins)",
+}
+
+
+def _rows_upper(x, upper: dict[str, int]) -> int | None:
+    m = 1
+    for d in x.shape[:-1]:
+        try:
+            m *= max(int(S.evaluate(d, upper)), 0)
+        except KeyError:  # a symbol without a bound
+            return None
+    return m
+
+
+def _same_dims(a, b) -> bool:
+    return len(a) == len(b) and all(S.dim(p) == S.dim(q) for p, q in zip(a, b))
+
+
+def _why_not_norm(p: Node, x) -> str | None:
+    g = p.inputs[-1]
+    rank = len(x.shape)
+    if (p.attrs.get("axis", -1) % rank) != rank - 1:
+        return "the norm is not over the last axis"
+    if p.op == "RMSNormalization" and p.inputs[0].dtype != x.dtype:
+        return "the norm changes the dtype"
+    if len(g.shape) != 1 or not _same_dims(g.shape, x.shape[-1:]) or g.dtype != x.dtype:
+        return "the scale is not a [K] vector of x's dtype"
+    return None
+
+
+def _why_not_elementwise(p: Node, x) -> str | None:
+    slices = p.attrs.get("slices") or (None,) * len(p.inputs)
+    for v, sl in zip(p.inputs, slices):
+        shape = tuple(v.shape) if sl is None else tuple(v.shape[:-1]) + (sl[1],)
+        if not _same_dims(shape, x.shape):
+            return f"input {v.name} broadcasts"
+    return None
+
+
+def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> str | None:
+    x, w = lin.inputs[0], lin.inputs[1]
+    if p is None or p.op not in RULES:
+        return "the input is not a norm or an elementwise program"
+    if x.dtype not in ("float16", "float32") or not w.is_constant:
+        return "not a float Linear with a constant weight"
+    rows = _rows_upper(x, upper)
+    if rows is None or rows > PROLOGUE_MAX_M:
+        return f"its rows may exceed {PROLOGUE_MAX_M} (prefill)"
+    if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
+        return "the Linear's input has other readers"
+    if p.op in NORMS:
+        if p.op == "RMSNormalization" and any(o is not None and graph.users(o) for o in p.outputs[1:]):
+            return "the norm's statistics are read"
+        return _why_not_norm(p, x)
+    return _why_not_elementwise(p, x)
+
+
+def _fused(lin: Node, p: Node) -> Node:
+    rest = list(lin.inputs[1:])  # w[, bias]
+    if p.op in NORMS:
+        a, b = p.inputs[0], (p.inputs[1] if p.op == "AddRMSNormalization" else None)
+        outputs = [lin.outputs[0]] + ([p.outputs[1]] if b is not None else [])
+        return Node("NormLinear", [a, b, p.inputs[-1], *rest], outputs, {"epsilon": p.attrs["epsilon"]},
+                    name=f"norm_linear:{lin.name}")
+    attrs = {k: p.attrs[k] for k in ("program", "out_shape", "out_dtype", "slices") if k in p.attrs}
+    attrs["n_in"] = len(p.inputs)
+    return Node("ElementwiseLinear", [*p.inputs, *rest], [lin.outputs[0]], attrs, name=f"elt_linear:{lin.name}")
+
+
+def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None:
+    producers = graph.producers()
+    for lin in [n for n in graph.nodes if n.op == "Linear"]:
+        p = producers.get(id(lin.inputs[0]))
+        why = _why_not(graph, lin, p, upper)
+        rule = RULES.get(p.op if p is not None else "", "Linear(producer(...)) => prologue")
+        if why:
+            stats.declined[f"{rule} at {lin.name}"] = why
+            continue
+        fused = _fused(lin, p)
+        graph.nodes[graph.nodes.index(p)] = fused  # p's inputs are ready there; w and bias are constants
+        graph.nodes.remove(lin)
+        stats.applied[rule] = stats.applied.get(rule, 0) + 1
+    graph.cleanup()
+    graph.toposort()
+
+
+def fuse_linear_prologue(program: Program) -> tuple[Program, RewriteStats]:
+    """Fuse each decode Linear's producing norm or elementwise program into it (a no-op with fusion off)."""
+    stats = RewriteStats()
+    if program.options.fusion:
+        for entry, graph in program.entries.items():
+            fuse_graph(graph, program.bounds.get(entry, {}), stats)
+    return program, stats

@@ -1,0 +1,128 @@
+"""fuse-linear-prologue: bit-identical decode entries on every decoder fixture, what fires (a Llama
+decode layer in 6 kernels), the row limit that keeps prefill unfused, fusion off, serialization of
+the fused ops, and the generated CUDA compiling (sm75 without tensor cores, sm80, sm90)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from atlasc.frontend import import_onnx
+from atlasc.ir import interpret
+from atlasc.ir.program import CompileOptions, Program
+from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_M
+from atlasc.pipeline import PIPELINES, run_pipeline
+from atlasc.runtime.generate import Sampling
+
+from conftest import FIXTURES
+
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
+LLAMA_LIKE = [n for n in DECODERS if not n.startswith("gpt2")]
+FUSED_OPS = ("NormLinear", "ElementwiseLinear")
+
+
+@functools.cache
+def before_after(name: str, max_batch: int = 4):
+    """(program before, program after) fuse-linear-prologue: the default pipeline up to it, verified."""
+    names = PIPELINES["default"]
+    upto = names[: names.index("fuse-linear-prologue")]
+    program = Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}, CompileOptions(max_batch=max_batch, max_seq=64))
+    program, _ = run_pipeline(program, upto, verify_each=True)
+    before = {k: g.clone() for k, g in program.entries.items()}
+    program, report = run_pipeline(program, ["fuse-linear-prologue"], verify_each=True)
+    return program, before, report.records[0]
+
+
+def _decode(graph, program, name: str):
+    z = np.load(FIXTURES / f"{name}.decode.npz")
+    ins = {k[3:]: z[k] for k in z.files if k.startswith("in.")}
+    kv = program.kv_cache
+    state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
+    past = ins["past_key_values.0.key"].shape[2]
+    b = ins["input_ids"].shape[0]
+    for layer in range(kv.layers):
+        state["kv_cache"][layer, 0, :b, :, :past] = ins[f"past_key_values.{layer}.key"]
+        state["kv_cache"][layer, 1, :b, :, :past] = ins[f"past_key_values.{layer}.value"]
+    feed = {v.name: ins[v.name] for v in graph.inputs if v.name in ins} | Sampling().inputs(0)
+    out = interpret(graph, feed, state=state, symbols={program.roles["past"]: past})
+    return out, state["kv_cache"]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decode_entry_bit_identical(name):
+    program, before, _ = before_after(name)
+    got, cache_got = _decode(program.entries["decode"], program, name)
+    want, cache_want = _decode(before["decode"], program, name)
+    assert list(got) == list(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
+
+
+@pytest.mark.parametrize("name", LLAMA_LIKE)
+def test_llama_decode_layer_is_six_kernels(name):
+    """NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear (gate/up), ElementwiseLinear
+    (SwiGLU + down) per layer; the last norm joins the LM head. Prefill keeps its separate norms."""
+    program, before, record = before_after(name)
+    layers = program.kv_cache.layers
+    decode = Counter(n.op for n in program.entries["decode"].nodes)
+    assert decode["NormLinear"] == 2 * layers + 1 and decode["ElementwiseLinear"] == layers, decode
+    assert decode["Linear"] == layers, decode  # the output projections
+    assert decode["RMSNormalization"] == decode["AddRMSNormalization"] == 0, decode
+    per_layer = sum(decode[op] for op in ("NormLinear", "ElementwiseLinear", "Linear", "QKVRotary", "Attention"))
+    assert per_layer == 6 * layers + 1, decode
+    prefill = Counter(n.op for n in program.entries["prefill"].nodes)
+    assert not any(prefill[op] for op in FUSED_OPS), prefill
+    assert record.applied and any("rows may exceed" in why for why in record.declined.values())
+    # the residual stream goes on from the fused node's second output
+    graph = program.entries["decode"]
+    for node in (n for n in graph.nodes if n.op == "NormLinear" and n.inputs[1] is not None):
+        assert len(node.outputs) == 2
+
+
+def test_rows_above_the_limit_stay_unfused():
+    program, before, record = before_after("llama", max_batch=PROLOGUE_MAX_M * 2)
+    for graph in program.entries.values():
+        assert not [n for n in graph.nodes if n.op in FUSED_OPS]
+    assert not record.applied
+    assert all(len(program.entries[k].nodes) == len(g.nodes) for k, g in before.items())
+
+
+def test_fusion_off_is_a_no_op():
+    program = Program({"main": import_onnx(FIXTURES / "llama.onnx")},
+                      CompileOptions(max_batch=4, max_seq=64, fusion=False))
+    program, report = run_pipeline(program, verify_each=True)
+    assert not report.records[PIPELINES["default"].index("fuse-linear-prologue")].applied
+    for graph in program.entries.values():
+        assert not [n for n in graph.nodes if n.op in FUSED_OPS]
+
+
+def test_fused_ops_serialize():
+    from atlasc.ir.serialize import decode_attrs, encode_attrs
+
+    program, _, _ = before_after("llama")
+    for node in (n for n in program.entries["decode"].nodes if n.op in FUSED_OPS):
+        assert decode_attrs(node.op, json.loads(json.dumps(encode_attrs(node.attrs)))) == node.attrs
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_prologue_kernels_compile():
+    """The GPU test's graphs (every path: MMA decode, 16-byte and scalar GEMV; float32 and float16) in
+    one module compile for sm75 (no tensor cores) and sm90."""
+    from atlasc.codegen.nvcc import compile_cubins
+    from test_codegen_matmul_attention import generate
+    from test_kernels_linear_prologue_gpu import build_prologue
+
+    builders = [build_prologue(dtype) for dtype in ("float32", "float16")]
+    mod = generate(*builders, plan_kw={b.g.name: {"transposed": {"at"}} for b in builders})
+    assert "atlas::lin_norm_setup<float" in mod.source and "atlas::lin_norm_setup<__half" in mod.source
+    assert "atlas::XFn<" in mod.source
+    assert "atlas::linear_mma_decode<__half" in mod.source and "atlas::linear_mma_decode<float" not in mod.source
+    cubins = compile_cubins(mod.source, ("sm75", "sm90"))
+    assert all(cubins.values())
