@@ -152,22 +152,21 @@ template <typename T, bool ADD> struct XNorm {
   }
 };
 
-// the per-row statistics of an XNorm (a warp per row) and, when s is given, the sum h written by
-// block 0 (AddRMSNormalization's second output); ends with __syncthreads
+// the per-row statistics of an XNorm (the whole block per row) and, when s is given, the sum h
+// written by block 0 (AddRMSNormalization's second output); scratch: 32 floats of shared memory
 template <typename T, bool ADD, int R>
 __device__ __forceinline__ void lin_norm_setup(const XNorm<T, ADD>& src, long long M, long long K, float eps,
-                                               float* inv, const View<T, R>* s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (long long m = warp; m < M; m += LIN_WARPS) {
+                                               float* inv, const View<T, R>* s, float* scratch) {
+  for (long long m = 0; m < M; ++m) {
     float q = 0.f;
     T* srow = (s && blockIdx.x == 0) ? s->p + lin_row_offset(*s, m) : nullptr;
-    for (long long k = lane; k < K; k += 32) {
+    for (long long k = threadIdx.x; k < K; k += blockDim.x) {
       const float v = src.h(int(m), k);
       q += v * v;
       if (srow) store(srow + k * s->stride[R - 1], v);
     }
-    q = warp_sum(q);
-    if (lane == 0) inv[m] = 1.f / sqrtf(q / float(K) + eps);
+    q = block_sum(q, scratch);
+    if (threadIdx.x == 0) inv[m] = 1.f / sqrtf(q / float(K) + eps);
   }
   __syncthreads();
 }
@@ -184,6 +183,34 @@ template <typename T, typename Fn> struct XFn {
     return LinVec<T>::pack(f);
   }
 };
+
+// x staged in shared memory: M rows of K values at p + m * K (lin_stage fills it once per block, so the
+// decode loops read each x value from shared memory instead of recomputing it per warp and per step)
+template <typename T> struct XSmem {
+  const T* p;
+  long long K;
+  __device__ __forceinline__ uint4 vec(int m, long long k) const {
+    return *reinterpret_cast<const uint4*>(p + m * K + k);
+  }
+  __device__ __forceinline__ float at(int m, long long k) const { return float(p[m * K + k]); }
+};
+
+// every x value of a prologue source into buf (16-byte pieces when vec: K % V == 0); ends with
+// __syncthreads
+template <typename T, typename XS>
+__device__ __forceinline__ void lin_stage(const XS& src, long long M, long long K, T* buf, bool vec) {
+  if (vec) {
+    constexpr int V = LinVec<T>::N;
+    const long long kv = K / V;
+    for (long long i = threadIdx.x; i < M * kv; i += blockDim.x) {
+      const long long m = i / kv, k = (i - m * kv) * V;
+      *reinterpret_cast<uint4*>(buf + m * K + k) = src.vec(int(m), k);
+    }
+  } else {
+    for (long long i = threadIdx.x; i < M * K; i += blockDim.x) buf[i] = T(src.at(int(i / K), i % K));
+  }
+  __syncthreads();
+}
 
 // whether this arch has the MMA paths (sm80+)
 __device__ __forceinline__ bool lin_sm80() {

@@ -102,10 +102,10 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
 
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
-                 prefix: str = "    ") -> list[str]:
-    """The decode paths' if / else chain over M for the x source `xs` (bools `vec` and, with MMA runs,
+                 prefix: str = "    ", src: str = "xs") -> list[str]:
+    """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional."""
-    args = "xs, w, bias, bias_stride, y, M, N, K, lin_yoff"
+    args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
     for lo, hi, j in runs:
         cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"

@@ -7,8 +7,11 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
   a, b and g where the rows allow;
 - XFn for ElementwiseLinear: a device lambda evaluating the FusedElementwise program at (m, k) with
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
-The 16-byte path needs K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows of a, b
-and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
+Each block first stages all of x (M x K values) in dynamic shared memory (lin_stage; the pass limits
+it to PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
+block, not once per warp and K step; the grid is capped (PROLOGUE_MAX_GRID) so that few blocks repeat
+the staging. The 16-byte path needs K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows
+of a, b and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, bind_bias, decode_calls,
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
+from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_GRID, staging_bytes
 
 
 def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
@@ -52,14 +56,23 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
     return t, r, variants, runs, has_bias
 
 
-def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value) -> KernelCode:
-    """The kernel body after the declarations in ctx.lines: the mma flag and the decode calls; the grid."""
-    body = []
+def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, itemsize: int
+          ) -> KernelCode:
+    """The kernel body after the declarations in ctx.lines (which define the source `xs` and `vec`): x
+    staged in dynamic shared memory, the mma flag and the decode calls; the launch geometry."""
+    body = [
+        "  extern __shared__ __align__(16) unsigned char lin_dyn[];",
+        f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);",
+        "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);",
+        f"  const atlas::XSmem<{t}> xsm{{lin_xbuf, K}};",
+    ]
     if runs:
         body.append(f"  const bool mma = vec && K % 32 == 0 && atlas::LinVec<{t}>::MMA && atlas::lin_sm80();")
-    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ")
-    blocks = decode_grid(ctx.upper(w_v.shape[0]), variants, runs)
-    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
+    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm")
+    # every block stages all of x: enough blocks to stream the weights, not one per feature group
+    blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs), PROLOGUE_MAX_GRID)
+    smem = -(-staging_bytes(variants[-1], ctx.upper(w_v.shape[1]), itemsize) // 16) * 16
+    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem)
 
 
 @emitter("NormLinear")
@@ -88,8 +101,10 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
         ctx.view(s_v, "s", rank=r)
     eps = float(node.attrs["epsilon"])
     s_ptr = "&s" if s_v is not None else f"static_cast<const atlas::View<{t}, {r}>*>(nullptr)"
-    ctx.lines.append(f"  atlas::lin_norm_setup<{t}, {str(add).lower()}, {r}>(xs, M, K, {eps!r}f, lin_inv, {s_ptr});")
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v)
+    ctx.lines.append("  __shared__ float lin_scratch[32];")
+    ctx.lines.append(f"  atlas::lin_norm_setup<{t}, {str(add).lower()}, {r}>(xs, M, K, {eps!r}f, lin_inv, {s_ptr}, "
+                     "lin_scratch);")
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2)
 
 
 @emitter("ElementwiseLinear")
@@ -124,4 +139,4 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  const atlas::XFn<{t}, decltype(lin_x)> xs{{lin_x}};",
         f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;",
     ]
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v)
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if x_dtype == "float32" else 2)

@@ -27,6 +27,15 @@ from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
 PROLOGUE_MAX_M = 8  # most rows a fused Linear may see (decode batch); above, each block's recompute costs more than a launch
+# every block of the fused kernel stages x (rows x K) in shared memory: at most this many bytes (an
+# sm80+ block may have up to 227 KB; the kernel's own arrays take a few KB)
+PROLOGUE_SMEM_BYTES = 200 * 1024
+PROLOGUE_MAX_GRID = 1056  # blocks of a fused kernel (8 per SM of an H200): each one computes and stages all of x
+
+
+def staging_bytes(rows: int, k: int, itemsize: int) -> int:
+    """Shared memory a fused Linear's block needs to stage x: rows x K values."""
+    return rows * k * itemsize
 NORMS = ("RMSNormalization", "AddRMSNormalization")
 RULES = {
     "RMSNormalization": "Linear(RMSNormalization(a, g)) => NormLinear(a, g)",
@@ -79,6 +88,9 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
     rows = _rows_upper(x, upper)
     if rows is None or rows > PROLOGUE_MAX_M:
         return f"its rows may exceed {PROLOGUE_MAX_M} (prefill)"
+    k = w.shape[1]
+    if not isinstance(k, int) or staging_bytes(rows, k, 4 if x.dtype == "float32" else 2) > PROLOGUE_SMEM_BYTES:
+        return f"staging {rows} rows of x needs more than {PROLOGUE_SMEM_BYTES // 1024} KB of shared memory"
     if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
         return "the Linear's input has other readers"
     if p.op in NORMS:
