@@ -115,9 +115,10 @@ template <typename T> struct XView {
   __device__ __forceinline__ float at(int m, long long k) const { return float(load(p + off[m] + k * ks)); }
 };
 
-// RMSNormalization (ADD: AddRMSNormalization) as the prologue: x = T(h * inv[m] * g) with h = a
-// (ADD: h = T(a + b), the sum that AddRMSNormalization stores), inv[m] = 1 / sqrt(mean(h^2) + eps)
-// from lin_norm_setup; the same float32 arithmetic as norm_block in reduce.cu.
+// RMSNormalization (ADD: AddRMSNormalization) as the prologue, staged: lin_norm_stage writes
+// x = T(h * inv * g) for the block's M rows into shared memory, h = a (ADD: h = T(a + b), the sum that
+// AddRMSNormalization stores), inv = 1 / sqrt(mean(h^2) + eps): the float32 arithmetic of norm_block in
+// reduce.cu. The decode loops then read x through XSmem.
 template <typename T, bool ADD> struct XNorm {
   const T* a;
   const T* b;
@@ -125,48 +126,90 @@ template <typename T, bool ADD> struct XNorm {
   const long long* aoff;
   const long long* boff;
   long long ak, bk, gk;  // strides along K
-  const float* inv;      // shared memory, one per row
   __device__ __forceinline__ float h(int m, long long k) const {
     const float v = float(load(a + aoff[m] + k * ak));
     if constexpr (ADD) return float(T(v + float(load(b + boff[m] + k * bk))));
     return v;
   }
-  __device__ __forceinline__ float at(int m, long long k) const {
-    return float(T(h(m, k) * inv[m] * float(load(g + k * gk))));
-  }
-  __device__ __forceinline__ uint4 vec(int m, long long k) const {
-    constexpr int V = LinVec<T>::N;
-    float av[V], gv[V];
-    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k)), av);
-    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(g + k)), gv);
+  // V values of h from k (16-byte reads; only when the rows allow)
+  __device__ __forceinline__ void h_vec(int m, long long k, float* v) const {
+    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k)), v);
     if constexpr (ADD) {
-      float bv[V];
-      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(b + boff[m] + k)), bv);
+      float w[LinVec<T>::N];
+      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(b + boff[m] + k)), w);
 #pragma unroll
-      for (int e = 0; e < V; ++e) av[e] = float(T(av[e] + bv[e]));
+      for (int e = 0; e < LinVec<T>::N; ++e) v[e] = float(T(v[e] + w[e]));
     }
-    const float r = inv[m];
-#pragma unroll
-    for (int e = 0; e < V; ++e) av[e] = av[e] * r * gv[e];
-    return LinVec<T>::pack(av);  // rounds to T
   }
 };
 
-// the per-row statistics of an XNorm (the whole block per row) and, when s is given, the sum h
-// written by block 0 (AddRMSNormalization's second output); scratch: 32 floats of shared memory
+constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M in fuse_linear_prologue.py)
+
+// the norm prologue staged into buf [M, K] (M <= LIN_PRO_M): one pass reads a (and b), keeps h in buf
+// and sums h^2 per row in registers (block 0 also writes h to s, the sum output, when s is given); one
+// block reduction for all rows; a second pass scales buf in place. scratch: LIN_WARPS * LIN_PRO_M + LIN_PRO_M
+// floats of shared memory. Ends with __syncthreads.
 template <typename T, bool ADD, int R>
-__device__ __forceinline__ void lin_norm_setup(const XNorm<T, ADD>& src, long long M, long long K, float eps,
-                                               float* inv, const View<T, R>* s, float* scratch) {
-  for (long long m = 0; m < M; ++m) {
-    float q = 0.f;
-    T* srow = (s && blockIdx.x == 0) ? s->p + lin_row_offset(*s, m) : nullptr;
-    for (long long k = threadIdx.x; k < K; k += blockDim.x) {
-      const float v = src.h(int(m), k);
-      q += v * v;
-      if (srow) store(srow + k * s->stride[R - 1], v);
+__device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long long M, long long K, float eps, T* buf,
+                                               const View<T, R>* s, float* scratch, bool vec) {
+  constexpr int V = LinVec<T>::N;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool write_s = s != nullptr && blockIdx.x == 0;
+  float q[LIN_PRO_M];
+#pragma unroll
+  for (int m = 0; m < LIN_PRO_M; ++m) {
+    q[m] = 0.f;
+    if (m >= M) continue;
+    T* srow = write_s ? s->p + lin_row_offset(*s, m) : nullptr;
+    if (vec) {
+      for (long long k = threadIdx.x * V; k < K; k += blockDim.x * V) {
+        float v[V];
+        src.h_vec(m, k, v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) q[m] += v[e] * v[e];
+        const uint4 packed = LinVec<T>::pack(v);  // exact: h is a T value
+        *reinterpret_cast<uint4*>(buf + m * K + k) = packed;
+        if (srow) *reinterpret_cast<uint4*>(srow + k) = packed;  // s rows: unit stride, aligned (s from the planner)
+      }
+    } else {
+      for (long long k = threadIdx.x; k < K; k += blockDim.x) {
+        const float v = src.h(m, k);
+        q[m] += v * v;
+        buf[m * K + k] = T(v);
+        if (srow) store(srow + k * s->stride[R - 1], v);
+      }
     }
-    q = block_sum(q, scratch);
-    if (threadIdx.x == 0) inv[m] = 1.f / sqrtf(q / float(K) + eps);
+  }
+  float* inv = scratch + LIN_WARPS * LIN_PRO_M;
+#pragma unroll
+  for (int m = 0; m < LIN_PRO_M; ++m) {
+    const float t = warp_sum(q[m]);
+    if (lane == 0) scratch[warp * LIN_PRO_M + m] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float t = 0.f;
+    for (int w = 0; w < LIN_WARPS; ++w) t += scratch[w * LIN_PRO_M + threadIdx.x];
+    inv[threadIdx.x] = 1.f / sqrtf(t / float(K) + eps);
+  }
+  __syncthreads();
+  if (vec) {
+    const long long kv = K / V;
+    for (long long i = threadIdx.x; i < M * kv; i += blockDim.x) {
+      const long long m = i / kv, k = (i - m * kv) * V;
+      float v[V], gv[V];
+      LinVec<T>::unpack(*reinterpret_cast<const uint4*>(buf + m * K + k), v);
+      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(src.g + k)), gv);
+      const float r = inv[m];
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = v[e] * r * gv[e];
+      *reinterpret_cast<uint4*>(buf + m * K + k) = LinVec<T>::pack(v);  // rounds to T
+    }
+  } else {
+    for (long long i = threadIdx.x; i < M * K; i += blockDim.x) {
+      const long long m = i / K, k = i - m * K;
+      buf[i] = T(float(buf[i]) * inv[m] * float(load(src.g + k * src.gk)));
+    }
   }
   __syncthreads();
 }

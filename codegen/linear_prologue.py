@@ -2,13 +2,13 @@
 
 Only the decode paths (GEMV and MMA decode, M <= 32) are emitted: fuse-linear-prologue makes these
 ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
-- XNorm for NormLinear: lin_norm_setup first computes each row's 1 / rms (a warp per row; block 0 also
-  writes the sum s = a + b, the second output), then x = T(h * inv * g) per element, 16-byte reads of
-  a, b and g where the rows allow;
+- NormLinear: lin_norm_stage reads a (and b) once, keeping h = a (+ b) in shared memory and each
+  row's sum of squares in registers (block 0 also writes the sum s, the second output), reduces all
+  rows at once, then scales the staged rows to x = T(h * inv * g); 16-byte reads where the rows allow;
 - XFn for ElementwiseLinear: a device lambda evaluating the FusedElementwise program at (m, k) with
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
-Each block first stages all of x (M x K values) in dynamic shared memory (lin_stage; the pass limits
-it to PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
+Each block first stages all of x (M x K values) in dynamic shared memory (the pass limits it to
+PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
 block, not once per warp and K step; the grid is capped (PROLOGUE_MAX_GRID) so that few blocks repeat
 the staging. The 16-byte path needs K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows
 of a, b and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
@@ -20,12 +20,12 @@ from atlasc.codegen.cexpr import c_type, compute_type
 from atlasc.codegen.elementwise import _align
 from atlasc.codegen.fused import fused_lines
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
-from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, bind_bias, decode_calls, decode_choice, decode_grid,
-                                   gemv_variants, red_floats)
+from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
+                                   decode_grid, gemv_variants, red_floats)
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
-from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_GRID, staging_bytes
+from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_GRID, PROLOGUE_MAX_M, staging_bytes
 
 
 def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
@@ -56,14 +56,15 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
     return t, r, variants, runs, has_bias
 
 
-def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, itemsize: int
-          ) -> KernelCode:
-    """The kernel body after the declarations in ctx.lines (which define the source `xs` and `vec`): x
-    staged in dynamic shared memory, the mma flag and the decode calls; the launch geometry."""
+def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, itemsize: int,
+          stage: str) -> KernelCode:
+    """The kernel body after the declarations in ctx.lines (which define `vec`): `stage` (statements
+    filling lin_xbuf, x in dynamic shared memory), the mma flag and the decode calls reading x from
+    there; the launch geometry."""
     body = [
         "  extern __shared__ __align__(16) unsigned char lin_dyn[];",
         f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);",
-        "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);",
+        stage,
         f"  const atlas::XSmem<{t}> xsm{{lin_xbuf, K}};",
     ]
     if runs:
@@ -82,29 +83,30 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     y_v = node.outputs[0]
     s_v = node.outputs[1] if len(node.outputs) > 1 else None
     t, r, variants, runs, has_bias = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
-    add = b_v is not None
+    if variants[-1] > PROLOGUE_MAX_M:
+        raise CodegenError(f"{node.name}: NormLinear stages at most {PROLOGUE_MAX_M} rows")
+    add = str(b_v is not None).lower()
     ctx.view(a_v, "a", rank=r)
-    ctx.view(b_v if add else a_v, "b", rank=r)
+    ctx.view(b_v if b_v is not None else a_v, "b", rank=r)
     ctx.view(g_v, "g", rank=1)
+    if s_v is not None:
+        ctx.view(s_v, "s", rank=r)
+    vec_s = " && atlas::lin_vec_rows(s)" if s_v is not None else ""
     ctx.lines += [
         f"  __shared__ long long lin_aoff[{GEMV_MAX_M}], lin_boff[{GEMV_MAX_M}];",
-        f"  __shared__ float lin_inv[{GEMV_MAX_M}];",
+        f"  __shared__ float lin_scratch[{(WARPS + 1) * PROLOGUE_MAX_M}];",
         "  atlas::lin_offsets(a, M, lin_aoff);",
         "  atlas::lin_offsets(b, M, lin_boff);",
         "  __syncthreads();",
         f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && "
-        f"atlas::lin_vec_rows(a) && atlas::lin_vec_rows(b) && atlas::lin_vec_rows(g);",
-        f"  const atlas::XNorm<{t}, {str(add).lower()}> xs{{a.p, b.p, g.p, lin_aoff, lin_boff, a.stride[{r - 1}], "
-        f"b.stride[{r - 1}], g.stride[0], lin_inv}};",
+        f"atlas::lin_vec_rows(a) && atlas::lin_vec_rows(b) && atlas::lin_vec_rows(g){vec_s};",
+        f"  const atlas::XNorm<{t}, {add}> xs{{a.p, b.p, g.p, lin_aoff, lin_boff, a.stride[{r - 1}], "
+        f"b.stride[{r - 1}], g.stride[0]}};",
     ]
-    if s_v is not None:
-        ctx.view(s_v, "s", rank=r)
     eps = float(node.attrs["epsilon"])
     s_ptr = "&s" if s_v is not None else f"static_cast<const atlas::View<{t}, {r}>*>(nullptr)"
-    ctx.lines.append("  __shared__ float lin_scratch[32];")
-    ctx.lines.append(f"  atlas::lin_norm_setup<{t}, {str(add).lower()}, {r}>(xs, M, K, {eps!r}f, lin_inv, {s_ptr}, "
-                     "lin_scratch);")
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2)
+    stage = (f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_ptr}, lin_scratch, vec);")
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2, stage)
 
 
 @emitter("ElementwiseLinear")
@@ -139,4 +141,5 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  const atlas::XFn<{t}, decltype(lin_x)> xs{{lin_x}};",
         f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;",
     ]
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if x_dtype == "float32" else 2)
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if x_dtype == "float32" else 2,
+                 "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);")

@@ -30,7 +30,7 @@ PROLOGUE_MAX_M = 8  # most rows a fused Linear may see (decode batch); above, ea
 # every block of the fused kernel stages x (rows x K) in shared memory: at most this many bytes (an
 # sm80+ block may have up to 227 KB; the kernel's own arrays take a few KB)
 PROLOGUE_SMEM_BYTES = 200 * 1024
-PROLOGUE_MAX_GRID = 1056  # blocks of a fused kernel (8 per SM of an H200): each one computes and stages all of x
+PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
 
 
 def staging_bytes(rows: int, k: int, itemsize: int) -> int:

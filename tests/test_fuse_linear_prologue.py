@@ -121,7 +121,7 @@ def test_prologue_kernels_compile():
 
     builders = [build_prologue(dtype) for dtype in ("float32", "float16")]
     mod = generate(*builders, plan_kw={b.g.name: {"transposed": {"at"}} for b in builders})
-    assert "atlas::lin_norm_setup<float" in mod.source and "atlas::lin_norm_setup<__half" in mod.source
+    assert "atlas::lin_norm_stage<float" in mod.source and "atlas::lin_norm_stage<__half" in mod.source
     assert "atlas::XFn<" in mod.source
     assert "atlas::linear_mma_decode<__half" in mod.source and "atlas::linear_mma_decode<float" not in mod.source
     cubins = compile_cubins(mod.source, ("sm75", "sm90"))
