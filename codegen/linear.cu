@@ -282,12 +282,12 @@ template <typename T, int R> __device__ __forceinline__ void lin_offsets(const V
 template <typename T, int MT, int F, int U, typename XS>
 __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const XS& xs, long long M,
                                               const T* __restrict__ w, long long n0, long long N, long long K,
-                                              int lane) {
+                                              int lane, long long step) {
   constexpr int V = LinVec<T>::N;
   const long long KV = K / V;  // 16-byte vectors per row
   const T* wr[F];
 #pragma unroll
-  for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f, N - 1) * K;  // rows past N: read row N-1, discard
+  for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f * step, N - 1) * K;  // rows past N: read row N-1, discard
   long long v0 = lane;
   for (; v0 + 32 * (U - 1) < KV; v0 += 32 * U) {
     uint4 wv[U][F];
@@ -335,10 +335,10 @@ __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const XS& xs,
 template <typename T, int MT, int F, typename XS>
 __device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const XS& xs, long long M,
                                                  const T* __restrict__ w, long long n0, long long N, long long K,
-                                                 int lane) {
+                                                 int lane, long long step) {
   const T* wr[F];
 #pragma unroll
-  for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f, N - 1) * K;
+  for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f * step, N - 1) * K;
   for (long long k = lane; k < K; k += 32) {
     float wf[F];
 #pragma unroll
@@ -354,35 +354,61 @@ __device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const XS& 
   }
 }
 
-// GEMV over every feature group (M <= MT <= 32); x from the source xs; yoff: row offsets in shared memory
-template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS>
+// the gated epilogue (y[j] = epi(gate_j, up_j), gate rows 0 .. H-1 and up rows H .. 2H-1 of w) or none
+struct LinNoEpi {
+  __device__ __forceinline__ float operator()(float g, float) const { return g; }
+};
+template <typename E> __host__ __device__ constexpr bool lin_gated() { return true; }
+template <> __host__ __device__ constexpr bool lin_gated<LinNoEpi>() { return false; }
+template <typename T> __device__ __forceinline__ float lin_round(float v) { return float(T(v)); }
+
+// GEMV over every feature group (M <= MT <= 32); x from the source xs; yoff: row offsets in shared
+// memory. Gated (EPI not LinNoEpi, F = 2): group j reads weight rows j and H + j (H = N / 2), rounds
+// both sums (+ bias) to T as the unfused Linear stores them and writes epi(gate, up) at column j.
+template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ w, const T* __restrict__ bias,
                                             long long bias_stride, const View<T, R>& y, long long M, long long N,
-                                            long long K, const long long* yoff, bool vec) {
+                                            long long K, const long long* yoff, bool vec, EPI epi = EPI()) {
+  constexpr bool GATED = lin_gated<EPI>();
+  static_assert(!GATED || F == 2, "the gated GEMV holds a gate and an up row per group");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long groups = (N + F - 1) / F;
+  const long long H = N / 2;
+  const long long groups = GATED ? H : (N + F - 1) / F;
   const long long yn = y.stride[R - 1];
   for (long long g = (long long)blockIdx.x * LIN_WARPS + warp; g < groups; g += (long long)gridDim.x * LIN_WARPS) {
-    const long long n0 = g * F;
+    const long long n0 = GATED ? g : g * F, step = GATED ? H : 1;
     float acc[F][MT];
 #pragma unroll
     for (int f = 0; f < F; ++f)
 #pragma unroll
       for (int m = 0; m < MT; ++m) acc[f][m] = 0.f;
     if (vec) {
-      lin_group_vec<T, MT, F, U>(acc, xs, M, w, n0, N, K, lane);
+      lin_group_vec<T, MT, F, U>(acc, xs, M, w, n0, N, K, lane, step);
     } else {
-      lin_group_scalar<T, MT, F>(acc, xs, M, w, n0, N, K, lane);
+      lin_group_scalar<T, MT, F>(acc, xs, M, w, n0, N, K, lane, step);
     }
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-      const long long n = n0 + f;
-      float b = 0.f;
-      if constexpr (HAS_BIAS) b = (n < N) ? float(load(bias + imin(n, N - 1) * bias_stride)) : 0.f;
+    if constexpr (GATED) {
+      float bg = 0.f, bu = 0.f;
+      if constexpr (HAS_BIAS) {
+        bg = float(load(bias + g * bias_stride));
+        bu = float(load(bias + (H + g) * bias_stride));
+      }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        const float s = warp_sum(acc[f][m]);
-        if (m < M && lane == m && n < N) store(y.p + yoff[m] + n * yn, s + b);
+        const float sg = warp_sum(acc[0][m]), su = warp_sum(acc[F - 1][m]);
+        if (m < M && lane == m) store(y.p + yoff[m] + g * yn, epi(lin_round<T>(sg + bg), lin_round<T>(su + bu)));
+      }
+    } else {
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const long long n = n0 + f;
+        float b = 0.f;
+        if constexpr (HAS_BIAS) b = (n < N) ? float(load(bias + imin(n, N - 1) * bias_stride)) : 0.f;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const float s = warp_sum(acc[f][m]);
+          if (m < M && lane == m && n < N) store(y.p + yoff[m] + n * yn, s + b);
+        }
       }
     }
   }
@@ -448,21 +474,27 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 }
 
 // MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; x from the source xs
-// (16-byte reads); yoff: row offsets (linear_gemv_setup), red: 1024 * J floats of shared memory
-template <typename T, int R, int J, int U, bool HAS_BIAS, typename XS>
+// (16-byte reads); yoff: row offsets (linear_gemv_setup), red: 1024 * J floats of shared memory.
+// Gated (see linear_gemv): a block's A rows g are gate rows j0 + g and its rows g + 8 the up rows
+// H + j0 + g (8 outputs per block); each gate partial is reduced with its up partial (q, q + 2).
+template <typename T, int R, int J, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
-                                                  const long long* yoff, float* red) {
+                                                  const long long* yoff, float* red, EPI epi = EPI()) {
+  constexpr bool GATED = lin_gated<EPI>();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const long long steps = K / 32, blocks_n = (N + 15) / 16, yn = y.stride[R - 1];
+  const long long H = N / 2;
+  const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 15) / 16, yn = y.stride[R - 1];
   int xm[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
   for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
-    const long long n0 = nb * 16;
-    const T* w0 = w + imin(n0 + g, N - 1) * K + 8 * c;
-    const T* w1 = w + imin(n0 + g + 8, N - 1) * K + 8 * c;
+    const long long n0 = GATED ? nb * 8 : nb * 16;
+    const long long r0 = GATED ? imin(n0 + g, H - 1) : imin(n0 + g, N - 1);
+    const long long r1 = GATED ? H + r0 : imin(n0 + g + 8, N - 1);
+    const T* w0 = w + r0 * K + 8 * c;
+    const T* w1 = w + r1 * K + 8 * c;
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j)
@@ -494,6 +526,29 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
 #pragma unroll
       for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[j][q];
     __syncthreads();
+    if constexpr (GATED) {
+      for (int slot = threadIdx.x; slot < 2 * J * 32; slot += LIN_THREADS) {
+        const int r = 4 * (slot >> 6) + ((slot >> 5) & 1), l = slot & 31, q = r & 3;  // q = 0, 1: gate rows
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int v = 0; v < LIN_WARPS; ++v) {
+          sg += red[(r * LIN_WARPS + v) * 32 + l];
+          su += red[((r + 2) * LIN_WARPS + v) * 32 + l];
+        }
+        const long long n = n0 + (l >> 2);
+        const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+        if (m < M && n < H) {
+          float bg = 0.f, bu = 0.f;
+          if constexpr (HAS_BIAS) {
+            bg = float(load(bias + n * bias_stride));
+            bu = float(load(bias + (H + n) * bias_stride));
+          }
+          store(y.p + yoff[m] + n * yn, epi(lin_round<T>(sg + bg), lin_round<T>(su + bu)));
+        }
+      }
+      __syncthreads();
+      continue;
+    }
     for (int slot = threadIdx.x; slot < 4 * J * 32; slot += LIN_THREADS) {
       const int r = slot >> 5, l = slot & 31, q = r & 3;
       float sum = 0.f;

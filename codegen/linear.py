@@ -102,20 +102,23 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
 
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
-                 prefix: str = "    ", src: str = "xs") -> list[str]:
+                 prefix: str = "    ", src: str = "xs", epi: str = "") -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
-    `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional."""
+    `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
+    With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2)."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
     for lo, hi, j in runs:
         cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
         lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {MMA_DECODE_U[j]}, {has_bias}>("
-                     f"{args}, lin_red);")
+                     f"{args}, lin_red{', ' + epi if epi else ''});")
         prefix = first + "else "
     for i, mt in enumerate(variants):
         f, u = GEMV_CONFIG[mt]
+        f = 2 if epi else f
         cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
-        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec);")
+        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec"
+                     f"{', ' + epi if epi else ''});")
         prefix = first + "else "
     return lines
 

@@ -5,6 +5,9 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
 - NormLinear: lin_norm_stage reads a (and b) once, keeping h = a (+ b) in shared memory and each
   row's sum of squares in registers (block 0 also writes the sum s, the second output), reduces all
   rows at once, then scales the staged rows to x = T(h * inv * g); 16-byte reads where the rows allow;
+- with the attribute `epilogue` (gate/up halves, e.g. SwiGLU), the decode paths read weight rows j and
+  H + j together (linear.cu's gated GEMV / MMA decode) and store epi(gate, up) [.., H] through the
+  device lambda `lin_epi` (fused.py's statements over the two halves rounded as the Linear stores them);
 - XFn for ElementwiseLinear: a device lambda evaluating the FusedElementwise program at (m, k) with
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
 Each block first stages all of x (M x K values) in dynamic shared memory (the pass limits it to
@@ -57,7 +60,7 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
 
 
 def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, itemsize: int,
-          stage: str) -> KernelCode:
+          stage: str, epi: str = "") -> KernelCode:
     """The kernel body after the declarations in ctx.lines (which define `vec`): `stage` (statements
     filling lin_xbuf, x in dynamic shared memory), the mma flag and the decode calls reading x from
     there; the launch geometry."""
@@ -69,7 +72,7 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     ]
     if runs:
         body.append(f"  const bool mma = vec && K % 32 == 0 && atlas::LinVec<{t}>::MMA && atlas::lin_sm80();")
-    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm")
+    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs), PROLOGUE_MAX_GRID)
     smem = -(-staging_bytes(variants[-1], ctx.upper(w_v.shape[1]), itemsize) // 16) * 16
@@ -106,7 +109,27 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     eps = float(node.attrs["epsilon"])
     s_ptr = "&s" if s_v is not None else f"static_cast<const atlas::View<{t}, {r}>*>(nullptr)"
     stage = (f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_ptr}, lin_scratch, vec);")
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2, stage)
+    epi = ""
+    if node.attrs.get("epilogue"):
+        _gated_epilogue(ctx, node, a_v.dtype)
+        epi = "lin_epi"
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2, stage, epi)
+
+
+def _gated_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
+    """Declare `lin_epi(gate, up)`: the epilogue program over the two rounded halves (fused.py's steps)."""
+    program, gate = node.attrs["epilogue"], int(node.attrs["gate_input"])
+    half = TensorType(dtype, (1,))
+    steps = step_types([half, half], program)
+    ct = compute_type(dtype)
+    binds = [f"    const {ct} a{gate} = gate;", f"    const {ct} a{1 - gate} = up;"]
+    ctx.lines += [
+        "  auto lin_epi = [&](float gate, float up) -> float {",
+        *binds,
+        *fused_lines(node, program, [dtype, dtype], [s.dtype for s in steps], "    "),
+        f"    return float(t{len(program) - 1});",
+        "  };",
+    ]
 
 
 @emitter("ElementwiseLinear")

@@ -7,12 +7,16 @@ and the Linear is the producer's only reader:
     x, s = AddRMSNormalization(a, b, g); y = Linear(x, w[, bias])  =>  y, s = NormLinear(a, b, g, w[, bias])
     x = FusedElementwise(ins..)        ; y = Linear(x, w[, bias])  =>  y = ElementwiseLinear(ins.., w[, bias])
 
+and a NormLinear's output read only by an elementwise program over its two halves (SwiGLU on the merged
+gate/up projection) becomes its gated epilogue: y = NormLinear(.., epilogue=program) [.., H], computed
+once per output element (as a prologue of the down projection, every block would recompute all of it).
+
 (norms over the last axis with a rank-1 scale of x's dtype; an elementwise program whose inputs,
 after their slices, have x's shape: no broadcasting). The Linear kernel then computes x on the fly
 (codegen/linear_prologue.py). Every block recomputes the rows it reads, which costs little for a few
 rows and a lot for many: so decode only (PROLOGUE_MAX_M), where the launch saved matters most. A
 Llama decode layer becomes 6 kernels: NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear
-(gate/up), ElementwiseLinear (SwiGLU + down).
+(gate/up + SwiGLU), Linear (down).
 
 Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
 reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
@@ -42,6 +46,7 @@ RULES = {
     "AddRMSNormalization": "Linear(AddRMSNormalization(a, b, g)) => NormLinear(a, b, g)",
     "FusedElementwise": "Linear(FusedElementwise(ins)) => ElementwiseLinear(ins)",
 }
+EPILOGUE_RULE = "FusedElementwise(z[.., :H], z[.., H:]) of z = NormLinear(..) => NormLinear(.., epilogue)"
 
 
 def _rows_upper(x, upper: dict[str, int]) -> int | None:
@@ -100,16 +105,41 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
     return _why_not_elementwise(p, x)
 
 
-def _fused(lin: Node, p: Node) -> Node:
+def gated_epilogue(graph: Graph, lin: Node) -> tuple[Node, int] | None:
+    """(node, gate input) when the Linear's only reader is an elementwise program over its two halves
+    [.., :H] and [.., H:] (SwiGLU on a merged gate/up projection) of the Linear's dtype; else None."""
+    y = lin.outputs[0]
+    users = graph.users(y)
+    if len(users) != 1 or any(y is o for o in graph.outputs) or not isinstance(y.shape[-1], int):
+        return None
+    e = users[0]
+    h = y.shape[-1] // 2
+    slices = tuple(tuple(sl) if sl is not None else None for sl in (e.attrs.get("slices") or ()))
+    if e.op != "FusedElementwise" or len(e.inputs) != 2 or not all(i is y for i in e.inputs) or 2 * h != y.shape[-1]:
+        return None
+    if sorted(slices, key=str) != sorted(((0, h), (h, h)), key=str) or e.attrs["out_dtype"] != y.dtype:
+        return None
+    if not _same_dims(tuple(e.attrs["out_shape"]), tuple(y.shape[:-1]) + (h,)):
+        return None
+    return e, (0 if slices[0] == (0, h) else 1)
+
+
+def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None]:
+    """The fused node, and the epilogue node it absorbed (or None)."""
     rest = list(lin.inputs[1:])  # w[, bias]
     if p.op in NORMS:
         a, b = p.inputs[0], (p.inputs[1] if p.op == "AddRMSNormalization" else None)
-        outputs = [lin.outputs[0]] + ([p.outputs[1]] if b is not None else [])
-        return Node("NormLinear", [a, b, p.inputs[-1], *rest], outputs, {"epsilon": p.attrs["epsilon"]},
-                    name=f"norm_linear:{lin.name}")
+        attrs = {"epsilon": p.attrs["epsilon"]}
+        y, epi = lin.outputs[0], gated_epilogue(graph, lin)
+        if epi is not None:
+            attrs |= {"epilogue": epi[0].attrs["program"], "gate_input": epi[1]}
+            y = epi[0].outputs[0]
+        outputs = [y] + ([p.outputs[1]] if b is not None else [])
+        node = Node("NormLinear", [a, b, p.inputs[-1], *rest], outputs, attrs, name=f"norm_linear:{lin.name}")
+        return node, (epi[0] if epi else None)
     attrs = {k: p.attrs[k] for k in ("program", "out_shape", "out_dtype", "slices") if k in p.attrs}
     attrs["n_in"] = len(p.inputs)
-    return Node("ElementwiseLinear", [*p.inputs, *rest], [lin.outputs[0]], attrs, name=f"elt_linear:{lin.name}")
+    return Node("ElementwiseLinear", [*p.inputs, *rest], [lin.outputs[0]], attrs, name=f"elt_linear:{lin.name}"), None
 
 
 def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None:
@@ -121,9 +151,14 @@ def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None
         if why:
             stats.declined[f"{rule} at {lin.name}"] = why
             continue
-        fused = _fused(lin, p)
+        fused, epi = _fused(graph, lin, p)
         graph.nodes[graph.nodes.index(p)] = fused  # p's inputs are ready there; w and bias are constants
         graph.nodes.remove(lin)
+        if epi is not None:
+            graph.nodes.remove(epi)
+            stats.applied[EPILOGUE_RULE] = stats.applied.get(EPILOGUE_RULE, 0) + 1
+        for o in fused.outputs:
+            producers[id(o)] = fused
         stats.applied[rule] = stats.applied.get(rule, 0) + 1
     graph.cleanup()
     graph.toposort()

@@ -67,14 +67,16 @@ def test_decode_entry_bit_identical(name):
 
 @pytest.mark.parametrize("name", LLAMA_LIKE)
 def test_llama_decode_layer_is_six_kernels(name):
-    """NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear (gate/up), ElementwiseLinear
-    (SwiGLU + down) per layer; the last norm joins the LM head. Prefill keeps its separate norms."""
+    """NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear (gate/up + SwiGLU), Linear
+    (down) per layer; the last norm joins the LM head. Prefill keeps its separate norms and SwiGLU."""
     program, before, record = before_after(name)
     layers = program.kv_cache.layers
     decode = Counter(n.op for n in program.entries["decode"].nodes)
-    assert decode["NormLinear"] == 2 * layers + 1 and decode["ElementwiseLinear"] == layers, decode
-    assert decode["Linear"] == layers, decode  # the output projections
+    assert decode["NormLinear"] == 2 * layers + 1 and decode["Linear"] == 2 * layers, decode  # o, down
     assert decode["RMSNormalization"] == decode["AddRMSNormalization"] == 0, decode
+    assert decode["FusedElementwise"] < Counter(n.op for n in before["decode"].nodes)["FusedElementwise"]
+    gated = [n for n in program.entries["decode"].nodes if n.op == "NormLinear" and n.attrs.get("epilogue")]
+    assert len(gated) == layers, decode  # SwiGLU on every gate/up projection
     per_layer = sum(decode[op] for op in ("NormLinear", "ElementwiseLinear", "Linear", "QKVRotary", "Attention"))
     assert per_layer == 6 * layers + 1, decode
     prefill = Counter(n.op for n in program.entries["prefill"].nodes)
@@ -122,7 +124,7 @@ def test_prologue_kernels_compile():
     builders = [build_prologue(dtype) for dtype in ("float32", "float16")]
     mod = generate(*builders, plan_kw={b.g.name: {"transposed": {"at"}} for b in builders})
     assert "atlas::lin_norm_stage<float" in mod.source and "atlas::lin_norm_stage<__half" in mod.source
-    assert "atlas::XFn<" in mod.source
+    assert "atlas::XFn<" in mod.source and "lin_red, lin_epi);" in mod.source and "vec, lin_epi);" in mod.source
     assert "atlas::linear_mma_decode<__half" in mod.source and "atlas::linear_mma_decode<float" not in mod.source
     cubins = compile_cubins(mod.source, ("sm75", "sm90"))
     assert all(cubins.values())

@@ -1,7 +1,8 @@
 """GPU numerics of NormLinear and ElementwiseLinear (codegen/linear_prologue.py) against the reference.
 
 One graph per dtype, rows m <= 8 (the decode buckets MT 1 .. 8), run at M in {1, 2, 3, 5, 8}:
-- NormLinear with and without the residual add (the sum s is checked too), with and without bias;
+- NormLinear with and without the residual add (the sum s is checked too), with and without bias, and
+  with a SwiGLU epilogue over the two halves of its output (either half the gate: the gated paths);
 - ElementwiseLinear with SwiGLU reading the two halves of one tensor (slices) and with two inputs;
 over K in {64, 70, 4096} x N in {8, 1000}: float16 with K % 32 == 0 takes the tensor-core decode,
 K = 70 is not a multiple of 8 (float16) or 4 (float32): the scalar GEMV. A NormLinear whose input
@@ -41,6 +42,9 @@ def build_prologue(dtype: str, m_max: int = 8) -> Builder:
             bias = b.input(f"b{k}_{n}", dtype, (n,))
             b.node("NormLinear", [a, r, g, w], {"epsilon": 1e-5}, outputs=2)
             b.node("NormLinear", [a, None, g, w, bias], {"epsilon": 1e-6})
+            # gated epilogues: SwiGLU over the halves [.., :N/2] (gate) and [.., N/2:] (up), or swapped
+            b.node("NormLinear", [a, r, g, w, bias], {"epsilon": 1e-5, "epilogue": SWIGLU, "gate_input": 0}, outputs=2)
+            b.node("NormLinear", [a, None, g, w], {"epsilon": 1e-5, "epilogue": SWIGLU, "gate_input": 1})
             elt = {"program": SWIGLU, "out_shape": (b.g.inputs[0].shape[0], k), "out_dtype": dtype, "n_in": 2}
             b.node("ElementwiseLinear", [gu, gu, w], elt | {"slices": ((0, k), (k, k))})
             b.node("ElementwiseLinear", [a, r, w, bias], elt)

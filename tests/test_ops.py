@@ -1182,9 +1182,15 @@ def test_prologue_linears(rng, dtype):
              {"program": swiglu, "out_shape": (2, 1, 16), "out_dtype": dtype, "slices": ((0, 16), (16, 16)),
               "n_in": 2}),
     ]
-    g.outputs = [y1, s1, y2, y3]
+    w4 = Value("w4", dtype, (4, 16))
+    y4 = Value("y4", dtype, (2, 1, 2))
+    g.inputs.append(w4)
+    g.nodes.append(Node("NormLinear", [vals["a"], None, vals["g"], w4], [y4],
+                        {"epsilon": 1e-6, "epilogue": swiglu, "gate_input": 1}))
+    g.outputs = [y1, s1, y2, y3, y4]
     verify(g)
-    got = interpret(g, {"a": a, "b": b, "g": gamma, "w": w, "bias": bias, "gu": gu})
+    w4v = rand(rng, (4, 16), dtype)
+    got = interpret(g, {"a": a, "b": b, "g": gamma, "w": w, "bias": bias, "gu": gu, "w4": w4v})
     f = np.float32
 
     def rms(h, eps):
@@ -1199,11 +1205,16 @@ def test_prologue_linears(rng, dtype):
     np.testing.assert_array_equal(got["s1"], s)
     np.testing.assert_array_equal(got["y1"], lin(rms(s, f(1e-5))))
     np.testing.assert_array_equal(got["y2"], lin(rms(a, f(1e-6)), bias))
-    gate, up = gu[..., :16], gu[..., 16:]
-    sig = (1.0 / (1.0 + np.exp(-gate.astype(f)))).astype(dtype)
-    np.testing.assert_allclose(got["y3"].astype(np.float64),
-                               lin((gate * sig).astype(dtype) * up).astype(np.float64),
-                               rtol=1e-5 if dtype == "float32" else 2e-3, atol=1e-6 if dtype == "float32" else 2e-3)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == "float32" else {"rtol": 2e-3, "atol": 2e-3}
+
+    def silu_mul(gate, up):
+        sig = (1.0 / (1.0 + np.exp(-gate.astype(f)))).astype(dtype)
+        return ((gate * sig).astype(dtype) * up).astype(dtype)
+
+    np.testing.assert_allclose(got["y3"].astype(np.float64), lin(silu_mul(gu[..., :16], gu[..., 16:])).astype(np.float64),
+                               **tol)
+    z = (rms(a, f(1e-6)).astype(f) @ w4v.astype(f).T).astype(dtype)  # gate_input 1: the second half is the gate
+    np.testing.assert_allclose(got["y4"].astype(np.float64), silu_mul(z[..., 2:], z[..., :2]).astype(np.float64), **tol)
 
 
 @covers("QKVRotary")

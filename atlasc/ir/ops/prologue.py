@@ -2,7 +2,9 @@
 
 - `NormLinear(a, b | None, g, w[, bias])`: x = RMSNormalization(a, g) (with b: s = a + b rounded, as
   AddRMSNormalization, x = RMSNormalization(s, g), and s is the second output), then y = Linear(x, w,
-  bias). Attribute `epsilon`. Outputs (y) or (y, s).
+  bias). Attribute `epsilon`. Outputs (y) or (y, s). With the attribute `epilogue` (a FusedElementwise
+  program of two inputs, e.g. SwiGLU), the Linear's output z [.., 2H] is gated: y = program(z[.., :H],
+  z[.., H:]) [.., H], the program's input `gate_input` (0 or 1) reading the first half.
 - `ElementwiseLinear(in_0 .. in_{n-1}, w[, bias])`: x = FusedElementwise(in_0 ..) with the attributes
   `program`, `out_shape`, `out_dtype`, `slices` of that op, then y = Linear(x, w, bias). Attribute
   `n_in` = n.
@@ -34,6 +36,16 @@ def _norm_attrs(attrs: dict, op: str) -> dict:
     return OPS[op].fill_attrs({"axis": -1, "epsilon": attrs["epsilon"]})
 
 
+def epilogue_attrs(z_shape, dtype: str, attrs: dict) -> dict:
+    """The FusedElementwise attributes of a NormLinear's gated epilogue over its Linear output z."""
+    h = z_shape[-1] // 2 if isinstance(z_shape[-1], int) else None
+    if h is None or 2 * h != z_shape[-1]:
+        raise ShapeError(f"NormLinear: a gated epilogue needs an even static width, got {z_shape[-1]}")
+    halves = ((0, h), (h, h)) if attrs["gate_input"] == 0 else ((h, h), (0, h))
+    return OPS["FusedElementwise"].fill_attrs({"program": attrs["epilogue"], "out_shape": tuple(z_shape[:-1]) + (h,),
+                                               "out_dtype": dtype, "slices": halves})
+
+
 def _norm_linear_infer(ins, attrs):
     if any(t is None for i, t in enumerate(ins) if i != 1 and i != 4):
         raise ShapeError("NormLinear: a, g and w are required")
@@ -41,6 +53,8 @@ def _norm_linear_infer(ins, attrs):
     op = _norm_op(ins)
     normed = OPS[op].infer(norm_ins, _norm_attrs(attrs, op))
     y = OPS["Linear"].infer([normed[0], *lin_ins], {})[0]
+    if attrs.get("epilogue"):
+        y = OPS["FusedElementwise"].infer([y, y], epilogue_attrs(y.shape, y.dtype, attrs))[0]
     return [y] if ins[1] is None else [y, normed[1]]
 
 
@@ -49,10 +63,13 @@ def _norm_linear_ref(ins, attrs):
     op = _norm_op(ins)
     normed = OPS[op].reference(norm_ins, _norm_attrs(attrs, op))
     y = OPS["Linear"].reference([normed[0], *lin_ins], {})[0]
+    if attrs.get("epilogue"):
+        y = OPS["FusedElementwise"].reference([y, y], epilogue_attrs(y.shape, str(y.dtype), attrs))[0]
     return [y] if ins[1] is None else [y, normed[1]]
 
 
-register("NormLinear", inputs=(4, 5), outputs=(1, 2), kind="opaque", attrs={"epsilon": Attr("float")},
+register("NormLinear", inputs=(4, 5), outputs=(1, 2), kind="opaque",
+         attrs={"epsilon": Attr("float"), "epilogue": Attr("any", ()), "gate_input": Attr("int", 0)},
          infer=_norm_linear_infer, reference=_norm_linear_ref,
          doc="(Add)RMSNormalization over the last axis feeding a Linear, one kernel; outputs y (and the sum)")
 
