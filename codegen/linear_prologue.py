@@ -28,7 +28,9 @@ from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
-from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_GRID, PROLOGUE_MAX_M, staging_bytes
+from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
+
+PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
 
 
 def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
@@ -151,7 +153,8 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.lines += [f"  atlas::lin_offsets({name}, M, lin_ioff[{k}]);" for k, name in enumerate(names)]
     ctx.lines.append("  __syncthreads();")
     in_dtypes = [v.dtype for v in ins]
-    body = [f"    const {compute_type(dt)} a{k} = atlas::load({name}.p + lin_ioff[{k}][m] + k * {name}.stride[{r - 1}]);"
+    body = [f"    const {compute_type(dt)} a{k} = "
+            f"atlas::load({name}.p + lin_ioff[{k}][m] + k * {name}.stride[{r - 1}]);"
             for k, (name, dt) in enumerate(zip(names, in_dtypes))]
     body += fused_lines(node, program, in_dtypes, [s.dtype for s in steps], "    ")
     last = f"t{len(program) - 1}"

@@ -4,6 +4,7 @@
                                                   # M in 1, 2, 4, 8, 16, 32, 128, paths simt and mma
     python examples/kernel_lab.py --quick         # one shape, M = 1 (smoke test)
     python examples/kernel_lab.py --shapes "8B o,1B down" --ms 8,32 --variant simt,mma,table
+    python examples/kernel_lab.py --ms 1,8 --variant table,norm,gated   # the fused decode projections
 
 For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the
 compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
@@ -18,6 +19,12 @@ layer), at least 30 launches, replayed 20 times after a warm-up: the median repl
 count is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
 TFLOP/s counts 2 * M * N * K. The last table puts the variants side by side per (shape, M) and names
 the fastest: what linear.DECODE_PATH should say for each M bucket.
+
+Two more variants time the fused decode projections of fuse-linear-prologue (M <= 8) with the default
+path table: "norm" = NormLinear(a, b, g, w) (the residual add + RMSNorm staged in shared memory by
+every block, the sum written by block 0) and "gated" = the same with the SwiGLU epilogue (y has N / 2
+columns; gate/up shapes). Set against "table", they show what the prologue and the epilogue cost.
+Their reference: b = 0 and g = 1, so x = fp16(a / rms(a)) (and silu(gate) * up in float32).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ SHAPES = {  # (K, N)
 }
 MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
+FUSED = ("norm", "gated")  # fuse-linear-prologue's NormLinear, and with the SwiGLU epilogue
+SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 ARENAS = 3  # the fewest arena copies a timing rotates among
 MAX_ARENAS = 256
 ROTATE_BYTES = 160 << 20  # bytes that pass through L2 between two launches on the same copy (L2: 50 MB)
@@ -55,24 +64,48 @@ LAUNCHES = 30
 REPLAYS = 20
 
 
-def build(k: int, n: int, m_max: int):
-    """(graph, plan, upper): Linear(x[m, k], w[n, k]) with every value in its own 256-aligned buffer."""
-    g = Graph(f"lin_{k}x{n}_m{m_max}")
+def build(k: int, n: int, m_max: int, kind: str = "linear"):
+    """(graph, plan, upper): Linear(x[m, k], w[n, k]) (kind "norm": NormLinear(x, b, g, w) with the sum s
+    as a second output; "gated": the same with the SwiGLU epilogue, y [m, n / 2]), every value in its
+    own 256-aligned buffer; inputs in the order x, w (then b, g)."""
+    g = Graph(f"lin_{kind}_{k}x{n}_m{m_max}")
     g.symbols = {"m": SymbolInfo(1, m_max)}
     x = Value("x", "float16", (S.sym("m"), k))
     w = Value("w", "float16", (n, k))
-    y = Value("y", "float16", (S.sym("m"), n))
+    n_out = n // 2 if kind == "gated" else n
+    y = Value("y", "float16", (S.sym("m"), n_out))
     g.inputs = [x, w]
-    g.nodes = [Node("Linear", [x, w], [y])]
-    g.outputs = [y]
+    if kind == "linear":
+        g.nodes = [Node("Linear", [x, w], [y])]
+        g.outputs = [y]
+    else:
+        b, gamma, s = Value("b", "float16", x.shape), Value("g", "float16", (k,)), Value("s", "float16", x.shape)
+        attrs = {"epsilon": 1e-5} | ({"epilogue": SWIGLU, "gate_input": 0} if kind == "gated" else {})
+        g.inputs += [b, gamma]
+        g.nodes = [Node("NormLinear", [x, b, gamma, w], [y, s], attrs)]
+        g.outputs = [y, s]
     plan = MemoryPlan(symbols=("m",))
     plan.dims_offset = 0
     off = 256
-    for v, elems in ((x, m_max * k), (w, n * k), (y, m_max * n)):
-        plan.placements[v.name] = Placement("activations", off, elems * 2)
-        off = align(off + elems * 2)
+    sizes = {"x": m_max * k, "w": n * k, "y": m_max * n_out, "b": m_max * k, "g": k, "s": m_max * k}
+    for v in [*g.inputs, *g.outputs]:
+        plan.placements[v.name] = Placement("activations", off, sizes[v.name] * 2)
+        off = align(off + sizes[v.name] * 2)
     plan.arena_bytes = off
     return g, plan, {"m": m_max}
+
+
+def reference(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
+    """float32 reference of a variant's y (b = 0, g = 1 for the fused ones)."""
+    if kind in FUSED:
+        xf = x.astype(np.float32)
+        x = (xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + np.float32(1e-5))).astype(np.float16)
+    y = x.astype(np.float32) @ w.T.astype(np.float32)
+    if kind == "gated":
+        h = y.shape[-1] // 2
+        gate, up = y[:, :h], y[:, h:]
+        y = gate / (1 + np.exp(-gate)) * up
+    return y
 
 
 def generate_with_env(built, env: dict[str, str]):
@@ -92,7 +125,10 @@ def generate_with_env(built, env: dict[str, str]):
 
 
 def generate(k: int, n: int, m: int, variant: str):
-    """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant."""
+    """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
+    variant: its node with the default path table)."""
+    if variant in FUSED:
+        return generate_with_env(build(k, n, m, variant), {linear.PATH_ENV: "table"})
     return generate_with_env(build(k, n, m), {linear.PATH_ENV: variant})
 
 
@@ -137,7 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--ms", default="", help="comma-separated M values (default: 1,2,4,8,16,32,128)")
     ap.add_argument("--variant", default=",".join(VARIANTS),
-                    help=f"comma-separated Linear paths to time, of {', '.join(linear.PATHS)} (default: simt,mma)")
+                    help=f"comma-separated Linear paths to time, of {', '.join(linear.PATHS)}, or the fused "
+                         f"decode projections {', '.join(FUSED)} (M <= 8; default: simt,mma)")
     args = ap.parse_args(argv)
     shapes = {"8B o": SHAPES["8B o"]} if args.quick else SHAPES
     if args.shapes:
@@ -146,9 +183,11 @@ def main(argv=None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
-    bad = [v for v in variants if v not in linear.PATHS]
+    bad = [v for v in variants if v not in linear.PATHS + FUSED]
     if bad:
-        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(linear.PATHS)})")
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(linear.PATHS + FUSED)})")
+    if any(v in FUSED for v in variants) and max(ms) > 8:
+        ap.error("the fused variants (norm, gated) run at M <= 8 only")
     dev = Device()
     cuda = dev.cuda
     t0 = time.perf_counter()
@@ -166,9 +205,9 @@ def main(argv=None) -> int:
         w = (rng.random((n, k), dtype=np.float32) * 2 - 1) * np.float32(1 / np.sqrt(k))
         w = w.astype(np.float16)
         x = (rng.random((max(ms), k), dtype=np.float32) * 2 - 1).astype(np.float16)
-        ref = x.astype(np.float32) @ w.T.astype(np.float32)  # [max M, n]: rows are independent
         for m in ms:
             for variant in variants:
+                ref = reference(x[:m], w, variant)
                 g, plan, mod = mods[(name, m, variant)]
                 module = dev.load_module(cubins[(name, m, variant)])
                 launch = mod.launches["run"][0]
@@ -179,6 +218,10 @@ def main(argv=None) -> int:
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
                     dev.upload(a, plan.placement(g.inputs[0]).offset, x[:m])
                 dev.upload(arenas[0], plan.placement(g.inputs[1]).offset, w)
+                if variant in FUSED:  # b = 0, g = 1
+                    for a in arenas:
+                        dev.upload(a, plan.placement(g.inputs[2]).offset, np.zeros(m * k, np.float16))
+                        dev.upload(a, plan.placement(g.inputs[3]).offset, np.ones(k, np.float16))
                 dev.synchronize()
                 for a in arenas[1:]:
                     cuda.memcpy_dtod(int(a) + plan.placement(g.inputs[1]).offset,
@@ -189,10 +232,10 @@ def main(argv=None) -> int:
 
                 go(arenas[0])
                 dev.synchronize()
-                ok, err, scale = check_output(dev, arenas[0], plan.placement(g.outputs[0]).offset, ref[:m])
+                ok, err, scale = check_output(dev, arenas[0], plan.placement(g.outputs[0]).offset, ref)
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
-                nbytes = (n * k + m * k + m * n) * 2
+                nbytes = (n * k + m * k + m * ref.shape[1]) * 2 + (2 * m * k * 2 if variant in FUSED else 0)
                 gbs = nbytes / (us * 1e-6) / 1e9
                 tflops = 2 * m * n * k / (us * 1e-6) / 1e12
                 rows.append((name, f"{k}x{n}", m, variant, us, gbs, 100 * gbs * 1e9 / PEAK, tflops, launch.grid[0],

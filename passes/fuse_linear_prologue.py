@@ -12,9 +12,10 @@ gate/up projection) becomes its gated epilogue: y = NormLinear(.., epilogue=prog
 once per output element (as a prologue of the down projection, every block would recompute all of it).
 
 (norms over the last axis with a rank-1 scale of x's dtype; an elementwise program whose inputs,
-after their slices, have x's shape: no broadcasting). The Linear kernel then computes x on the fly
-(codegen/linear_prologue.py). Every block recomputes the rows it reads, which costs little for a few
-rows and a lot for many: so decode only (PROLOGUE_MAX_M), where the launch saved matters most. A
+after their slices, have x's shape: no broadcasting, and only for one row: ELEMENTWISE_MAX_M). The
+Linear kernel computes x itself (codegen/linear_prologue.py): every block stages all rows of x in shared
+memory, which costs little for a few rows and a lot for many: so decode only (PROLOGUE_MAX_M, and x
+must fit PROLOGUE_SMEM_BYTES), where the launch saved matters most. A
 Llama decode layer becomes 6 kernels: NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear
 (gate/up + SwiGLU), Linear (down).
 
@@ -27,19 +28,14 @@ from __future__ import annotations
 
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
+from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, PROLOGUE_SMEM_BYTES, staging_bytes
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
-PROLOGUE_MAX_M = 8  # most rows a fused Linear may see (decode batch); above, each block's recompute costs more than a launch
-# every block of the fused kernel stages x (rows x K) in shared memory: at most this many bytes (an
-# sm80+ block may have up to 227 KB; the kernel's own arrays take a few KB)
-PROLOGUE_SMEM_BYTES = 200 * 1024
-PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
-
-
-def staging_bytes(rows: int, k: int, itemsize: int) -> int:
-    """Shared memory a fused Linear's block needs to stage x: rows x K values."""
-    return rows * k * itemsize
+# ElementwiseLinear only for a single row: its every block recomputes the whole program (H200, Llama-3.2-1B
+# SwiGLU into the down projection, docs/perf.md v7): 18.8 us at batch 1 against 15.0 + ~3.5 us for the two
+# kernels it replaces (even), 77 us at batch 8 against ~20 (a loss). The gated epilogue takes SwiGLU instead.
+ELEMENTWISE_MAX_M = 1
 NORMS = ("RMSNormalization", "AddRMSNormalization")
 RULES = {
     "RMSNormalization": "Linear(RMSNormalization(a, g)) => NormLinear(a, g)",
@@ -102,6 +98,8 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         if p.op == "RMSNormalization" and any(o is not None and graph.users(o) for o in p.outputs[1:]):
             return "the norm's statistics are read"
         return _why_not_norm(p, x)
+    if rows > ELEMENTWISE_MAX_M:
+        return f"an elementwise prologue is recomputed by every block: only for {ELEMENTWISE_MAX_M} row"
     return _why_not_elementwise(p, x)
 
 

@@ -15,7 +15,7 @@ import pytest
 from atlasc.frontend import import_onnx
 from atlasc.ir import interpret
 from atlasc.ir.program import CompileOptions, Program
-from atlasc.passes.fuse_linear_prologue import PROLOGUE_MAX_M
+from atlasc.ir.ops.prologue import PROLOGUE_MAX_M
 from atlasc.pipeline import PIPELINES, run_pipeline
 from atlasc.runtime.generate import Sampling
 
@@ -94,6 +94,37 @@ def test_rows_above_the_limit_stay_unfused():
         assert not [n for n in graph.nodes if n.op in FUSED_OPS]
     assert not record.applied
     assert all(len(program.entries[k].nodes) == len(g.nodes) for k, g in before.items())
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_elementwise_prologue_only_for_one_row(rows):
+    """A program feeding a Linear joins it (ElementwiseLinear, equal on the CPU) at one row; at more rows
+    it is declined (every block would recompute it: docs/perf.md v7)."""
+    from atlasc.ir import symbolic as S
+    from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
+    from atlasc.passes.fuse_linear_prologue import fuse_linear_prologue
+
+    rng = np.random.default_rng(5)
+    g = Graph("main")
+    g.symbols = {"batch": SymbolInfo(1, rows)}
+    x = Value("x", "float16", (S.sym("batch"), 16))
+    h, y = Value("h", "float16", x.shape), Value("y", "float16", (S.sym("batch"), 8))
+    prog = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))))
+    g.inputs, g.outputs = [x], [y]
+    g.nodes = [Node("FusedElementwise", [x], [h], {"program": prog, "out_shape": x.shape, "out_dtype": "float16"}),
+               Node("Linear", [h, constant("w", rng.standard_normal((8, 16)).astype(np.float16))], [y])]
+    program = Program({"main": g}, CompileOptions(max_batch=rows))
+    program.bounds = {"main": {"batch": rows}}
+    feed = {"x": rng.standard_normal((rows, 16)).astype(np.float16)}
+    want = interpret(g.clone(), feed)["y"]
+    program, stats = fuse_linear_prologue(program)
+    ops = [n.op for n in program.entries["main"].nodes]
+    if rows == 1:
+        assert ops == ["ElementwiseLinear"] and stats.applied
+        np.testing.assert_array_equal(interpret(program.entries["main"], feed)["y"], want)
+    else:
+        assert ops == ["FusedElementwise", "Linear"]
+        assert any("only for 1 row" in why for why in stats.declined.values())
 
 
 def test_fusion_off_is_a_no_op():

@@ -1211,8 +1211,8 @@ def test_prologue_linears(rng, dtype):
         sig = (1.0 / (1.0 + np.exp(-gate.astype(f)))).astype(dtype)
         return ((gate * sig).astype(dtype) * up).astype(dtype)
 
-    np.testing.assert_allclose(got["y3"].astype(np.float64), lin(silu_mul(gu[..., :16], gu[..., 16:])).astype(np.float64),
-                               **tol)
+    want3 = lin(silu_mul(gu[..., :16], gu[..., 16:]))
+    np.testing.assert_allclose(got["y3"].astype(np.float64), want3.astype(np.float64), **tol)
     z = (rms(a, f(1e-6)).astype(f) @ w4v.astype(f).T).astype(dtype)  # gate_input 1: the second half is the gate
     np.testing.assert_allclose(got["y4"].astype(np.float64), silu_mul(z[..., 2:], z[..., :2]).astype(np.float64), **tol)
 

@@ -19,6 +19,17 @@ from __future__ import annotations
 from atlasc.errors import ShapeError
 from atlasc.ir.ops.registry import OPS, Attr, register
 
+# what the kernels (codegen/linear_prologue.py) can do, which the pass checks before fusing:
+PROLOGUE_MAX_M = 8  # most rows (decode batch): each block stages all of x, which costs little for a few rows
+# every block stages x (rows x K) in shared memory: at most this many bytes (an sm80+ block may have up to
+# 227 KB; the kernel's own arrays take a few KB)
+PROLOGUE_SMEM_BYTES = 200 * 1024
+
+
+def staging_bytes(rows: int, k: int, itemsize: int) -> int:
+    """Shared memory a fused Linear's block needs to stage x: rows x K values."""
+    return rows * k * itemsize
+
 
 def _norm_parts(ins: list) -> tuple[list, list]:
     """([norm inputs], [linear inputs without x]) of a NormLinear's inputs."""
