@@ -27,8 +27,9 @@ from atlasc.codegen import linear  # noqa: E402, F401  (registers emitters; line
 
 TEMPLATES += ["linear"]
 
-from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitters; uses linear.cu)
 
 from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant.cu uses linear.cu)
 
 TEMPLATES += ["quant"]
+
+from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitters; uses linear.cu, quant.cu)

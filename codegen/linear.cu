@@ -151,16 +151,16 @@ constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M 
 // floats of shared memory. Ends with __syncthreads.
 template <typename T, bool ADD, int R>
 __device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long long M, long long K, float eps, T* buf,
-                                               const View<T, R>* s, float* scratch, bool vec) {
+                                               const View<T, R>& s, bool has_s, float* scratch, bool vec) {
   constexpr int V = LinVec<T>::N;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool write_s = s != nullptr && blockIdx.x == 0;
+  const bool write_s = has_s && blockIdx.x == 0;
   float q[LIN_PRO_M];
 #pragma unroll
   for (int m = 0; m < LIN_PRO_M; ++m) {
     q[m] = 0.f;
     if (m >= M) continue;
-    T* srow = write_s ? s->p + lin_row_offset(*s, m) : nullptr;
+    T* srow = write_s ? s.p + lin_row_offset(s, m) : nullptr;
     if (vec) {
       for (long long k = threadIdx.x * V; k < K; k += blockDim.x * V) {
         float v[V];
@@ -176,7 +176,7 @@ __device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long lo
         const float v = src.h(m, k);
         q[m] += v * v;
         buf[m * K + k] = T(v);
-        if (srow) store(srow + k * s->stride[R - 1], v);
+        if (srow) store(srow + k * s.stride[R - 1], v);
       }
     }
   }

@@ -25,6 +25,7 @@ from atlasc.codegen.fused import fused_lines
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
                                    decode_grid, gemv_variants, red_floats)
+from atlasc.codegen.quant import bind_quant_weights, quant_calls
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
@@ -81,15 +82,11 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem)
 
 
-@emitter("NormLinear")
-def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
-    a_v, b_v, g_v, w_v = node.inputs[:4]
-    bias_v = node.inputs[4] if len(node.inputs) > 4 else None
-    y_v = node.outputs[0]
+def _norm_source(ctx: KernelContext, node: Node, t: str, r: int) -> str:
+    """Declare the views of a (Add)RMSNorm prologue (a, b, g and the sum s), its row offsets, `lin_svec`
+    (16-byte staging applies) and the source `xs`; returns the statement staging x into lin_xbuf."""
+    a_v, b_v, g_v = node.inputs[:3]
     s_v = node.outputs[1] if len(node.outputs) > 1 else None
-    t, r, variants, runs, has_bias = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
-    if variants[-1] > PROLOGUE_MAX_M:
-        raise CodegenError(f"{node.name}: NormLinear stages at most {PROLOGUE_MAX_M} rows")
     add = str(b_v is not None).lower()
     ctx.view(a_v, "a", rank=r)
     ctx.view(b_v if b_v is not None else a_v, "b", rank=r)
@@ -103,19 +100,68 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
         "  atlas::lin_offsets(a, M, lin_aoff);",
         "  atlas::lin_offsets(b, M, lin_boff);",
         "  __syncthreads();",
-        f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && "
-        f"atlas::lin_vec_rows(a) && atlas::lin_vec_rows(b) && atlas::lin_vec_rows(g){vec_s};",
+        f"  const bool lin_svec = K % atlas::LinVec<{t}>::N == 0 && atlas::lin_vec_rows(a) && "
+        f"atlas::lin_vec_rows(b) && atlas::lin_vec_rows(g){vec_s};",
         f"  const atlas::XNorm<{t}, {add}> xs{{a.p, b.p, g.p, lin_aoff, lin_boff, a.stride[{r - 1}], "
         f"b.stride[{r - 1}], g.stride[0]}};",
     ]
     eps = float(node.attrs["epsilon"])
-    s_ptr = "&s" if s_v is not None else f"static_cast<const atlas::View<{t}, {r}>*>(nullptr)"
-    stage = (f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_ptr}, lin_scratch, vec);")
+    s_arg = "s, true" if s_v is not None else "a, false"  # the sum output, or none (a: any View of the rank)
+    return f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_arg}, lin_scratch, lin_svec);"
+
+
+@emitter("NormLinear")
+def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
+    a_v, w_v = node.inputs[0], node.inputs[3]
+    bias_v = node.inputs[4] if len(node.inputs) > 4 else None
+    t, r, variants, runs, has_bias = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, node.outputs[0])
+    if variants[-1] > PROLOGUE_MAX_M:
+        raise CodegenError(f"{node.name}: NormLinear stages at most {PROLOGUE_MAX_M} rows")
+    stage = _norm_source(ctx, node, t, r)
+    ctx.lines.append("  const bool vec = lin_svec && reinterpret_cast<uintptr_t>(w) % 16 == 0;")
     epi = ""
     if node.attrs.get("epilogue"):
         _gated_epilogue(ctx, node, a_v.dtype)
         epi = "lin_epi"
     return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2, stage, epi)
+
+
+@emitter("NormLinearQ")
+def emit_norm_linear_q(ctx: KernelContext, node: Node) -> KernelCode:
+    """The norm staged as for NormLinear, then quant.cu's kernels (tensor-core path or fallback) read x
+    from the staged rows through a View of shared memory."""
+    a_v, y_v = node.inputs[0], node.outputs[0]
+    dt = a_v.dtype
+    if dt not in ("float32", "float16"):
+        raise CodegenError(f"{node.name}: NormLinearQ on {dt} has no CUDA kernel (supported: float32, float16)")
+    t, r = c_type(dt), len(a_v.shape)
+    m_upper = 1
+    for d in a_v.shape[:-1]:
+        m_upper *= ctx.upper(d)
+    if m_upper > PROLOGUE_MAX_M:
+        raise CodegenError(f"{node.name}: NormLinearQ stages at most {PROLOGUE_MAX_M} rows, "
+                           f"its rows may reach {m_upper}")
+    ctx.view(y_v, "y", rank=r)
+    bits, f8, zp, group, has_bias, k_static, n_upper = bind_quant_weights(ctx, node, list(node.inputs[3:]), t)
+    ctx.lines.append("  long long M = 1;")
+    ctx.lines += [f"  M *= y.shape[{i}];" for i in range(r - 1)]
+    stage = _norm_source(ctx, node, t, r)
+    epi = ""
+    if node.attrs.get("epilogue"):
+        _gated_epilogue(ctx, node, dt)
+        epi = "lin_epi"
+    xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
+    for i in range(r - 1):
+        xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")
+    xv.append(f"  xv.shape[{r - 1}] = K; xv.stride[{r - 1}] = 1;")
+    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
+                                xsmem=True, epi=epi)
+    body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
+            f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", stage, *xv, *calls]
+    k_upper = ctx.upper(a_v.shape[-1])
+    smem = -(-staging_bytes(m_upper, k_upper, 4 if dt == "float32" else 2) // 16) * 16
+    grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
+    return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem)
 
 
 def _gated_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:

@@ -86,49 +86,77 @@ __device__ __forceinline__ void qlin_byte(float (&acc)[QLIN_QM], unsigned int by
   }
 }
 
-template <typename T, int R, int BITS, bool HAS_BIAS, bool F8 = false>
+// one weight row (wr, its scales srow / zero points zrow, s8 the int8 / fp8 row scale) against the QM rows
+// of x at xoff: acc[m] (not yet reduced across the warp)
+template <typename T, int BITS, bool F8>
+__device__ __forceinline__ void qlin_row_acc(float (&acc)[QLIN_QM], const unsigned char* __restrict__ wr,
+                                             long long row_bytes, bool vec, float s8, const __half* __restrict__ srow,
+                                             const unsigned char* __restrict__ zrow, long long G,
+                                             const T* __restrict__ x, const long long (&xoff)[QLIN_QM], long long xk,
+                                             int rows, int lane) {
+#pragma unroll
+  for (int m = 0; m < QLIN_QM; ++m) acc[m] = 0.f;
+  if (vec) {
+    for (long long v = lane; v < row_bytes / 16; v += 32) {
+      const uint4 p = lin_ld_stream(wr + v * 16);
+      const unsigned int u[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        qlin_byte<T, BITS, F8>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, zrow, G, x, xoff, xk,
+                               rows);
+    }
+  } else {
+    for (long long j = lane; j < row_bytes; j += 32)
+      qlin_byte<T, BITS, F8>(acc, wr[j], j, s8, srow, zrow, G, x, xoff, xk, rows);
+  }
+}
+
+// the fallback; gated (EPI not LinNoEpi, see linear_quant_mma): warp-output j accumulates rows j and H + j
+template <typename T, int R, int BITS, bool HAS_BIAS, bool F8 = false, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                              const __half* __restrict__ scale, const T* __restrict__ bias,
                                              long long bias_stride, const View<T, R>& y, long long M, long long N,
                                              long long K, long long G,
-                                             const unsigned char* __restrict__ zero = nullptr) {
+                                             const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI()) {
+  constexpr bool GATED = lin_gated<EPI>();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row_bytes = BITS == 8 ? K : K / 2;
   const long long groups = BITS == 8 ? 1 : K / G;
   const long long xk = x.stride[R - 1], yn = y.stride[R - 1];
+  const long long H = N / 2, outs = GATED ? H : N;
   const bool vec = (row_bytes % 16 == 0) && (reinterpret_cast<uintptr_t>(wq) % 16 == 0);
-  for (long long n = (long long)blockIdx.x * QLIN_WARPS + warp; n < N; n += (long long)gridDim.x * QLIN_WARPS) {
-    const unsigned char* wr = wq + n * row_bytes;
-    const __half* srow = scale + n * groups;
-    const unsigned char* zrow = zero ? zero + n * groups : nullptr;
-    const float s8 = BITS == 8 ? __half2float(scale[n]) : 0.f;
-    float b = 0.f;
-    if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+  for (long long n = (long long)blockIdx.x * QLIN_WARPS + warp; n < outs; n += (long long)gridDim.x * QLIN_WARPS) {
+    const long long nu = GATED ? H + n : n;  // the up row (gated)
+    float b = 0.f, bu = 0.f;
+    if constexpr (HAS_BIAS) {
+      b = float(load(bias + n * bias_stride));
+      if constexpr (GATED) bu = float(load(bias + nu * bias_stride));
+    }
     for (long long m0 = 0; m0 < M; m0 += QLIN_QM) {
       const int rows = int(M - m0 < QLIN_QM ? M - m0 : QLIN_QM);
       long long xoff[QLIN_QM];  // y's row offsets are computed at the store (fewer live registers)
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) xoff[m] = lin_row_offset(x, m0 + (m < rows ? m : 0));
       float acc[QLIN_QM];
+      qlin_row_acc<T, BITS, F8>(acc, wq + n * row_bytes, row_bytes, vec, BITS == 8 ? __half2float(scale[n]) : 0.f,
+                                scale + n * groups, zero ? zero + n * groups : nullptr, G, x.p, xoff, xk, rows, lane);
+      if constexpr (GATED) {
+        float up[QLIN_QM];
+        qlin_row_acc<T, BITS, F8>(up, wq + nu * row_bytes, row_bytes, vec, BITS == 8 ? __half2float(scale[nu]) : 0.f,
+                                  scale + nu * groups, zero ? zero + nu * groups : nullptr, G, x.p, xoff, xk, rows,
+                                  lane);
 #pragma unroll
-      for (int m = 0; m < QLIN_QM; ++m) acc[m] = 0.f;
-      if (vec) {
-        for (long long v = lane; v < row_bytes / 16; v += 32) {
-          const uint4 p = lin_ld_stream(wr + v * 16);
-          const unsigned int u[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-          for (int i = 0; i < 16; ++i)
-            qlin_byte<T, BITS, F8>(acc, (u[i / 4] >> (8 * (i % 4))) & 0xFFu, v * 16 + i, s8, srow, zrow, G, x.p, xoff,
-                                   xk, rows);
+        for (int m = 0; m < QLIN_QM; ++m) {
+          const float sg = warp_sum(acc[m]) + b, su = warp_sum(up[m]) + bu;
+          if (m < rows && lane == m)
+            store(y.p + lin_row_offset(y, m0 + m) + n * yn, epi(lin_round<T>(sg), lin_round<T>(su)));
         }
       } else {
-        for (long long j = lane; j < row_bytes; j += 32)
-          qlin_byte<T, BITS, F8>(acc, wr[j], j, s8, srow, zrow, G, x.p, xoff, xk, rows);
-      }
 #pragma unroll
-      for (int m = 0; m < QLIN_QM; ++m) {
-        const float s = warp_sum(acc[m]);
-        if (m < rows && lane == m) store(y.p + lin_row_offset(y, m0 + m) + n * yn, s + b);
+        for (int m = 0; m < QLIN_QM; ++m) {
+          const float s = warp_sum(acc[m]);
+          if (m < rows && lane == m) store(y.p + lin_row_offset(y, m0 + m) + n * yn, s + b);
+        }
       }
     }
   }
@@ -217,10 +245,19 @@ __device__ __forceinline__ bool qlin_mma_ok(const View<T, R>& x, const unsigned 
 #endif
 }
 
+// 16 bytes of x: through the read-only cache, or (XSMEM: x staged in shared memory by a fused norm) a plain load
+template <bool XSMEM, typename T> __device__ __forceinline__ uint4 qlin_ldx(const T* p) {
+  if constexpr (XSMEM) {
+    return *reinterpret_cast<const uint4*>(p);
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+  }
+}
+
 // one int4 step: wlo / whi = 32 k of rows g / g + 8 (lane c's k 32c .. 32c+31 of the step), xr[j] + k
 // the x row 8j + g at the same k. EXACT (G % 128 == 0): slo / shi are the rows' group scales (float),
 // applied to the step's fp32 partial; otherwise s2lo / s2hi are half2 (s, s) multiplied into A.
-template <typename T, int J, bool EXACT>
+template <typename T, int J, bool EXACT, bool XSMEM = false>
 __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
                                            const T* const (&xr)[J], int k, float slo, float shi,
                                            unsigned s2lo, unsigned s2hi, unsigned zsub_lo = 0x64086408u,
@@ -247,7 +284,7 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       // x halves 8w .. 8w+7: (x0, x1) (x2, x3) (x4, x5) (x6, x7); tiles (k0, k4 | k1, k5), (k2, k6 | k3, k7)
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 8 * w));
+      const uint4 xv = qlin_ldx<XSMEM>(xr[j] + k + 8 * w);
       float (&d)[4] = EXACT ? part[j] : acc[j];
       lin_mma(d, plo[0], phi[0], plo[1], phi[1], qlin_lo(xv.x, xv.z), qlin_hi(xv.x, xv.z));
       lin_mma(d, plo[2], phi[2], plo[3], phi[3], qlin_lo(xv.y, xv.w), qlin_hi(xv.y, xv.w));
@@ -265,7 +302,7 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
 }
 
 // one int8 step (F8: E4M3 codes): wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
-template <typename T, int J, bool F8>
+template <typename T, int J, bool F8, bool XSMEM = false>
 __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
                                            const T* const (&xr)[J], int k) {
   const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
@@ -286,20 +323,85 @@ __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo,
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       // x halves 8h .. 8h+7: tiles (k0, k2 | k1, k3) of each word
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 8 * h));
+      const uint4 xv = qlin_ldx<XSMEM>(xr[j] + k + 8 * h);
       lin_mma(acc[j], pl0[0], ph0[0], pl0[1], ph0[1], qlin_lo(xv.x, xv.y), qlin_hi(xv.x, xv.y));
       lin_mma(acc[j], pl1[0], ph1[0], pl1[1], ph1[1], qlin_lo(xv.z, xv.w), qlin_hi(xv.z, xv.w));
     }
   }
 }
 
-// the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1)
-template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false>
+// the gated epilogue of linear_quant_mma: output n = gate row n (+ bias[n]) with up row H + n (+ bias[H + n]),
+// int8 / fp8 sums times their rows' scales, each rounded to T, then epi; S > 1 first sums the S partials of
+// the item's F feature blocks through red (warp order: deterministic)
+template <typename T, int R, int BITS, int J, int S, bool HAS_BIAS, typename EPI>
+__device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
+                                                 const T* __restrict__ bias, long long bias_stride,
+                                                 const View<T, R>& y, long long yn, int nb0, int n0, int m0, int H,
+                                                 int m_rows, int F, EPI epi) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  auto out = [&](int n, int m, float sg, float su) {
+    float bg = 0.f, bu = 0.f;
+    if constexpr (HAS_BIAS) {
+      bg = float(load(bias + (long long)n * bias_stride));
+      bu = float(load(bias + (long long)(H + n) * bias_stride));
+    }
+    if constexpr (BITS == 8) {
+      sg = fmaf(sg, __half2float(scale[n]), bg);
+      su = fmaf(su, __half2float(scale[H + n]), bu);
+    } else {
+      sg += bg;
+      su += bu;
+    }
+    store(y.p + qlin_row(y, m) + (long long)n * yn, epi(lin_round<T>(sg), lin_round<T>(su)));
+  };
+  if constexpr (S == 1) {
+    const int n = n0 + g;
+    if (n0 < H && n < H) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int m = m0 + 8 * j + 2 * c + q;
+          if (m < m_rows) out(n, m, acc[j][q], acc[j][q + 2]);
+        }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[((4 * j + q) * QLIN_WARPS + warp) * 32 + lane] = acc[j][q];
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < F * 2 * J * 32; slot += QLIN_THREADS) {
+      const int f = slot / (2 * J * 32), rem = slot % (2 * J * 32);
+      const int q = (rem >> 5) & 1, r = 4 * (rem >> 6) + q, l = rem & 31;
+      const int n = nb0 + 8 * f + (l >> 2), m = m0 + 8 * (rem >> 6) + 2 * (l & 3) + q;
+      if (m < m_rows && n < H) {
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int v = 0; v < S; ++v) {
+          sg += red[(r * QLIN_WARPS + f * S + v) * 32 + l];
+          su += red[((r + 2) * QLIN_WARPS + f * S + v) * 32 + l];
+        }
+        out(n, m, sg, su);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next item
+  }
+}
+
+// the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1).
+// XSMEM: x is in shared memory (qlin_ldx). Gated (EPI, see linear_gemv in linear.cu): an item's feature
+// blocks are 8 outputs j, A rows g = gate rows j0 + g and rows g + 8 = up rows H + j0 + g; each output
+// gets epi(gate, up) of the two sums rounded to T as the Linear stores them.
+template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
+          bool XSMEM = false, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red,
-                                                 const unsigned char* __restrict__ zero = nullptr) {
+                                                 const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI()) {
+  constexpr bool GATED = lin_gated<EPI>();
+  constexpr int FB = GATED ? 8 : 16;  // outputs per feature block
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
   static_assert(!F8 || BITS == 8, "E4M3 codes are one byte per weight");
   static_assert(!ZP || BITS == 4, "zero points are int4-only");
@@ -318,16 +420,18 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   const long long row_bytes = (long long)steps * QLIN_STEP_BYTES;
   const int groups = BITS == 4 ? int(K / GS) : 1;
   const int tiles_m = (m_rows + 8 * J - 1) / (8 * J);
-  const long long items = (long long)(((n_rows + 15) / 16 + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
+  const int H = n_rows / 2, outs = GATED ? H : n_rows;
+  const long long items = (long long)(((outs + FB - 1) / FB + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int nb0 = int(item / tiles_m) * (16 * F), n0 = nb0 + 16 * fb, m0 = int(item % tiles_m) * (8 * J);
+    const int nb0 = int(item / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(item % tiles_m) * (8 * J);
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
-    if (n0 < n_rows) {  // warp-uniform
-      const int r0 = min(n0 + g, n_rows - 1), r1 = min(n0 + g + 8, n_rows - 1);
+    if (n0 < outs) {  // warp-uniform
+      const int r0 = GATED ? min(n0 + g, H - 1) : min(n0 + g, n_rows - 1);
+      const int r1 = GATED ? H + r0 : min(n0 + g + 8, n_rows - 1);
       const unsigned char* w0 = wq + r0 * row_bytes + 16 * c;
       const unsigned char* w1 = wq + r1 * row_bytes + 16 * c;
       const __half* s0 = scale + (long long)r0 * groups;
@@ -370,22 +474,27 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
                 unsigned sub_lo, fma_lo, sub_hi, fma_hi;
                 qlin_zero_consts(zlo[u], sub_lo, fma_lo);
                 qlin_zero_consts(zhi[u], sub_hi, fma_hi);
-                qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
-                                        __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
-                                        __half_as_ushort(shi[u]) * 0x10001u, sub_lo, fma_lo, sub_hi, fma_hi);
+                qlin_step4<T, J, EXACT, XSMEM>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
+                                               __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
+                                               __half_as_ushort(shi[u]) * 0x10001u, sub_lo, fma_lo, sub_hi, fma_hi);
               } else {
-                qlin_step4<T, J, EXACT>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
-                                        __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
-                                        __half_as_ushort(shi[u]) * 0x10001u);
+                qlin_step4<T, J, EXACT, XSMEM>(acc, wlo[u], whi[u], xr, st * 128, __half2float(slo[u]),
+                                               __half2float(shi[u]), __half_as_ushort(slo[u]) * 0x10001u,
+                                               __half_as_ushort(shi[u]) * 0x10001u);
               }
             } else {
-              qlin_step8<T, J, F8>(acc, wlo[u], whi[u], xr, st * 64);
+              qlin_step8<T, J, F8, XSMEM>(acc, wlo[u], whi[u], xr, st * 64);
             }
           }
         }
       }
     }
     // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+    if constexpr (GATED) {
+      qlin_gated_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, H,
+                                                   m_rows, F, epi);
+      continue;
+    }
     if constexpr (S == 1) {
       if (n0 < n_rows) {
 #pragma unroll

@@ -28,7 +28,6 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import bind_bias
 from atlasc.ir.graph import Node
-from atlasc.ir.ops.quant import q4_zero
 
 THREADS = 256  # QLIN_THREADS in quant.cu
 WARPS = THREADS // 32
@@ -108,24 +107,76 @@ def steps_in_flight(bits: int, j: int) -> int:
     return MMA_U[bits, j]
 
 
+def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
+                n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "") -> tuple[list[str], int]:
+    """(statements, blocks): the tensor-core path (when it applies) with the fallback, for the x View `x`
+    (xsmem: in shared memory), `epi` a gated epilogue functor or "". Declares qlin_red; expects N, K, M,
+    wq, wscale, wzero, bias, bias_stride and y declared."""
+    zero = "wzero" if zp else "nullptr"
+    tail = f", {zero}, {epi}" if epi else (", wzero" if zp else "")
+    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
+                f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{tail});")
+    outs = n_upper // 2 if epi else n_upper
+    lines, blocks = [], _ceil(outs, WARPS)
+    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
+        js = mma_variants(m_upper)
+        split = split_k(outs * (2 if epi else 1), k_static * bits // 8 // STEP_BYTES)
+        if split > 1:
+            lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
+        else:
+            lines.append("  float* qlin_red = nullptr;")
+        args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{tail}"
+        flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
+                 f"{', true' if f8 else ''}{', false, true' if zp else ''}")
+        lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K)) {{")
+        for i, j in enumerate(js):
+            cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
+            prefix = "    " if i == 0 else "    else "
+            lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
+                         f"{steps_in_flight(bits, j)}, {has_bias}{flags}>({args});")
+        lines += ["  } else {", f"    {fallback}", "  }"]
+        fb = 8 if epi else 16
+        items = _ceil(_ceil(outs, fb), WARPS // split)
+        # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)
+        blocks = max(items, min(STRIDE_GRID, items * _ceil(m_upper, 8 * js[-1])))
+    else:
+        lines.append(f"  {fallback}")
+    return lines, blocks
+
+
 @emitter("LinearQ8", "LinearQ4", "LinearF8")
 def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
-    x_v, wq_v, s_v = node.inputs[0], node.inputs[1], node.inputs[2]
-    b_v = node.inputs[3] if len(node.inputs) > 3 else None
-    z_v = q4_zero(node)  # LinearQ4's zero points (asymmetric groups), or None
+    x_v = node.inputs[0]
     y_v = node.outputs[0]
     dt = x_v.dtype
     if dt not in ("float32", "float16"):
         raise CodegenError(f"{node.name}: {node.op} on {dt} has no CUDA kernel (supported: float32, float16)")
-    for v in (wq_v, s_v) + ((z_v,) if z_v is not None else ()):
-        if ctx.plan.placement(v).strides is not None:
-            raise CodegenError(f"{node.name}: {node.op} needs contiguous {v.name}, it is a strided view")
-    bits = 4 if node.op == "LinearQ4" else 8
-    f8 = node.op == "LinearF8"  # E4M3 codes in the int8 layout
     t = c_type(dt)
     r = len(x_v.shape)
     ctx.view(x_v, "x")
     ctx.view(y_v, "y", rank=r)
+    bits, f8, zp, group, has_bias, k_static, n_upper = bind_quant_weights(ctx, node, node.inputs[1:], t)
+    m_upper = 1
+    for d in x_v.shape[:-1]:
+        m_upper *= ctx.upper(d)
+    lines = ["  long long M = 1;", *[f"  M *= x.shape[{i}];" for i in range(r - 1)]]
+    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper)
+    return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
+
+
+def bind_quant_weights(ctx: KernelContext, node: Node, weights: list, t: str):
+    """Declare wq, wscale, wzero, bias / bias_stride, N and K for a quantized projection's inputs after x
+    (wq, scale[, bias[, zero]]) of the op `node.attrs["linear"]` or node.op; returns (bits, f8, zp, group,
+    has_bias, K if static, N upper bound)."""
+    op = node.attrs.get("linear", node.op)
+    wq_v, s_v = weights[0], weights[1]
+    b_v = weights[2] if len(weights) > 2 else None
+    z_v = weights[3] if op == "LinearQ4" and len(weights) > 3 else None
+    for v in (wq_v, s_v) + ((z_v,) if z_v is not None else ()):
+        if ctx.plan.placement(v).strides is not None:
+            raise CodegenError(f"{node.name}: {node.op} needs contiguous {v.name}, it is a strided view")
+    bits = 4 if op == "LinearQ4" else 8
+    f8 = op == "LinearF8"  # E4M3 codes in the int8 layout
     n_c = ctx.dim(wq_v.shape[0])
     k_c = ctx.dim(wq_v.shape[1]) if bits == 8 else f"(2LL * ({ctx.dim(wq_v.shape[1])}))"
     group = 0 if bits == 8 else int(node.attrs["group_size"])
@@ -135,38 +186,6 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     zp = z_v is not None
     ctx.lines.append(f"  const unsigned char* wzero = "
                      f"{f'reinterpret_cast<const unsigned char*>({ctx.address(z_v)})' if zp else 'nullptr'};")
+    ctx.lines.append(f"  const long long N = {n_c}, K = {k_c};")
     k_static = wq_v.shape[1] * 2 if bits == 4 and isinstance(wq_v.shape[1], int) else wq_v.shape[1]
-    n_upper = ctx.upper(wq_v.shape[0])
-    m_upper = 1
-    for d in x_v.shape[:-1]:
-        m_upper *= ctx.upper(d)
-    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
-                f"x, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{', wzero' if zp else ''});")
-    lines = [
-        f"  const long long N = {n_c}, K = {k_c};",
-        "  long long M = 1;",
-        *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
-    ]
-    blocks = _ceil(n_upper, WARPS)
-    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
-        js = mma_variants(m_upper)
-        split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)
-        if split > 1:
-            lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
-        else:
-            lines.append("  float* qlin_red = nullptr;")
-        args = "x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red" + (", wzero" if zp else "")
-        lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>(x, wq, M, N, K)) {{")
-        for i, j in enumerate(js):
-            cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
-            prefix = "    " if i == 0 else "    else "
-            lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                         f"{steps_in_flight(bits, j)}, {has_bias}{', true' if f8 else ''}"
-                         f"{', false, true' if zp else ''}>({args});")
-        lines += ["  } else {", f"    {fallback}", "  }"]
-        items = _ceil(_ceil(n_upper, 16), WARPS // split)
-        # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)
-        blocks = max(items, min(STRIDE_GRID, items * _ceil(m_upper, 8 * js[-1])))
-    else:
-        lines.append(f"  {fallback}")
-    return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
+    return bits, f8, zp, group, has_bias, k_static, ctx.upper(wq_v.shape[0])

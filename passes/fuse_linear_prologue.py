@@ -21,14 +21,15 @@ Llama decode layer becomes 6 kernels: NormLinear (Q/K/V), QKVRotary, Attention, 
 
 Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
 reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
-outputs keep their names; quantized Linears are left alone.
+outputs keep their names. Quantized projections (LinearQ8 / LinearQ4 / LinearF8) take the norm and the
+gated epilogue the same way (NormLinearQ), not an elementwise prologue.
 """
 
 from __future__ import annotations
 
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
-from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, PROLOGUE_SMEM_BYTES, staging_bytes
+from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, PROLOGUE_SMEM_BYTES, QUANTIZED, staging_bytes
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -85,11 +86,13 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
     if p is None or p.op not in RULES:
         return "the input is not a norm or an elementwise program"
     if x.dtype not in ("float16", "float32") or not w.is_constant:
-        return "not a float Linear with a constant weight"
+        return "not a float input with a constant weight"
+    if lin.op != "Linear" and p.op == "FusedElementwise":
+        return "no elementwise prologue for quantized projections"
     rows = _rows_upper(x, upper)
     if rows is None or rows > PROLOGUE_MAX_M:
         return f"its rows may exceed {PROLOGUE_MAX_M} (prefill)"
-    k = w.shape[1]
+    k = x.shape[-1]
     if not isinstance(k, int) or staging_bytes(rows, k, 4 if x.dtype == "float32" else 2) > PROLOGUE_SMEM_BYTES:
         return f"staging {rows} rows of x needs more than {PROLOGUE_SMEM_BYTES // 1024} KB of shared memory"
     if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
@@ -133,7 +136,11 @@ def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None]:
             attrs |= {"epilogue": epi[0].attrs["program"], "gate_input": epi[1]}
             y = epi[0].outputs[0]
         outputs = [y] + ([p.outputs[1]] if b is not None else [])
-        node = Node("NormLinear", [a, b, p.inputs[-1], *rest], outputs, attrs, name=f"norm_linear:{lin.name}")
+        op = "NormLinear"
+        if lin.op in QUANTIZED:  # wq, scale[, bias[, zero]] as the quantized node has them
+            op = "NormLinearQ"
+            attrs |= {"linear": lin.op, "group_size": int(lin.attrs.get("group_size", 0))}
+        node = Node(op, [a, b, p.inputs[-1], *rest], outputs, attrs, name=f"norm_linear:{lin.name}")
         return node, (epi[0] if epi else None)
     attrs = {k: p.attrs[k] for k in ("program", "out_shape", "out_dtype", "slices") if k in p.attrs}
     attrs["n_in"] = len(p.inputs)
@@ -142,7 +149,7 @@ def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None]:
 
 def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None:
     producers = graph.producers()
-    for lin in [n for n in graph.nodes if n.op == "Linear"]:
+    for lin in [n for n in graph.nodes if n.op == "Linear" or n.op in QUANTIZED]:
         p = producers.get(id(lin.inputs[0]))
         why = _why_not(graph, lin, p, upper)
         rule = RULES.get(p.op if p is not None else "", "Linear(producer(...)) => prologue")

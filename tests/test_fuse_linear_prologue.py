@@ -28,11 +28,14 @@ FUSED_OPS = ("NormLinear", "ElementwiseLinear")
 
 
 @functools.cache
-def before_after(name: str, max_batch: int = 4):
-    """(program before, program after) fuse-linear-prologue: the default pipeline up to it, verified."""
+def before_after(name: str, max_batch: int = 4, quant: str = "none", zero_points: bool = False):
+    """(program before, program after) fuse-linear-prologue: the default pipeline up to it, verified
+    (quantized: int4 with groups of 32, so that the fixtures' K = 64 layers are quantized too)."""
     names = PIPELINES["default"]
     upto = names[: names.index("fuse-linear-prologue")]
-    program = Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}, CompileOptions(max_batch=max_batch, max_seq=64))
+    options = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64, quant=quant, group_size=32,
+                             zero_points=zero_points)
+    program = Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}, options)
     program, _ = run_pipeline(program, upto, verify_each=True)
     before = {k: g.clone() for k, g in program.entries.items()}
     program, report = run_pipeline(program, ["fuse-linear-prologue"], verify_each=True)
@@ -86,6 +89,24 @@ def test_llama_decode_layer_is_six_kernels(name):
     graph = program.entries["decode"]
     for node in (n for n in graph.nodes if n.op == "NormLinear" and n.inputs[1] is not None):
         assert len(node.outputs) == 2
+
+
+@pytest.mark.parametrize("quant,zero_points", [("int8", False), ("int4", False), ("int4", True), ("fp8", False)])
+def test_quantized_decode_layer(quant, zero_points):
+    """Quantized projections take the norm and SwiGLU the same way (NormLinearQ): 6 kernels per layer,
+    the decode entry bit-identical on the CPU."""
+    name = "llama-fp16"
+    program, before, _ = before_after(name, quant=quant, zero_points=zero_points)
+    layers = program.kv_cache.layers
+    decode = Counter(n.op for n in program.entries["decode"].nodes)
+    assert decode["NormLinearQ"] == 2 * layers + 1 and decode["NormLinear"] == 0, decode
+    gated = [n for n in program.entries["decode"].nodes if n.op == "NormLinearQ" and n.attrs.get("epilogue")]
+    assert len(gated) == layers
+    got, cache_got = _decode(program.entries["decode"], program, name)
+    want, cache_want = _decode(before["decode"], program, name)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
 
 
 def test_rows_above_the_limit_stay_unfused():

@@ -4,6 +4,9 @@ One graph per dtype, rows m <= 8 (the decode buckets MT 1 .. 8), run at M in {1,
 - NormLinear with and without the residual add (the sum s is checked too), with and without bias, and
   with a SwiGLU epilogue over the two halves of its output (either half the gate: the gated paths);
 - ElementwiseLinear with SwiGLU reading the two halves of one tensor (slices) and with two inputs;
+- NormLinearQ over int8, FP8 and int4 weights (groups of 32, with and without zero points), with and
+  without the SwiGLU epilogue (float16 K % 128 == 0 / 64 takes quant.cu's tensor-core path reading
+  the staged rows from shared memory; float32 and K = 70 its fallback);
 over K in {64, 70, 4096} x N in {8, 1000}: float16 with K % 32 == 0 takes the tensor-core decode,
 K = 70 is not a multiple of 8 (float16) or 4 (float32): the scalar GEMV. A NormLinear whose input
 `a` is stored K-major (plan_for's `transposed`) takes the scalar path at every K.
@@ -48,11 +51,45 @@ def build_prologue(dtype: str, m_max: int = 8) -> Builder:
             elt = {"program": SWIGLU, "out_shape": (b.g.inputs[0].shape[0], k), "out_dtype": dtype, "n_in": 2}
             b.node("ElementwiseLinear", [gu, gu, w], elt | {"slices": ((0, k), (k, k))})
             b.node("ElementwiseLinear", [a, r, w, bias], elt)
+        _quantized_nodes(b, dtype, k, a, r, g)
     k, n = KS[-1], NS[-1]
     at = b.input("at", dtype, ("m", k))  # stored K-major: the scalar path
     b.node("NormLinear", [at, r, g, b.input("wt", dtype, (n, k), gen=cast(_weight(k)))], {"epsilon": 1e-5},
            outputs=2)  # r, g: the K = 4096 ones
     return b
+
+
+def _quantized_nodes(b: Builder, dtype: str, k: int, a, r, g) -> None:
+    """NormLinearQ over int8, FP8 and int4 (groups of 32; symmetric and with zero points) weights of
+    N = 1000 (random codes, scales that make |w| ~ 1 / sqrt(K)), with and without SwiGLU."""
+    n = NS[-1]
+    unit = 1 / np.sqrt(k)
+
+    def codes(lo, hi, dt):
+        return lambda rng, shape: rng.integers(lo, hi, shape).astype(dt)
+
+    def scales(spread):
+        return lambda rng, shape: (rng.uniform(0.5, 1.5, shape) * unit / spread).astype(np.float16)
+
+    def e4m3(rng, shape):  # finite codes up to 30 in magnitude (0x7F / 0xFF are NaN), random signs
+        return (rng.integers(0, 0x60, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
+
+    q8 = [b.input(f"q8w{k}", "int8", (n, k), gen=codes(-127, 128, np.int8)), b.input(f"q8s{k}", "float16", (n,),
+                                                                                   gen=scales(73))]
+    f8 = [b.input(f"f8w{k}", "uint8", (n, k), gen=e4m3), b.input(f"f8s{k}", "float16", (n,), gen=scales(8))]
+    swiglu = {"epilogue": SWIGLU, "gate_input": 0}
+    b.node("NormLinearQ", [a, r, g, *q8], {"epsilon": 1e-5, "linear": "LinearQ8"}, outputs=2)
+    b.node("NormLinearQ", [a, None, g, *q8, b.input(f"q8b{k}", dtype, (n,))],
+           {"epsilon": 1e-5, "linear": "LinearQ8"} | swiglu)
+    b.node("NormLinearQ", [a, r, g, *f8], {"epsilon": 1e-5, "linear": "LinearF8"} | swiglu, outputs=2)
+    if k % 32 == 0:  # int4 groups of 32
+        q4 = [b.input(f"q4w{k}", "uint8", (n, k // 2), gen=codes(0, 256, np.uint8)),
+              b.input(f"q4s{k}", "float16", (n, k // 32), gen=scales(4.6))]
+        q4_attrs = {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 32}
+        b.node("NormLinearQ", [a, r, g, *q4], q4_attrs, outputs=2)
+        b.node("NormLinearQ", [a, r, g, *q4], q4_attrs | swiglu, outputs=2)
+        zero = b.input(f"q4z{k}", "uint8", (n, k // 32), gen=codes(0, 16, np.uint8))
+        b.node("NormLinearQ", [a, None, g, *q4, None, zero], q4_attrs | swiglu)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

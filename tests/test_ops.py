@@ -1217,6 +1217,53 @@ def test_prologue_linears(rng, dtype):
     np.testing.assert_allclose(got["y4"].astype(np.float64), silu_mul(z[..., 2:], z[..., :2]).astype(np.float64), **tol)
 
 
+@covers("NormLinearQ")
+@pytest.mark.parametrize("linear", ["LinearQ8", "LinearQ4", "LinearF8"])
+def test_norm_linear_quantized(rng, linear):
+    """NormLinearQ = (Add)RMSNormalization then the quantized projection (then the gated epilogue): equal
+    to the two (three) nodes run one after the other."""
+    from atlasc.ir.ops.prologue import epilogue_attrs
+    from atlasc.passes.quantize import quantize_fp8, quantize_int4, quantize_int8
+
+    dt = "float16"
+    a, b, gamma = rand(rng, (3, 1, 64), np.float16), rand(rng, (3, 1, 64), np.float16), rand(rng, (64,), np.float16)
+    w = (rng.standard_normal((8, 64)) / 8).astype(np.float16)
+    if linear == "LinearQ8":
+        wq, scale = quantize_int8(w)
+        lin_attrs = {}
+    elif linear == "LinearF8":
+        wq, scale = quantize_fp8(w)
+        lin_attrs = {}
+    else:
+        wq, scale = quantize_int4(w, 32)
+        lin_attrs = {"group_size": 32}
+    swiglu = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))),
+              ("Mul", (), (("step", 1), ("in", 1))))
+    va, vb, vg = (Value(n, dt, x.shape) for n, x in (("a", a), ("b", b), ("g", gamma)))
+    cw, cs = constant("wq", wq), constant("scale", scale)
+    fused, unfused = Graph("fused"), Graph("unfused")
+    for graph in (fused, unfused):
+        graph.inputs = [va, vb, vg]
+    y1, s1, y2 = Value("y1", dt, (3, 1, 8)), Value("s1", dt, (3, 1, 64)), Value("y2", dt, (3, 1, 4))
+    q_attrs = {"epsilon": 1e-5, "linear": linear, "group_size": lin_attrs.get("group_size", 0)}
+    fused.nodes = [Node("NormLinearQ", [va, vb, vg, cw, cs], [y1, s1], q_attrs),
+                   Node("NormLinearQ", [va, None, vg, cw, cs], [y2], q_attrs | {"epilogue": swiglu, "gate_input": 1})]
+    x1, x2, z2 = Value("x1", dt, a.shape), Value("x2", dt, a.shape), Value("z2", dt, (3, 1, 8))
+    unfused.nodes = [Node("AddRMSNormalization", [va, vb, vg], [x1, s1], {"epsilon": 1e-5}),
+                     Node(linear, [x1, cw, cs], [y1], lin_attrs),
+                     Node("RMSNormalization", [va, vg], [x2], {"epsilon": 1e-5}),
+                     Node(linear, [x2, cw, cs], [z2], lin_attrs),
+                     Node("FusedElementwise", [z2, z2], [y2], epilogue_attrs((3, 1, 8), dt, {"epilogue": swiglu,
+                                                                                             "gate_input": 1}))]
+    for graph in (fused, unfused):
+        graph.outputs = [y1, s1, y2]
+        verify(graph)
+    feed = {"a": a, "b": b, "g": gamma}
+    got, want = interpret(fused, feed), interpret(unfused, feed)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 @covers("QKVRotary")
 @pytest.mark.parametrize("batch, seq, past, rot, cos_batch", [(2, 3, 0, 8, 2), (1, 1, 5, 8, 1), (3, 2, 4, 4, 3)])
 def test_qkv_rotary(rng, batch, seq, past, rot, cos_batch):

@@ -9,6 +9,9 @@
   `program`, `out_shape`, `out_dtype`, `slices` of that op, then y = Linear(x, w, bias). Attribute
   `n_in` = n.
 
+- `NormLinearQ(a, b | None, g, wq, scale[, bias[, zero]])`: NormLinear with the quantized projection
+  named by the attribute `linear` (LinearQ8, LinearQ4 with `group_size`, LinearF8), same epilogue.
+
 Shape rules and references are those of the two ops composed (the references call the registered
 ones), so a fused pair computes bit-identically to the pair it replaced on the CPU. The pass
 passes/fuse_linear_prologue.py makes them; codegen/linear_prologue.py emits them.
@@ -112,3 +115,50 @@ register("ElementwiseLinear", inputs=(3, -1), kind="opaque",
                 "slices": Attr("any", ()), "n_in": Attr("int")},
          infer=_elt_linear_infer, reference=_elt_linear_ref,
          doc="a FusedElementwise program computing a Linear's input, one kernel (e.g. SwiGLU into the down projection)")
+
+
+# -- NormLinearQ: the same with a quantized projection -------------------------------------------
+QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
+
+
+def _q_parts(ins: list, attrs: dict) -> tuple[list, list, str, dict]:
+    """([norm inputs], [projection inputs after x], projection op, its attributes) of a NormLinearQ."""
+    op = attrs["linear"]
+    if op not in QUANTIZED:
+        raise ShapeError(f"NormLinearQ: linear must be one of {', '.join(QUANTIZED)}, got {op!r}")
+    a, b, g = ins[0], ins[1], ins[2]
+    norm = [a, g] if b is None else [a, b, g]
+    rest = list(ins[3:])
+    while rest and rest[-1] is None:  # an omitted trailing bias
+        rest.pop()
+    return norm, rest, op, ({"group_size": attrs["group_size"]} if op == "LinearQ4" else {})
+
+
+def _norm_linear_q_infer(ins, attrs):
+    if any(t is None for i, t in enumerate(ins) if i in (0, 2, 3, 4)):
+        raise ShapeError("NormLinearQ: a, g, wq and scale are required")
+    norm_ins, rest, op, lin_attrs = _q_parts(ins, attrs)
+    nop = _norm_op(ins)
+    normed = OPS[nop].infer(norm_ins, _norm_attrs(attrs, nop))
+    y = OPS[op].infer([normed[0], *rest], OPS[op].fill_attrs(lin_attrs))[0]
+    if attrs.get("epilogue"):
+        y = OPS["FusedElementwise"].infer([y, y], epilogue_attrs(y.shape, y.dtype, attrs))[0]
+    return [y] if ins[1] is None else [y, normed[1]]
+
+
+def _norm_linear_q_ref(ins, attrs):
+    norm_ins, rest, op, lin_attrs = _q_parts(ins, attrs)
+    nop = _norm_op(ins)
+    normed = OPS[nop].reference(norm_ins, _norm_attrs(attrs, nop))
+    y = OPS[op].reference([normed[0], *rest], OPS[op].fill_attrs(lin_attrs))[0]
+    if attrs.get("epilogue"):
+        y = OPS["FusedElementwise"].reference([y, y], epilogue_attrs(y.shape, str(y.dtype), attrs))[0]
+    return [y] if ins[1] is None else [y, normed[1]]
+
+
+register("NormLinearQ", inputs=(5, 7), outputs=(1, 2), kind="opaque",
+         attrs={"epsilon": Attr("float"), "linear": Attr("str"), "group_size": Attr("int", 0),
+                "epilogue": Attr("any", ()), "gate_input": Attr("int", 0)},
+         infer=_norm_linear_q_infer, reference=_norm_linear_q_ref,
+         doc="NormLinear with a quantized projection: inputs (a, b | None, g, then the projection's inputs "
+             "after x: wq, scale[, bias[, zero]]), attribute linear = LinearQ8 / LinearQ4 / LinearF8")
