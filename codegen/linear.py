@@ -54,6 +54,7 @@ MMA_M1_MAX_N = 4096
 MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
 MMA_PREFILL_U = 2
 PATH_ENV = "ATLAS_LINEAR_PATH"
+U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
 PATHS = ("table", "simt", "mma")
 
 
@@ -75,6 +76,16 @@ def gemv_variants(m_upper: int) -> list[int]:
         if mt >= min(m_upper, GEMV_MAX_M):
             return out
         mt *= 2
+
+
+def decode_u(j: int) -> int:
+    """MMA_DECODE_U[j], or ATLAS_LINEAR_U when set (CodegenError unless 1 .. 8)."""
+    forced = os.environ.get(U_ENV, "")
+    if forced:
+        if forced not in tuple("12345678"):
+            raise CodegenError(f"{U_ENV}={forced!r} is not a step count (expected 1 .. 8)")
+        return int(forced)
+    return MMA_DECODE_U[j]
 
 
 def path_choice() -> str:
@@ -110,7 +121,7 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
     lines, first = [], prefix
     for lo, hi, j in runs:
         cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
-        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {MMA_DECODE_U[j]}, {has_bias}>("
+        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {decode_u(j)}, {has_bias}>("
                      f"{args}, lin_red{', ' + epi if epi else ''});")
         prefix = first + "else "
     for i, mt in enumerate(variants):

@@ -17,6 +17,9 @@ if [ "${LABS:-1}" != 0 ]; then
     # the fused decode projections (NormLinear, + SwiGLU epilogue) against the plain Linear
     python3 examples/kernel_lab.py --ms 1,8 --variant table,norm,gated \
         --shapes "1B qkv,1B gate_up,1B lm_head,8B qkv,8B gate_up" 2>&1 | tee "$out/kernel_lab_fused.log"
+    # the narrow projections (one block per 16 outputs): MMA decode steps in flight per warp
+    python3 examples/kernel_lab.py --ms 1,8 --variant mma --u 2,4,8 \
+        --shapes "1B down,1B o,1B qkv,8B o" 2>&1 | tee "$out/kernel_lab_u.log"
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 2>&1 | tee "$out/quant_lab.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
@@ -32,6 +35,7 @@ if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 an
 fi
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 12 "$out/kernel_lab_fused.log" && \
+    tail -n 10 "$out/kernel_lab_u.log" && \
     tail -n 14 "$out/quant_lab.log" && \
     tail -n 20 "$out/attention_lab.log"
 tail -n 12 "$out/bench_$config.log"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from dataclasses import replace
 
@@ -285,3 +286,22 @@ def test_linear_path_choice(monkeypatch):
     monkeypatch.setenv(linear.PATH_ENV, "fast")
     with pytest.raises(CodegenError, match="ATLAS_LINEAR_PATH='fast'"):
         generate(build_linear("float16", 4, ks=(4096,), ns=(8,)))
+
+
+def test_linear_decode_steps_in_flight(monkeypatch):
+    """ATLAS_LINEAR_U sets the MMA decode's weight steps in flight per warp (kernel_lab --u); a value
+    outside 1 .. 8 is a CodegenError naming the variable."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.generate import CodegenError
+    from test_codegen_matmul_attention import generate
+
+    def units() -> set[str]:
+        src = generate(build_linear("float16", 4, ks=(64,), ns=(8,))).source
+        return set(re.findall(r"linear_mma_decode<__half, 2, 1, (\d+),", src))
+
+    assert units() == {str(linear.MMA_DECODE_U[1])}
+    monkeypatch.setenv(linear.U_ENV, "8")
+    assert units() == {"8"}
+    monkeypatch.setenv(linear.U_ENV, "9")
+    with pytest.raises(CodegenError, match="ATLAS_LINEAR_U='9'"):
+        units()
