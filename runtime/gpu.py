@@ -4,7 +4,7 @@ Load: verify the artifact, pick the cubin for this GPU's arch (a clear error nam
 artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
 free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
 arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
-device allocation happens after load. ATLAS_PDL=1 (sm90+, not yet the default: to be measured) makes the
+device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% at batch 1, docs/perf.md v7) makes the
 captured graphs' kernel-to-kernel edges programmatic, so a kernel's blocks launch while the previous
 kernel drains (each kernel waits for its inputs in atlas::pdl_enter).
 """
@@ -56,8 +56,8 @@ class GpuModel:
         self.kernels = KernelTable(self.dev, self.module, kernels)
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
-        # programmatic dependent launch inside the captured graphs: opt-in (ATLAS_PDL=1) until measured on
-        # a GPU; needs sm90+ and an artifact whose kernels start with atlas::pdl_enter (report.codegen)
+        # programmatic dependent launch inside the captured graphs: opt-in (ATLAS_PDL=1; measured 3% at batch
+        # 1, +-1% at 8 / 32: docs/perf.md v7); needs sm90+ and kernels starting with atlas::pdl_enter (report.codegen)
         self.pdl = (os.environ.get(PDL_ENV, "0") == "1" and int(self.dev.arch[2:]) >= 90
                     and bool(m.report.get("codegen", {}).get("pdl_wait")))
         self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
