@@ -167,16 +167,17 @@ def test_fused_ops_serialize():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_prologue_kernels_compile():
-    """The GPU test's graphs (every path: MMA decode, 16-byte and scalar GEMV; float32 and float16) in
-    one module compile for sm75 (no tensor cores) and sm90."""
+    """The GPU test's graphs (every path: MMA decode, 16-byte and scalar GEMV, quant.cu's tensor-core path
+    and fallback; float32 and float16) in one module compile for sm75 (no tensor cores) and sm90."""
     from atlasc.codegen.nvcc import compile_cubins
     from test_codegen_matmul_attention import generate
     from test_kernels_linear_prologue_gpu import build_prologue
 
-    builders = [build_prologue(dtype) for dtype in ("float32", "float16")]
+    builders = [build_prologue(dtype, ks=(128, 70)) for dtype in ("float32", "float16")]  # every path, fewer kernels
     mod = generate(*builders, plan_kw={b.g.name: {"transposed": {"at"}} for b in builders})
     assert "atlas::lin_norm_stage<float" in mod.source and "atlas::lin_norm_stage<__half" in mod.source
     assert "atlas::XFn<" in mod.source and "lin_red, lin_epi);" in mod.source and "vec, lin_epi);" in mod.source
     assert "atlas::linear_mma_decode<__half" in mod.source and "atlas::linear_mma_decode<float" not in mod.source
+    assert "atlas::linear_quant_mma<__half, 2, 4, 32, " in mod.source and ", true>(xv, " in mod.source
     cubins = compile_cubins(mod.source, ("sm75", "sm90"))
     assert all(cubins.values())

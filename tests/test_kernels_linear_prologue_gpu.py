@@ -32,11 +32,11 @@ KS, NS = (64, 70, 4096), (8, 1000)
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 
 
-def build_prologue(dtype: str, m_max: int = 8) -> Builder:
-    """NormLinear / ElementwiseLinear nodes for every K x N (see the module docstring)."""
+def build_prologue(dtype: str, m_max: int = 8, ks=KS) -> Builder:
+    """NormLinear / ElementwiseLinear / NormLinearQ nodes for every K in ks x N (see the module docstring)."""
     b = Builder(f"prologue_{dtype}", {"m": (1, m_max)})
     cast = (lambda g: (lambda rng, shape: g(rng, shape).astype(np.dtype(dtype))))
-    for k in KS:
+    for k in ks:
         a, r = b.input(f"a{k}", dtype, ("m", k)), b.input(f"r{k}", dtype, ("m", k))
         g = b.input(f"g{k}", dtype, (k,))
         gu = b.input(f"gu{k}", dtype, ("m", 2 * k))
@@ -52,7 +52,7 @@ def build_prologue(dtype: str, m_max: int = 8) -> Builder:
             b.node("ElementwiseLinear", [gu, gu, w], elt | {"slices": ((0, k), (k, k))})
             b.node("ElementwiseLinear", [a, r, w, bias], elt)
         _quantized_nodes(b, dtype, k, a, r, g)
-    k, n = KS[-1], NS[-1]
+    k, n = ks[-1], NS[-1]
     at = b.input("at", dtype, ("m", k))  # stored K-major: the scalar path
     b.node("NormLinear", [at, r, g, b.input("wt", dtype, (n, k), gen=cast(_weight(k)))], {"epsilon": 1e-5},
            outputs=2)  # r, g: the K = 4096 ones
