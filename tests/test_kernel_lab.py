@@ -1,0 +1,55 @@
+"""examples/kernel_lab.py without a GPU: the kernels it would time are the ones the compiler emits (fused
+variants included), its float32 references are right, and bad options fail before any device work."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "examples"))
+import kernel_lab  # noqa: E402
+
+
+def test_fused_variants_are_the_compilers_kernels():
+    """norm / gated: one NormLinear launch staging M x K float16 values, the gated one with SwiGLU; the
+    grid is the fused kernels' cap."""
+    from atlasc.codegen.linear_prologue import PROLOGUE_MAX_GRID
+
+    for variant in ("norm", "gated"):
+        g, plan, mod = kernel_lab.generate(2048, 16384, 8, variant)
+        (launch,) = mod.launches["run"]
+        assert launch.op == "NormLinear" and launch.smem == 8 * 2048 * 2 and launch.grid[0] == PROLOGUE_MAX_GRID
+        assert ("lin_epi" in mod.source) == (variant == "gated")
+        assert g.outputs[0].shape[-1] == (8192 if variant == "gated" else 16384)
+
+
+def test_u_variants_set_the_steps_in_flight():
+    _, _, mod = kernel_lab.generate(8192, 2048, 1, "mma", "8")
+    assert set(re.findall(r"linear_mma_decode<__half, 2, 1, (\d+),", mod.source)) == {"8"}
+
+
+def test_references():
+    """b = 0 and g = 1: x / rms(x) feeds the projection; gated: silu(gate) * up of its halves."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 16)).astype(np.float16)
+    w = rng.standard_normal((8, 16)).astype(np.float16)
+    plain = kernel_lab.reference(x, w, "table")
+    np.testing.assert_allclose(plain, x.astype(np.float32) @ w.astype(np.float32).T, rtol=1e-6)
+    xf = x.astype(np.float32)
+    normed = (xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + 1e-5)).astype(np.float16).astype(np.float32)
+    y = normed @ w.astype(np.float32).T
+    np.testing.assert_allclose(kernel_lab.reference(x, w, "norm"), y, rtol=1e-6)
+    gate, up = y[:, :4], y[:, 4:]
+    np.testing.assert_allclose(kernel_lab.reference(x, w, "gated"), gate / (1 + np.exp(-gate)) * up, rtol=1e-5)
+
+
+@pytest.mark.parametrize("argv", [["--variant", "norm", "--ms", "32"], ["--variant", "fast"]])
+def test_bad_options_exit_2_before_the_device(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        kernel_lab.main(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
