@@ -330,6 +330,16 @@ __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo,
   }
 }
 
+// the partial C fragments of every warp into red[r][warp][lane] (r = 4j + q: conflict-free), then a barrier
+template <int J> __device__ __forceinline__ void qlin_stash(const float (&acc)[J][4], float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) red[((4 * j + q) * QLIN_WARPS + warp) * 32 + lane] = acc[j][q];
+  __syncthreads();
+}
+
 // the gated epilogue of linear_quant_mma: output n = gate row n (+ bias[n]) with up row H + n (+ bias[H + n]),
 // int8 / fp8 sums times their rows' scales, each rounded to T, then epi; S > 1 first sums the S partials of
 // the item's F feature blocks through red (warp order: deterministic)
@@ -338,7 +348,7 @@ __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float
                                                  const T* __restrict__ bias, long long bias_stride,
                                                  const View<T, R>& y, long long yn, int nb0, int n0, int m0, int H,
                                                  int m_rows, int F, EPI epi) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   auto out = [&](int n, int m, float sg, float su) {
     float bg = 0.f, bu = 0.f;
     if constexpr (HAS_BIAS) {
@@ -366,11 +376,7 @@ __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float
         }
     }
   } else {
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) red[((4 * j + q) * QLIN_WARPS + warp) * 32 + lane] = acc[j][q];
-    __syncthreads();
+    qlin_stash<J>(acc, red);
     for (int slot = threadIdx.x; slot < F * 2 * J * 32; slot += QLIN_THREADS) {
       const int f = slot / (2 * J * 32), rem = slot % (2 * J * 32);
       const int q = (rem >> 5) & 1, r = 4 * (rem >> 6) + q, l = rem & 31;
@@ -514,11 +520,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       }
     } else {
       // red[r][warp][lane], r = 4j + q: warps f * S .. f * S + S - 1 hold feature block f's partials
-#pragma unroll
-      for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) red[((4 * j + q) * QLIN_WARPS + warp) * 32 + lane] = acc[j][q];
-      __syncthreads();
+      qlin_stash<J>(acc, red);
       for (int slot = threadIdx.x; slot < F * 4 * J * 32; slot += QLIN_THREADS) {
         const int f = slot / (4 * J * 32), r = (slot >> 5) % (4 * J), l = slot & 31, q = r & 3;
         const int n = nb0 + 16 * f + (l >> 2) + (q >= 2 ? 8 : 0);

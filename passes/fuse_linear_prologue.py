@@ -91,7 +91,8 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         return "no elementwise prologue for quantized projections"
     rows = _rows_upper(x, upper)
     if rows is None or rows > PROLOGUE_MAX_M:
-        return f"its rows may exceed {PROLOGUE_MAX_M} (prefill)"
+        return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
+                f"{PROLOGUE_MAX_M})")
     k = x.shape[-1]
     if not isinstance(k, int) or staging_bytes(rows, k, 4 if x.dtype == "float32" else 2) > PROLOGUE_SMEM_BYTES:
         return f"staging {rows} rows of x needs more than {PROLOGUE_SMEM_BYTES // 1024} KB of shared memory"
