@@ -92,10 +92,13 @@ def test_llama_decode_layer_is_six_kernels(name):
 
 
 @pytest.mark.parametrize("quant,zero_points", [("int8", False), ("int4", False), ("int4", True), ("fp8", False)])
-def test_quantized_decode_layer(quant, zero_points):
-    """Quantized projections take the norm and SwiGLU the same way (NormLinearQ): 6 kernels per layer,
-    the decode entry bit-identical on the CPU."""
+def test_quantized_decode_layer(quant, zero_points, monkeypatch):
+    """Quantized projections take the norm and SwiGLU the same way (NormLinearQ, ATLAS_QUANT_PROLOGUE=1):
+    6 kernels per layer, the decode entry bit-identical on the CPU."""
+    from atlasc.passes.fuse_linear_prologue import QUANT_ENV
+
     name = "llama-fp16"
+    monkeypatch.setenv(QUANT_ENV, "1")
     program, before, _ = before_after(name, quant=quant, zero_points=zero_points)
     layers = program.kv_cache.layers
     decode = Counter(n.op for n in program.entries["decode"].nodes)
@@ -107,6 +110,18 @@ def test_quantized_decode_layer(quant, zero_points):
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     np.testing.assert_array_equal(cache_got, cache_want)
+
+
+def test_quantized_projections_are_opt_in(monkeypatch):
+    """Without ATLAS_QUANT_PROLOGUE=1 quantized projections keep their separate norms (declined with the
+    variable's name); the float ones still fuse."""
+    from atlasc.passes.fuse_linear_prologue import QUANT_ENV
+
+    monkeypatch.delenv(QUANT_ENV, raising=False)
+    program, _, record = before_after("llama-fp16", max_batch=3, quant="int8")
+    decode = Counter(n.op for n in program.entries["decode"].nodes)
+    assert decode["NormLinearQ"] == 0 and decode["AddRMSNormalization"] > 0, decode
+    assert any(QUANT_ENV in why for why in record.declined.values())
 
 
 def test_rows_above_the_limit_stay_unfused():
