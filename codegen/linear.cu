@@ -103,8 +103,8 @@ template <typename T, int R> __device__ __forceinline__ long long lin_row_offset
 // -- x sources of the decode paths (GEMV and MMA decode) ------------------------------------------
 // A source hands out row m (< M) of the Linear's input at column k: `vec` 16 bytes (V values from a
 // multiple of V; only called when the block's `vec` flag holds), `at` one value. XView reads a View;
-// the prologue sources compute x on the fly from the tensors its producer would have read, so that
-// the producer's kernel is not launched (decode only: every block recomputes what it reads).
+// the fused projections (linear_prologue.py) first compute x from the tensors its producer would have
+// read (XNorm, XFn), stage it in shared memory once per block, then read it through XSmem.
 template <typename T> struct XView {
   const T* p;
   const long long* off;  // row offsets (shared memory)
@@ -143,7 +143,7 @@ template <typename T, bool ADD> struct XNorm {
   }
 };
 
-constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M in fuse_linear_prologue.py)
+constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M in atlasc/ir/ops/prologue.py)
 
 // the norm prologue staged into buf [M, K] (M <= LIN_PRO_M): one pass reads a (and b), keeps h in buf
 // and sums h^2 per row in registers (block 0 also writes h to s, the sum output, when s is given); one

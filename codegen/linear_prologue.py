@@ -1,4 +1,5 @@
-"""NormLinear and ElementwiseLinear: the decode paths of linear.cu with x computed on the fly.
+"""NormLinear, NormLinearQ and ElementwiseLinear: linear.cu's / quant.cu's decode paths reading an x that
+the kernel itself computed and staged in shared memory.
 
 Only the decode paths (GEMV and MMA decode, M <= 32) are emitted: fuse-linear-prologue makes these
 ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
@@ -35,7 +36,8 @@ PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each 
 
 
 def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
-    """Common declarations: w, bias, y, N, K, M (rows of x_shape); returns (t, r, variants, runs, has_bias)."""
+    """Common declarations: w, bias, y, N, K, M (rows of x_shape); returns (t, r, variants, runs, has_bias,
+    the rows' upper bound)."""
     if dtype not in ("float32", "float16"):
         raise CodegenError(f"{node.name}: {node.op} on {dtype} has no CUDA kernel (supported: float32, float16)")
     if ctx.plan.placement(w_v).strides is not None:
@@ -59,10 +61,10 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
     if runs:
         ctx.lines.append(f"  __shared__ float lin_red[{red_floats(runs)}];")
     ctx.lines.append("  atlas::lin_offsets(y, M, lin_yoff);")
-    return t, r, variants, runs, has_bias
+    return t, r, variants, runs, has_bias, m_upper
 
 
-def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, itemsize: int,
+def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, smem: int,
           stage: str, epi: str = "") -> KernelCode:
     """The kernel body after the declarations in ctx.lines (which define `vec`): `stage` (statements
     filling lin_xbuf, x in dynamic shared memory), the mma flag and the decode calls reading x from
@@ -78,7 +80,6 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs), PROLOGUE_MAX_GRID)
-    smem = -(-staging_bytes(variants[-1], ctx.upper(w_v.shape[1]), itemsize) // 16) * 16
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem)
 
 
@@ -114,8 +115,8 @@ def _norm_source(ctx: KernelContext, node: Node, t: str, r: int) -> str:
 def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     a_v, w_v = node.inputs[0], node.inputs[3]
     bias_v = node.inputs[4] if len(node.inputs) > 4 else None
-    t, r, variants, runs, has_bias = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, node.outputs[0])
-    if variants[-1] > PROLOGUE_MAX_M:
+    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, node.outputs[0])
+    if m_upper > PROLOGUE_MAX_M:
         raise CodegenError(f"{node.name}: NormLinear stages at most {PROLOGUE_MAX_M} rows")
     stage = _norm_source(ctx, node, t, r)
     ctx.lines.append("  const bool vec = lin_svec && reinterpret_cast<uintptr_t>(w) % 16 == 0;")
@@ -123,7 +124,8 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if node.attrs.get("epilogue"):
         _gated_epilogue(ctx, node, a_v.dtype)
         epi = "lin_epi"
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if a_v.dtype == "float32" else 2, stage, epi)
+    smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), a_v.dtype)
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, smem, stage, epi)
 
 
 @emitter("NormLinearQ")
@@ -158,8 +160,7 @@ def emit_norm_linear_q(ctx: KernelContext, node: Node) -> KernelCode:
                                 xsmem=True, epi=epi)
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", stage, *xv, *calls]
-    k_upper = ctx.upper(a_v.shape[-1])
-    smem = -(-staging_bytes(m_upper, k_upper, 4 if dt == "float32" else 2) // 16) * 16
+    smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
     grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem)
 
@@ -190,7 +191,7 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
     x_dtype = node.attrs["out_dtype"]
     x_v = Value(f"{node.name}__x", x_dtype, tuple(node.attrs["out_shape"]))  # never stored: shapes only
     steps = step_types(sliced_types([TensorType(v.dtype, v.shape) for v in ins], slices), program)
-    t, r, variants, runs, has_bias = _head(ctx, node, x_v.shape, x_dtype, w_v, bias_v, y_v)
+    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, x_v.shape, x_dtype, w_v, bias_v, y_v)
     names = [_align(ctx, v, x_v, f"in{k}") for k, v in enumerate(ins)]
     for name, sl in zip(names, slices):
         if sl is not None:  # a last-axis slice: same strides, the start offset added
@@ -213,5 +214,5 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  const atlas::XFn<{t}, decltype(lin_x)> xs{{lin_x}};",
         f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;",
     ]
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, 4 if x_dtype == "float32" else 2,
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, staging_bytes(m_upper, ctx.upper(x_v.shape[-1]), x_dtype),
                  "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);")

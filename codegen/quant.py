@@ -120,7 +120,7 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
     lines, blocks = [], _ceil(outs, WARPS)
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
         js = mma_variants(m_upper)
-        split = split_k(outs * (2 if epi else 1), k_static * bits // 8 // STEP_BYTES)
+        split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)  # gated: N / 16 blocks of 8 outputs too
         if split > 1:
             lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
         else:

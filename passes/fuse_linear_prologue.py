@@ -37,8 +37,9 @@ from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
 # ElementwiseLinear only for a single row: its every block recomputes the whole program (H200, Llama-3.2-1B
-# SwiGLU into the down projection, docs/perf.md v7): 18.8 us at batch 1 against 15.0 + ~3.5 us for the two
-# kernels it replaces (even), 77 us at batch 8 against ~20 (a loss). The gated epilogue takes SwiGLU instead.
+# SwiGLU into the down projection, docs/perf.md v7): 18.8 us at batch 1 against 15.0 us for the unfused down
+# projection plus an unprofiled SwiGLU kernel (about even), 77 us at batch 8 against 24.0 us for the unfused
+# one at batch 32 (a loss). The gated epilogue takes SwiGLU instead.
 ELEMENTWISE_MAX_M = 1
 # quantized projections (NormLinearQ) only with ATLAS_QUANT_PROLOGUE=1 until their kernels have run on a GPU
 # (built in session 6 after the device time was spent; docs/perf.md v7 "prepared")
@@ -102,7 +103,7 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
                 f"{PROLOGUE_MAX_M})")
     k = x.shape[-1]
-    if not isinstance(k, int) or staging_bytes(rows, k, 4 if x.dtype == "float32" else 2) > PROLOGUE_SMEM_BYTES:
+    if not isinstance(k, int) or staging_bytes(rows, k, x.dtype) > PROLOGUE_SMEM_BYTES:
         return f"staging {rows} rows of x needs more than {PROLOGUE_SMEM_BYTES // 1024} KB of shared memory"
     if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
         return "the Linear's input has other readers"

@@ -20,6 +20,7 @@ passes/fuse_linear_prologue.py makes them; codegen/linear_prologue.py emits them
 from __future__ import annotations
 
 from atlasc.errors import ShapeError
+from atlasc.ir.dtypes import itemsize
 from atlasc.ir.ops.registry import OPS, Attr, register
 
 # what the kernels (codegen/linear_prologue.py) can do, which the pass checks before fusing:
@@ -29,9 +30,9 @@ PROLOGUE_MAX_M = 8  # most rows (decode batch): each block stages all of x, whic
 PROLOGUE_SMEM_BYTES = 200 * 1024
 
 
-def staging_bytes(rows: int, k: int, itemsize: int) -> int:
-    """Shared memory a fused Linear's block needs to stage x: rows x K values."""
-    return rows * k * itemsize
+def staging_bytes(rows: int, k: int, dtype: str) -> int:
+    """Shared memory a fused Linear's block needs to stage x: rows x K values of dtype, rounded up to 16."""
+    return -(-rows * k * itemsize(dtype) // 16) * 16
 
 
 def _norm_parts(ins: list) -> tuple[list, list]:
