@@ -18,6 +18,7 @@ from atlasc.ir.printer import format_graph
 from atlasc.ir.program import Program
 from atlasc.ir.verify import verify
 from atlasc.passes.canonicalize import canonicalize
+from atlasc.passes.choose_decode_path import choose_decode_path
 from atlasc.passes.dce import dce
 from atlasc.passes.entry_points import entry_points
 from atlasc.passes.fuse_attention import fuse_attention
@@ -37,6 +38,7 @@ PassFn = Callable[[Program], tuple[Program, RewriteStats]]
 
 PASSES: dict[str, PassFn] = {
     "canonicalize": canonicalize,
+    "choose-decode-path": choose_decode_path,
     "dce": dce,
     "entry-points": entry_points,
     "fuse-rmsnorm": fuse_rmsnorm,
@@ -71,6 +73,7 @@ PIPELINES: dict[str, list[str]] = {
         "dce",
         "fuse-elementwise",
         "fuse-linear-prologue",
+        "choose-decode-path",
         "schedule",
         "plan-memory",
     ],

@@ -417,23 +417,21 @@ def _check_cache_view(ctx: KernelContext, node: Node, out_v: Value, layer: int, 
                            f"{strides}, found {placement.strides}")
 
 
-@emitter("QKVRotary")
-def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
-    qkv_v = node.inputs[0]
-    cos_v, sin_v = (node.inputs[1], node.inputs[2]) if len(node.inputs) > 1 else (None, None)
-    q_v, pk_v, pv_v = node.outputs
+def bind_qkv_rotary(ctx: KernelContext, node: Node, dtype: str, cos_v: Value | None, sin_v: Value | None,
+                    q_v: Value, pk_v: Value, pv_v: Value) -> tuple[int, int, int, int, str]:
+    """Check a QKVRotary-like node against the module's cache and declare the views cs, sn (cos / sin:
+    empty tables without rotary), q, pk and pv; returns (q_heads, kv_heads, head_dim, layer, past)."""
     kv = ctx.kv_cache
     if kv is None:
-        raise CodegenError(f"{node.name}: QKVRotary without a KV cache in the module")
-    if qkv_v.dtype not in FLOATS or qkv_v.dtype != kv["dtype"]:
-        raise CodegenError(f"{node.name}: QKVRotary of {qkv_v.dtype} into a {kv['dtype']} cache")
+        raise CodegenError(f"{node.name}: {node.op} without a KV cache in the module")
+    if dtype not in FLOATS or dtype != kv["dtype"]:
+        raise CodegenError(f"{node.name}: {node.op} of {dtype} into a {kv['dtype']} cache")
     hq, hk, d, layer = (int(node.attrs[k]) for k in ("q_heads", "kv_heads", "head_dim", "layer"))
     if hk != kv["kv_heads"] or d != kv["head_dim"] or not 0 <= layer < kv["layers"]:
-        raise CodegenError(f"{node.name}: QKVRotary heads {hk} x {d} of layer {layer} do not fit the cache")
+        raise CodegenError(f"{node.name}: {node.op} heads {hk} x {d} of layer {layer} do not fit the cache")
     for out_v, kind in ((pk_v, "key"), (pv_v, "value")):
         _check_cache_view(ctx, node, out_v, layer, kind)
-    t = c_type(qkv_v.dtype)
-    ctx.view(qkv_v, "qkv", rank=3)
+    t = c_type(dtype)
     if cos_v is not None:
         ctx.view(cos_v, "cs", rank=3)
         ctx.view(sin_v, "sn", rank=3)
@@ -445,7 +443,18 @@ def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.view(q_v, "q", rank=4)
     ctx.view(pk_v, "pk", rank=4)
     ctx.view(pv_v, "pv", rank=4)
-    past = ctx.dim(node.attrs["past"])
+    return hq, hk, d, layer, ctx.dim(node.attrs["past"])
+
+
+@emitter("QKVRotary")
+def emit_qkv_rotary(ctx: KernelContext, node: Node) -> KernelCode:
+    qkv_v = node.inputs[0]
+    cos_v, sin_v = (node.inputs[1], node.inputs[2]) if len(node.inputs) > 1 else (None, None)
+    q_v, pk_v, pv_v = node.outputs
+    hq, hk, d, _, past = bind_qkv_rotary(ctx, node, qkv_v.dtype, cos_v, sin_v, q_v, pk_v, pv_v)
+    kv = ctx.kv_cache
+    t = c_type(qkv_v.dtype)
+    ctx.view(qkv_v, "qkv", rank=3)
     body = (f"  atlas::qkv_rotary<{t}>(qkv, cs, sn, q, pk, pv, {hq}LL, {hk}LL, {d}LL, {past}, "
             f"{kv['max_batch']}LL, {kv['max_seq']}LL);")
     return KernelCode(body, ctx.grid_for(ctx.numel_upper(qkv_v)))

@@ -30,6 +30,6 @@ TEMPLATES += ["linear"]
 
 from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant.cu uses linear.cu)
 
-TEMPLATES += ["quant"]
+TEMPLATES += ["quant", "act_int8"]  # act_int8.cu uses quant.cu and linear.cu
 
 from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitters; uses linear.cu, quant.cu)

@@ -354,29 +354,97 @@ __device__ __forceinline__ void lin_group_scalar(float (&acc)[F][MT], const XS& 
   }
 }
 
-// the gated epilogue (y[j] = epi(gate_j, up_j), gate rows 0 .. H-1 and up rows H .. 2H-1 of w) or none
+// Paired epilogues: output pair p reads weight rows row_a(p) and row_b(p) (row_a < row_b), N / 2 pairs;
+// put(yrow, yn, m, p, za, zb) gets both sums (+ bias) rounded to T as the unfused Linear stores them and
+// writes what the epilogue makes of them. LinNoEpi: none (a plain Linear).
 struct LinNoEpi {
-  __device__ __forceinline__ float operator()(float g, float) const { return g; }
+  static constexpr bool PAIRED = false;
+  __device__ __forceinline__ long long row_a(long long p, long long) const { return p; }
+  __device__ __forceinline__ long long row_b(long long p, long long) const { return p; }
+  template <typename T>
+  __device__ __forceinline__ void put(T*, long long, long long, long long, float, float) const {}
 };
-template <typename E> __host__ __device__ constexpr bool lin_gated() { return true; }
-template <> __host__ __device__ constexpr bool lin_gated<LinNoEpi>() { return false; }
+// gated (y[j] = f(gate_j, up_j), gate rows 0 .. H-1 and up rows H .. 2H-1 of w, y [.., H])
+template <typename F>
+struct LinGated {
+  F f;
+  static constexpr bool PAIRED = true;
+  __device__ __forceinline__ long long row_a(long long p, long long) const { return p; }
+  __device__ __forceinline__ long long row_b(long long p, long long n) const { return n / 2 + p; }
+  template <typename T>
+  __device__ __forceinline__ void put(T* yrow, long long yn, long long, long long p, float za, float zb) const {
+    store(yrow + p * yn, f(za, zb));
+  }
+};
+template <typename E> __host__ __device__ constexpr bool lin_gated() { return E::PAIRED; }
 template <typename T> __device__ __forceinline__ float lin_round(float v) { return float(T(v)); }
 
+// x * c + partner * s with each product and the sum rounded to T, as QKVRotary's reference rounds them
+template <typename T>
+__device__ __forceinline__ T lin_rot(float x, float partner, float c, float s) {
+  return T(__fadd_rn(lin_round<T>(__fmul_rn(x, c)), lin_round<T>(__fmul_rn(partner, s))));
+}
+
+// rotary + KV-cache append (QKVRotary) as the merged QKV projection's paired epilogue. Row m = b * S + s of
+// x; pair p of head h = p / (D / 2), i = p % (D / 2): dims (i, i + R / 2) when i < R / 2 (rotate-half over
+// the first R dims of q and k heads), else (i + R / 2, i + D / 2) (passed through). q heads go to q
+// [B, Hq, S, D]; k and v heads into the cache views pk / pv [B, Hk, past + S, D] (equal strides: the emitter
+// checks both are cache views) at position past + s.
+template <typename T>
+struct LinRotary {
+  View<T, 3> cs, sn;  // [1 or B, S, R]
+  View<T, 4> q, pk, pv;
+  long long Hq, Hk, D, R, S, past, max_batch, max_seq;
+  static constexpr bool PAIRED = true;
+  // 32-bit index math (pairs < 2^31): a 64-bit division is ~10x the instructions
+  __device__ __forceinline__ int dim_a(int i) const { return i < int(R) / 2 ? i : i + int(R) / 2; }
+  __device__ __forceinline__ int dim_b(int i) const { return i < int(R) / 2 ? i + int(R) / 2 : i + int(D) / 2; }
+  __device__ __forceinline__ long long row_a(long long p, long long) const {
+    return (int(p) / (int(D) / 2)) * D + dim_a(int(p) % (int(D) / 2));
+  }
+  __device__ __forceinline__ long long row_b(long long p, long long) const {
+    return (int(p) / (int(D) / 2)) * D + dim_b(int(p) % (int(D) / 2));
+  }
+  template <typename Y>
+  __device__ __forceinline__ void put(Y*, long long, long long m, long long p, float za, float zb) const {
+    const int h = int(p) / (int(D) / 2), i = int(p) % (int(D) / 2), da = dim_a(i), db = dim_b(i);
+    const long long b = m / S, s = m % S;
+    T oa = T(za), ob = T(zb);
+    if (h < Hq + Hk && i < int(R) / 2) {
+      const long long cb = cs.shape[0] == 1 ? 0 : b;
+      const T* cr = cs.p + cb * cs.stride[0] + s * cs.stride[1];
+      const T* sr = sn.p + cb * sn.stride[0] + s * sn.stride[1];
+      oa = lin_rot<T>(za, -zb, float(cr[da * cs.stride[2]]), float(sr[da * sn.stride[2]]));
+      ob = lin_rot<T>(zb, za, float(cr[db * cs.stride[2]]), float(sr[db * sn.stride[2]]));
+    }
+    // scalar selects, not a reference to q / pk / pv: that would put the whole struct on the stack
+    const bool is_q = h < Hq, is_k = h < Hq + Hk;
+    if (!is_q && (b >= max_batch || past + s >= max_seq)) return;
+    T* base = is_q ? q.p : is_k ? pk.p : pv.p;
+    const long long s0 = is_q ? q.stride[0] : pk.stride[0], s1 = is_q ? q.stride[1] : pk.stride[1];
+    const long long s2 = is_q ? q.stride[2] : pk.stride[2], s3 = is_q ? q.stride[3] : pk.stride[3];
+    const long long hh = is_q ? h : is_k ? h - Hq : h - Hq - Hk, pos = is_q ? s : past + s;
+    T* row = base + b * s0 + hh * s1 + pos * s2;
+    row[da * s3] = oa;
+    row[db * s3] = ob;
+  }
+};
+
 // GEMV over every feature group (M <= MT <= 32); x from the source xs; yoff: row offsets in shared
-// memory. Gated (EPI not LinNoEpi, F = 2): group j reads weight rows j and H + j (H = N / 2), rounds
-// both sums (+ bias) to T as the unfused Linear stores them and writes epi(gate, up) at column j.
+// memory. Paired (EPI not LinNoEpi, F = 2): group p reads weight rows epi.row_a(p) and epi.row_b(p),
+// rounds both sums (+ bias) to T as the unfused Linear stores them and hands them to epi.put.
 template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ w, const T* __restrict__ bias,
                                             long long bias_stride, const View<T, R>& y, long long M, long long N,
                                             long long K, const long long* yoff, bool vec, EPI epi = EPI()) {
   constexpr bool GATED = lin_gated<EPI>();
-  static_assert(!GATED || F == 2, "the gated GEMV holds a gate and an up row per group");
+  static_assert(!GATED || F == 2, "the paired GEMV holds two rows per group");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long H = N / 2;
   const long long groups = GATED ? H : (N + F - 1) / F;
   const long long yn = y.stride[R - 1];
   for (long long g = (long long)blockIdx.x * LIN_WARPS + warp; g < groups; g += (long long)gridDim.x * LIN_WARPS) {
-    const long long n0 = GATED ? g : g * F, step = GATED ? H : 1;
+    const long long n0 = GATED ? epi.row_a(g, N) : g * F, step = GATED ? epi.row_b(g, N) - n0 : 1;
     float acc[F][MT];
 #pragma unroll
     for (int f = 0; f < F; ++f)
@@ -390,13 +458,13 @@ __device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ 
     if constexpr (GATED) {
       float bg = 0.f, bu = 0.f;
       if constexpr (HAS_BIAS) {
-        bg = float(load(bias + g * bias_stride));
-        bu = float(load(bias + (H + g) * bias_stride));
+        bg = float(load(bias + n0 * bias_stride));
+        bu = float(load(bias + (n0 + step) * bias_stride));
       }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         const float sg = warp_sum(acc[0][m]), su = warp_sum(acc[F - 1][m]);
-        if (m < M && lane == m) store(y.p + yoff[m] + g * yn, epi(lin_round<T>(sg + bg), lin_round<T>(su + bu)));
+        if (m < M && lane == m) epi.put(y.p + yoff[m], yn, m, g, lin_round<T>(sg + bg), lin_round<T>(su + bu));
       }
     } else {
 #pragma unroll
@@ -475,8 +543,8 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 
 // MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; x from the source xs
 // (16-byte reads); yoff: row offsets (linear_gemv_setup), red: 1024 * J floats of shared memory.
-// Gated (see linear_gemv): a block's A rows g are gate rows j0 + g and its rows g + 8 the up rows
-// H + j0 + g (8 outputs per block); each gate partial is reduced with its up partial (q, q + 2).
+// Paired (see linear_gemv): a block holds 8 pairs p0 + g, its A rows g are rows epi.row_a(p0 + g) and its
+// rows g + 8 rows epi.row_b(p0 + g); each row_a partial is reduced with its row_b partial (q, q + 2).
 template <typename T, int R, int J, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
@@ -491,8 +559,8 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
   for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
     const long long n0 = GATED ? nb * 8 : nb * 16;
-    const long long r0 = GATED ? imin(n0 + g, H - 1) : imin(n0 + g, N - 1);
-    const long long r1 = GATED ? H + r0 : imin(n0 + g + 8, N - 1);
+    const long long r0 = GATED ? epi.row_a(imin(n0 + g, H - 1), N) : imin(n0 + g, N - 1);
+    const long long r1 = GATED ? epi.row_b(imin(n0 + g, H - 1), N) : imin(n0 + g + 8, N - 1);
     const T* w0 = w + r0 * K + 8 * c;
     const T* w1 = w + r1 * K + 8 * c;
     float acc[J][4];
@@ -540,10 +608,10 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         if (m < M && n < H) {
           float bg = 0.f, bu = 0.f;
           if constexpr (HAS_BIAS) {
-            bg = float(load(bias + n * bias_stride));
-            bu = float(load(bias + (H + n) * bias_stride));
+            bg = float(load(bias + epi.row_a(n, N) * bias_stride));
+            bu = float(load(bias + epi.row_b(n, N) * bias_stride));
           }
-          store(y.p + yoff[m] + n * yn, epi(lin_round<T>(sg + bg), lin_round<T>(su + bu)));
+          epi.put(y.p + yoff[m], yn, m, n, lin_round<T>(sg + bg), lin_round<T>(su + bu));
         }
       }
       __syncthreads();

@@ -20,6 +20,7 @@ of a, b and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Other
 
 from __future__ import annotations
 
+from atlasc.codegen.attention import bind_qkv_rotary
 from atlasc.codegen.cexpr import c_type, compute_type
 from atlasc.codegen.elementwise import _align
 from atlasc.codegen.fused import fused_lines
@@ -27,6 +28,7 @@ from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelCo
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
                                    decode_grid, gemv_variants, red_floats)
 from atlasc.codegen.quant import bind_quant_weights, quant_calls
+from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
@@ -35,9 +37,17 @@ from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
 PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
 
 
-def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value):
-    """Common declarations: w, bias, y, N, K, M (rows of x_shape); returns (t, r, variants, runs, has_bias,
-    the rows' upper bound)."""
+def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:
+    """Declare `y` for a kernel whose epilogue stores elsewhere (rotary): x's rows, no storage."""
+    r = len(x_shape)
+    ctx.lines.append(f"  atlas::View<{t}, {r}> y;  // rows only: the epilogue writes q and the KV cache")
+    ctx.lines.append("  y.p = nullptr;")
+    ctx.lines += [f"  y.shape[{i}] = {ctx.dim(d)}; y.stride[{i}] = 0;" for i, d in enumerate(x_shape)]
+
+
+def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value | None):
+    """Common declarations: w, bias, y (rows only when y_v is None), N, K, M (rows of x_shape); returns
+    (t, r, variants, runs, has_bias, the rows' upper bound)."""
     if dtype not in ("float32", "float16"):
         raise CodegenError(f"{node.name}: {node.op} on {dtype} has no CUDA kernel (supported: float32, float16)")
     if ctx.plan.placement(w_v).strides is not None:
@@ -49,7 +59,10 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
     if m_upper > GEMV_MAX_M:
         raise CodegenError(f"{node.name}: {node.op} has only decode paths (rows <= {GEMV_MAX_M}), "
                            f"its rows may reach {m_upper}")
-    ctx.view(y_v, "y", rank=r)
+    if y_v is None:
+        _rows_only_y(ctx, t, x_shape)
+    else:
+        ctx.view(y_v, "y", rank=r)
     ctx.lines.append(f"  const {t}* w = reinterpret_cast<const {t}*>({ctx.address(w_v)});")
     has_bias = bind_bias(ctx, b_v, t)
     variants = gemv_variants(m_upper)
@@ -83,11 +96,10 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem)
 
 
-def _norm_source(ctx: KernelContext, node: Node, t: str, r: int) -> str:
-    """Declare the views of a (Add)RMSNorm prologue (a, b, g and the sum s), its row offsets, `lin_svec`
+def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | None) -> str:
+    """Declare the views of a (Add)RMSNorm prologue (a, b, g and the sum s_v), its row offsets, `lin_svec`
     (16-byte staging applies) and the source `xs`; returns the statement staging x into lin_xbuf."""
     a_v, b_v, g_v = node.inputs[:3]
-    s_v = node.outputs[1] if len(node.outputs) > 1 else None
     add = str(b_v is not None).lower()
     ctx.view(a_v, "a", rank=r)
     ctx.view(b_v if b_v is not None else a_v, "b", rank=r)
@@ -111,73 +123,112 @@ def _norm_source(ctx: KernelContext, node: Node, t: str, r: int) -> str:
     return f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_arg}, lin_scratch, lin_svec);"
 
 
-@emitter("NormLinear")
+def _parts(node: Node) -> tuple[list, Value | None, Value | None, str]:
+    """(the projection's inputs after x, y or None, the residual sum s or None, the epilogue: "" / gated /
+    rotary) of a NormLinear, NormLinearQ or NormLinearRotary."""
+    if node.op == "NormLinearRotary":
+        s_v = node.outputs[3] if len(node.outputs) > 3 else None
+        return list(node.inputs[5:]), None, s_v, "rotary"
+    s_v = node.outputs[1] if len(node.outputs) > 1 else None
+    return list(node.inputs[3:]), node.outputs[0], s_v, ("gated" if node.attrs.get("epilogue") else "")
+
+
+def _epilogue(ctx: KernelContext, node: Node, kind: str, dtype: str) -> str:
+    """Declare the epilogue object `lin_epi` of kind gated / rotary; returns its name ("" for none)."""
+    if kind == "gated":
+        _gated_epilogue(ctx, node, dtype)
+    elif kind == "rotary":
+        _rotary_epilogue(ctx, node, dtype)
+    return "lin_epi" if kind else ""
+
+
+def _quantized(node: Node) -> bool:
+    return node.op == "NormLinearQ" or (node.op == "NormLinearRotary" and node.attrs["linear"] != "Linear")
+
+
+@emitter("NormLinear", "NormLinearQ", "NormLinearRotary")
 def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
-    a_v, w_v = node.inputs[0], node.inputs[3]
-    bias_v = node.inputs[4] if len(node.inputs) > 4 else None
-    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, node.outputs[0])
+    """The norm staged in shared memory, then linear.cu's decode paths (float) or quant.cu's kernels
+    (quantized: tensor-core path or fallback, x read through a View of the staged rows)."""
+    if _quantized(node):
+        return _emit_quantized(ctx, node)
+    a_v = node.inputs[0]
+    proj, y_v, s_v, kind = _parts(node)
+    w_v, bias_v = proj[0], (proj[1] if len(proj) > 1 else None)
+    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
     if m_upper > PROLOGUE_MAX_M:
-        raise CodegenError(f"{node.name}: NormLinear stages at most {PROLOGUE_MAX_M} rows")
-    stage = _norm_source(ctx, node, t, r)
+        raise CodegenError(f"{node.name}: {node.op} stages at most {PROLOGUE_MAX_M} rows")
+    stage = _norm_source(ctx, node, t, r, s_v)
     ctx.lines.append("  const bool vec = lin_svec && reinterpret_cast<uintptr_t>(w) % 16 == 0;")
-    epi = ""
-    if node.attrs.get("epilogue"):
-        _gated_epilogue(ctx, node, a_v.dtype)
-        epi = "lin_epi"
+    epi = _epilogue(ctx, node, kind, a_v.dtype)
     smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), a_v.dtype)
     return _tail(ctx, t, r, variants, runs, has_bias, w_v, smem, stage, epi)
 
 
-@emitter("NormLinearQ")
-def emit_norm_linear_q(ctx: KernelContext, node: Node) -> KernelCode:
-    """The norm staged as for NormLinear, then quant.cu's kernels (tensor-core path or fallback) read x
-    from the staged rows through a View of shared memory."""
-    a_v, y_v = node.inputs[0], node.outputs[0]
+def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
+    a_v = node.inputs[0]
+    proj, y_v, s_v, kind = _parts(node)
     dt = a_v.dtype
     if dt not in ("float32", "float16"):
-        raise CodegenError(f"{node.name}: NormLinearQ on {dt} has no CUDA kernel (supported: float32, float16)")
+        raise CodegenError(f"{node.name}: {node.op} on {dt} has no CUDA kernel (supported: float32, float16)")
     t, r = c_type(dt), len(a_v.shape)
     m_upper = 1
     for d in a_v.shape[:-1]:
         m_upper *= ctx.upper(d)
     if m_upper > PROLOGUE_MAX_M:
-        raise CodegenError(f"{node.name}: NormLinearQ stages at most {PROLOGUE_MAX_M} rows, "
+        raise CodegenError(f"{node.name}: {node.op} stages at most {PROLOGUE_MAX_M} rows, "
                            f"its rows may reach {m_upper}")
-    ctx.view(y_v, "y", rank=r)
-    bits, f8, zp, group, has_bias, k_static, n_upper = bind_quant_weights(ctx, node, list(node.inputs[3:]), t)
+    if y_v is None:
+        _rows_only_y(ctx, t, a_v.shape)
+    else:
+        ctx.view(y_v, "y", rank=r)
+    bits, f8, zp, group, has_bias, k_static, n_upper = bind_quant_weights(ctx, node, proj, t)
     ctx.lines.append("  long long M = 1;")
     ctx.lines += [f"  M *= y.shape[{i}];" for i in range(r - 1)]
-    stage = _norm_source(ctx, node, t, r)
-    epi = ""
-    if node.attrs.get("epilogue"):
-        _gated_epilogue(ctx, node, dt)
-        epi = "lin_epi"
+    stage = _norm_source(ctx, node, t, r, s_v)
+    epi = _epilogue(ctx, node, kind, dt)
     xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
     for i in range(r - 1):
         xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")
     xv.append(f"  xv.shape[{r - 1}] = K; xv.stride[{r - 1}] = 1;")
-    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
-                                xsmem=True, epi=epi)
+    smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
+    if node.attrs.get("act") == "int8":  # W4A8 / W8A8: the staged rows quantized again, to int8, after them
+        calls = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "xv", smem, epi)
+        blocks = -(-(n_upper // 2 if epi else n_upper) // WARPS)
+        smem += act8_smem(m_upper, k_static)
+    else:
+        calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
+                                    xsmem=True, epi=epi)
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", stage, *xv, *calls]
-    smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
     grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem)
 
 
+def _rotary_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
+    """Declare `lin_epi`: LinRotary over q and the layer's cache views (QKVRotary's checks)."""
+    q_v, pk_v, pv_v = node.outputs[:3]
+    cos_v, sin_v = node.inputs[3], node.inputs[4]
+    hq, hk, d, _, past = bind_qkv_rotary(ctx, node, dtype, cos_v, sin_v, q_v, pk_v, pv_v)
+    kv = ctx.kv_cache
+    ctx.lines.append(f"  const atlas::LinRotary<{c_type(dtype)}> lin_epi{{cs, sn, q, pk, pv, {hq}LL, {hk}LL, {d}LL, "
+                     f"cs.shape[2], q.shape[2], {past}, {kv['max_batch']}LL, {kv['max_seq']}LL}};")
+
+
 def _gated_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
-    """Declare `lin_epi(gate, up)`: the epilogue program over the two rounded halves (fused.py's steps)."""
+    """Declare `lin_epi`: LinGated over the epilogue program of the two rounded halves (fused.py's steps)."""
     program, gate = node.attrs["epilogue"], int(node.attrs["gate_input"])
     half = TensorType(dtype, (1,))
     steps = step_types([half, half], program)
     ct = compute_type(dtype)
     binds = [f"    const {ct} a{gate} = gate;", f"    const {ct} a{1 - gate} = up;"]
     ctx.lines += [
-        "  auto lin_epi = [&](float gate, float up) -> float {",
+        "  auto lin_epi_f = [&](float gate, float up) -> float {",
         *binds,
         *fused_lines(node, program, [dtype, dtype], [s.dtype for s in steps], "    "),
         f"    return float(t{len(program) - 1});",
         "  };",
+        "  const atlas::LinGated<decltype(lin_epi_f)> lin_epi{lin_epi_f};",
     ]
 
 

@@ -111,7 +111,8 @@ __device__ __forceinline__ void qlin_row_acc(float (&acc)[QLIN_QM], const unsign
   }
 }
 
-// the fallback; gated (EPI not LinNoEpi, see linear_quant_mma): warp-output j accumulates rows j and H + j
+// the fallback; paired (EPI not LinNoEpi, see linear_gemv in linear.cu): warp-output p accumulates rows
+// epi.row_a(p) and epi.row_b(p)
 template <typename T, int R, int BITS, bool HAS_BIAS, bool F8 = false, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                              const __half* __restrict__ scale, const T* __restrict__ bias,
@@ -126,10 +127,10 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
   const long long H = N / 2, outs = GATED ? H : N;
   const bool vec = (row_bytes % 16 == 0) && (reinterpret_cast<uintptr_t>(wq) % 16 == 0);
   for (long long n = (long long)blockIdx.x * QLIN_WARPS + warp; n < outs; n += (long long)gridDim.x * QLIN_WARPS) {
-    const long long nu = GATED ? H + n : n;  // the up row (gated)
+    const long long na = GATED ? epi.row_a(n, N) : n, nu = GATED ? epi.row_b(n, N) : n;  // the pair's rows
     float b = 0.f, bu = 0.f;
     if constexpr (HAS_BIAS) {
-      b = float(load(bias + n * bias_stride));
+      b = float(load(bias + na * bias_stride));
       if constexpr (GATED) bu = float(load(bias + nu * bias_stride));
     }
     for (long long m0 = 0; m0 < M; m0 += QLIN_QM) {
@@ -138,8 +139,8 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
 #pragma unroll
       for (int m = 0; m < QLIN_QM; ++m) xoff[m] = lin_row_offset(x, m0 + (m < rows ? m : 0));
       float acc[QLIN_QM];
-      qlin_row_acc<T, BITS, F8>(acc, wq + n * row_bytes, row_bytes, vec, BITS == 8 ? __half2float(scale[n]) : 0.f,
-                                scale + n * groups, zero ? zero + n * groups : nullptr, G, x.p, xoff, xk, rows, lane);
+      qlin_row_acc<T, BITS, F8>(acc, wq + na * row_bytes, row_bytes, vec, BITS == 8 ? __half2float(scale[na]) : 0.f,
+                                scale + na * groups, zero ? zero + na * groups : nullptr, G, x.p, xoff, xk, rows, lane);
       if constexpr (GATED) {
         float up[QLIN_QM];
         qlin_row_acc<T, BITS, F8>(up, wq + nu * row_bytes, row_bytes, vec, BITS == 8 ? __half2float(scale[nu]) : 0.f,
@@ -148,8 +149,7 @@ __device__ __forceinline__ void linear_quant(const View<T, R>& x, const unsigned
 #pragma unroll
         for (int m = 0; m < QLIN_QM; ++m) {
           const float sg = warp_sum(acc[m]) + b, su = warp_sum(up[m]) + bu;
-          if (m < rows && lane == m)
-            store(y.p + lin_row_offset(y, m0 + m) + n * yn, epi(lin_round<T>(sg), lin_round<T>(su)));
+          if (m < rows && lane == m) epi.put(y.p + lin_row_offset(y, m0 + m), yn, m0 + m, n, lin_round<T>(sg), lin_round<T>(su));
         }
       } else {
 #pragma unroll
@@ -340,8 +340,8 @@ template <int J> __device__ __forceinline__ void qlin_stash(const float (&acc)[J
   __syncthreads();
 }
 
-// the gated epilogue of linear_quant_mma: output n = gate row n (+ bias[n]) with up row H + n (+ bias[H + n]),
-// int8 / fp8 sums times their rows' scales, each rounded to T, then epi; S > 1 first sums the S partials of
+// the paired epilogue of linear_quant_mma: pair n = rows a = epi.row_a(n) (+ bias[a]) and b = epi.row_b(n)
+// (+ bias[b]), int8 / fp8 sums times their rows' scales, each rounded to T, then epi.put; S > 1 first sums the S partials of
 // the item's F feature blocks through red (warp order: deterministic)
 template <typename T, int R, int BITS, int J, int S, bool HAS_BIAS, typename EPI>
 __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
@@ -350,19 +350,20 @@ __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float
                                                  int m_rows, int F, EPI epi) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   auto out = [&](int n, int m, float sg, float su) {
+    const long long na = epi.row_a(n, 2LL * H), nb = epi.row_b(n, 2LL * H);
     float bg = 0.f, bu = 0.f;
     if constexpr (HAS_BIAS) {
-      bg = float(load(bias + (long long)n * bias_stride));
-      bu = float(load(bias + (long long)(H + n) * bias_stride));
+      bg = float(load(bias + na * bias_stride));
+      bu = float(load(bias + nb * bias_stride));
     }
     if constexpr (BITS == 8) {
-      sg = fmaf(sg, __half2float(scale[n]), bg);
-      su = fmaf(su, __half2float(scale[H + n]), bu);
+      sg = fmaf(sg, __half2float(scale[na]), bg);
+      su = fmaf(su, __half2float(scale[nb]), bu);
     } else {
       sg += bg;
       su += bu;
     }
-    store(y.p + qlin_row(y, m) + (long long)n * yn, epi(lin_round<T>(sg), lin_round<T>(su)));
+    epi.put(y.p + qlin_row(y, m), yn, m, n, lin_round<T>(sg), lin_round<T>(su));
   };
   if constexpr (S == 1) {
     const int n = n0 + g;
@@ -396,9 +397,9 @@ __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float
 }
 
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1).
-// XSMEM: x is in shared memory (qlin_ldx). Gated (EPI, see linear_gemv in linear.cu): an item's feature
-// blocks are 8 outputs j, A rows g = gate rows j0 + g and rows g + 8 = up rows H + j0 + g; each output
-// gets epi(gate, up) of the two sums rounded to T as the Linear stores them.
+// XSMEM: x is in shared memory (qlin_ldx). Paired (EPI, see linear_gemv in linear.cu): an item's feature
+// blocks are 8 pairs p, A rows g = rows epi.row_a(p0 + g) and rows g + 8 = rows epi.row_b(p0 + g); each
+// pair's two sums, rounded to T as the Linear stores them, go to epi.put.
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
           bool XSMEM = false, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
@@ -436,8 +437,8 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
     if (n0 < outs) {  // warp-uniform
-      const int r0 = GATED ? min(n0 + g, H - 1) : min(n0 + g, n_rows - 1);
-      const int r1 = GATED ? H + r0 : min(n0 + g + 8, n_rows - 1);
+      const int r0 = GATED ? int(epi.row_a(min(n0 + g, H - 1), n_rows)) : min(n0 + g, n_rows - 1);
+      const int r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
       const unsigned char* w0 = wq + r0 * row_bytes + 16 * c;
       const unsigned char* w1 = wq + r1 * row_bytes + 16 * c;
       const __half* s0 = scale + (long long)r0 * groups;

@@ -11,6 +11,7 @@ weight and the float16 scales as contiguous arena buffers, and the optional bias
   M <= 8, 2 for M <= 16, 4 beyond (larger M loops over 32-row tiles). split_k picks S, the ways of
   split-K across a block's 8 warps, from N and K: the smallest S that gives SPLIT_TARGET blocks.
 - the CUDA-core fallback (linear_quant: one warp per feature, any dtype / K / G / alignment).
+LinearQ8 / LinearQ4 with act = "int8" (W8A8 / W4A8, decode only) run act_int8.cu instead (codegen/act_int8.py).
 
 MMA_U maps (bits, J) to the 128-k (int4) / 64-k (int8) steps of weights in flight per warp (1 KB each).
 Environment variables read at code generation, for A/B timing (examples/quant_lab.py --variant /
@@ -27,6 +28,7 @@ import os
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import bind_bias
+from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node
 
 THREADS = 256  # QLIN_THREADS in quant.cu
@@ -160,6 +162,11 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     for d in x_v.shape[:-1]:
         m_upper *= ctx.upper(d)
     lines = ["  long long M = 1;", *[f"  M *= x.shape[{i}];" for i in range(r - 1)]]
+    if node.attrs.get("act") == "int8":  # W4A8 / W8A8 (decode): x quantized per row in shared memory, dp4a
+        lines.append("  extern __shared__ __align__(16) unsigned char lin_dyn[];")
+        lines += act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "x", 0)
+        return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, _ceil(n_upper, WARPS))), 1, 1), (THREADS, 1, 1),
+                          smem=act8_smem(m_upper, k_static))
     calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper)
     return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
 

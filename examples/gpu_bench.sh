@@ -4,7 +4,7 @@
 # tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
 # artifact quantized; SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs
 # and with ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the
-# largest batch, 256 keys).
+# largest batch, 256 keys; PROFILE_TOP rows, default 30).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -30,7 +30,8 @@ python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --promp
     tee "$out/bench_$config.log"
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
     for b in 1 "${batches##*,}"; do
-        atlasc profile "$work/$config.atlas" --batch "$b" --context 256 --top 30 2>&1 | tee "$out/profile_${config}_b$b.log"
+        atlasc profile "$work/$config.atlas" --batch "$b" --context 256 --top "${PROFILE_TOP:-30}" 2>&1 | \
+            tee "$out/profile_${config}_b$b.log"
     done
 fi
 echo "== summary =="

@@ -10,26 +10,30 @@ and the Linear is the producer's only reader:
 and a NormLinear's output read only by an elementwise program over its two halves (SwiGLU on the merged
 gate/up projection) becomes its gated epilogue: y = NormLinear(.., epilogue=program) [.., H], computed
 once per output element (as a prologue of the down projection, every block would recompute all of it).
+A NormLinear read only by a QKVRotary (the merged Q/K/V projection) takes the rotary and the KV-cache
+append as its paired epilogue instead: q, present_k, present_v[, s] = NormLinearRotary(a, b, g, cos, sin,
+w[, bias]); the projection's output is never stored.
 
 (norms over the last axis with a rank-1 scale of x's dtype; an elementwise program whose inputs,
 after their slices, have x's shape: no broadcasting, and only for one row: ELEMENTWISE_MAX_M). The
 Linear kernel computes x itself (codegen/linear_prologue.py): every block stages all rows of x in shared
 memory, which costs little for a few rows and a lot for many: so decode only (PROLOGUE_MAX_M, and x
 must fit PROLOGUE_SMEM_BYTES), where the launch saved matters most. A
-Llama decode layer becomes 6 kernels: NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear
-(gate/up + SwiGLU), Linear (down).
+Llama decode layer becomes 5 kernels: NormLinearRotary (norm, Q/K/V, rotary, cache append), Attention,
+Linear (o), NormLinear (gate/up + SwiGLU), Linear (down).
 
 Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
 reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
 outputs keep their names. Quantized projections (LinearQ8 / LinearQ4 / LinearF8) take the norm and the
-gated epilogue the same way (NormLinearQ), not an elementwise prologue; for now only with
-ATLAS_QUANT_PROLOGUE=1 (their kernels have not run on a GPU yet).
+gated epilogue the same way (NormLinearQ), not an elementwise prologue (ATLAS_QUANT_PROLOGUE=0 keeps their
+norms separate, e.g. to compare).
 """
 
 from __future__ import annotations
 
 import os
 
+from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, PROLOGUE_SMEM_BYTES, QUANTIZED, staging_bytes
@@ -41,9 +45,23 @@ from atlasc.passes.rewrite import RewriteStats
 # projection plus an unprofiled SwiGLU kernel (about even), 77 us at batch 8 against 24.0 us for the unfused
 # one at batch 32 (a loss). The gated epilogue takes SwiGLU instead.
 ELEMENTWISE_MAX_M = 1
-# quantized projections (NormLinearQ) only with ATLAS_QUANT_PROLOGUE=1 until their kernels have run on a GPU
-# (built in session 6 after the device time was spent; docs/perf.md v7 "prepared")
+# ATLAS_QUANT_PROLOGUE=0 keeps quantized projections' norms separate (GPU-validated and measured on the H200,
+# docs/perf.md v8: Llama-3.2-1B int4 batch 1 1.104 -> 0.904 ms/step)
 QUANT_ENV = "ATLAS_QUANT_PROLOGUE"
+# the rotary + cache append as the QKV projection's epilogue (NormLinearRotary): by default only for quantized
+# projections. H200, Llama-3.2-1B decode (docs/perf.md v8): int4 batch 1 0.904 -> 0.823 ms/step, but float16
+# 1.120 -> 1.199 (the fused float kernel is slower than the two it replaces; not yet understood).
+# ATLAS_ROTARY_EPILOGUE=1: for float projections too; =0: never.
+ROTARY_ENV = "ATLAS_ROTARY_EPILOGUE"
+ROTARY_MODES = ("auto", "1", "0")
+
+
+def rotary_mode() -> str:
+    """ATLAS_ROTARY_EPILOGUE (default auto); UsageError (exit 2) for an unknown value."""
+    mode = os.environ.get(ROTARY_ENV, "") or "auto"
+    if mode not in ROTARY_MODES:
+        raise UsageError(f"{ROTARY_ENV}={mode!r} is not one of {', '.join(ROTARY_MODES)}")
+    return mode
 NORMS = ("RMSNormalization", "AddRMSNormalization")
 RULES = {
     "RMSNormalization": "Linear(RMSNormalization(a, g)) => NormLinear(a, g)",
@@ -51,6 +69,7 @@ RULES = {
     "FusedElementwise": "Linear(FusedElementwise(ins)) => ElementwiseLinear(ins)",
 }
 EPILOGUE_RULE = "FusedElementwise(z[.., :H], z[.., H:]) of z = NormLinear(..) => NormLinear(.., epilogue)"
+ROTARY_RULE = "QKVRotary(NormLinear(..)) => NormLinearRotary(..)"
 
 
 def _rows_upper(x, upper: dict[str, int]) -> int | None:
@@ -96,8 +115,8 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         return "not a float input with a constant weight"
     if lin.op != "Linear" and p.op == "FusedElementwise":
         return "no elementwise prologue for quantized projections"
-    if lin.op != "Linear" and os.environ.get(QUANT_ENV, "0") != "1":
-        return f"quantized projections take the norm only with {QUANT_ENV}=1 (not yet run on a GPU)"
+    if lin.op != "Linear" and os.environ.get(QUANT_ENV, "1") == "0":
+        return f"quantized projections keep their norms ({QUANT_ENV}=0)"
     rows = _rows_upper(x, upper)
     if rows is None or rows > PROLOGUE_MAX_M:
         return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
@@ -135,26 +154,50 @@ def gated_epilogue(graph: Graph, lin: Node) -> tuple[Node, int] | None:
     return e, (0 if slices[0] == (0, h) else 1)
 
 
-def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None]:
-    """The fused node, and the epilogue node it absorbed (or None)."""
+def rotary_epilogue(graph: Graph, lin: Node) -> Node | None:
+    """The QKVRotary node when it is the only reader of the Linear's output (its merged q, k, v rows)."""
+    y = lin.outputs[0]
+    users = graph.users(y)
+    mode = rotary_mode()
+    if mode == "0" or (mode == "auto" and lin.op not in QUANTIZED):
+        return None
+    if len(users) != 1 or any(y is o for o in graph.outputs):
+        return None
+    r = users[0]
+    if r.op != "QKVRotary" or r.inputs[0] is not y or int(r.attrs["head_dim"]) % 2:
+        return None
+    return r
+
+
+def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None, str | None]:
+    """The fused node, the epilogue node it absorbed (or None) and that epilogue's rule."""
     rest = list(lin.inputs[1:])  # w[, bias]
     if p.op in NORMS:
-        a, b = p.inputs[0], (p.inputs[1] if p.op == "AddRMSNormalization" else None)
+        a, b, g = p.inputs[0], (p.inputs[1] if p.op == "AddRMSNormalization" else None), p.inputs[-1]
         attrs = {"epsilon": p.attrs["epsilon"]}
+        s_out = [p.outputs[1]] if b is not None else []
+        name = f"norm_linear:{lin.name}"
+        quant = {"linear": lin.op, "group_size": int(lin.attrs.get("group_size", 0)),
+                 "act": lin.attrs.get("act", "")} if lin.op in QUANTIZED else {}
+        rot = rotary_epilogue(graph, lin)
+        if rot is not None:  # the projection's rows go to q and the cache, rotated: y is never stored
+            cos, sin = (rot.inputs[1], rot.inputs[2]) if len(rot.inputs) > 1 else (None, None)
+            attrs |= {"linear": lin.op, "group_size": int(lin.attrs.get("group_size", 0)),
+                      "act": lin.attrs.get("act", "")}
+            attrs |= {k: rot.attrs[k] for k in ("q_heads", "kv_heads", "head_dim", "layer", "past")}
+            node = Node("NormLinearRotary", [a, b, g, cos, sin, *rest], [*rot.outputs, *s_out], attrs, name=name)
+            return node, rot, ROTARY_RULE
         y, epi = lin.outputs[0], gated_epilogue(graph, lin)
         if epi is not None:
             attrs |= {"epilogue": epi[0].attrs["program"], "gate_input": epi[1]}
             y = epi[0].outputs[0]
-        outputs = [y] + ([p.outputs[1]] if b is not None else [])
-        op = "NormLinear"
-        if lin.op in QUANTIZED:  # wq, scale[, bias[, zero]] as the quantized node has them
-            op = "NormLinearQ"
-            attrs |= {"linear": lin.op, "group_size": int(lin.attrs.get("group_size", 0))}
-        node = Node(op, [a, b, p.inputs[-1], *rest], outputs, attrs, name=f"norm_linear:{lin.name}")
-        return node, (epi[0] if epi else None)
+        op = "NormLinearQ" if quant else "NormLinear"  # quantized: wq, scale[, bias[, zero]] as the node has them
+        node = Node(op, [a, b, g, *rest], [y, *s_out], attrs | quant, name=name)
+        return node, (epi[0] if epi else None), (EPILOGUE_RULE if epi else None)
     attrs = {k: p.attrs[k] for k in ("program", "out_shape", "out_dtype", "slices") if k in p.attrs}
     attrs["n_in"] = len(p.inputs)
-    return Node("ElementwiseLinear", [*p.inputs, *rest], [lin.outputs[0]], attrs, name=f"elt_linear:{lin.name}"), None
+    node = Node("ElementwiseLinear", [*p.inputs, *rest], [lin.outputs[0]], attrs, name=f"elt_linear:{lin.name}")
+    return node, None, None
 
 
 def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None:
@@ -166,12 +209,13 @@ def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None
         if why:
             stats.declined[f"{rule} at {lin.name}"] = why
             continue
-        fused, epi = _fused(graph, lin, p)
-        graph.nodes[graph.nodes.index(p)] = fused  # p's inputs are ready there; w and bias are constants
+        fused, epi, epi_rule = _fused(graph, lin, p)
+        # p's inputs are ready there (w and bias are constants); toposort below places it after cos / sin
+        graph.nodes[graph.nodes.index(p)] = fused
         graph.nodes.remove(lin)
         if epi is not None:
             graph.nodes.remove(epi)
-            stats.applied[EPILOGUE_RULE] = stats.applied.get(EPILOGUE_RULE, 0) + 1
+            stats.applied[epi_rule] = stats.applied.get(epi_rule, 0) + 1
         for o in fused.outputs:
             producers[id(o)] = fused
         stats.applied[rule] = stats.applied.get(rule, 0) + 1

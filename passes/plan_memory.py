@@ -3,8 +3,9 @@
     | weights | kv_cache | io: dims buffer, each entry's inputs and outputs | activations |
 
 - weights: every constant of every entry (shared by reference), in first-use order, read-only;
-- kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output (and QKVRotary's
-  two `present` outputs) is a strided view of its layer's key or value slot, not a buffer of its own;
+- kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output (and the two `present`
+  outputs of QKVRotary / NormLinearRotary) is a strided view of its layer's key or value slot, not a
+  buffer of its own;
 - io: the int64 dims buffer (symbol values), then each entry's inputs and outputs, never reused;
 - activations: every other value gets an interval [step defined, last step read] over its entry's
   schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
@@ -215,6 +216,8 @@ def cache_kind(node, index: int) -> str | None:
     if node.op == "KVAppend":
         return node.attrs["kind"]
     if node.op == "QKVRotary" and index > 0:
+        return ("key", "value")[index - 1]
+    if node.op == "NormLinearRotary" and index in (1, 2):  # (q, present_k, present_v[, the residual sum])
         return ("key", "value")[index - 1]
     return None
 

@@ -219,6 +219,10 @@ def _flops(n, values, weights, env) -> int:
         return tuple(evaluate_dim(d, env) for d in values[name].shape)
 
     out = shape(n.outputs[0])
+    w_index = {"NormLinear": 3, "NormLinearQ": 3, "NormLinearRotary": 5}.get(n.op)
+    if w_index is not None:  # 2 x rows x N x K (the weight's rows are the projection's outputs)
+        x = shape(n.inputs[0])
+        return 2 * int(np.prod(x[:-1])) * x[-1] * shape(n.inputs[w_index])[0]
     if n.op in ("MatMul", "Linear", "Gemm"):
         k = shape(n.inputs[0])[-1]
         return 2 * int(np.prod(out)) * k

@@ -128,3 +128,20 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
     for n, k in zip(launched, kernels):
         assert by_node[n.name].kernel == k and by_node[n.name].us == pytest.approx(durations[k], rel=1e-5)
     art.close()
+
+
+def test_fused_projections_count_their_matmul_flops():
+    """`atlasc profile`'s FLOPs of NormLinear / NormLinearQ / NormLinearRotary (artifact nodes: names as
+    inputs): 2 x rows x N x K of the projection they hold (not one per output element)."""
+    from types import SimpleNamespace as NS
+
+    from atlasc.runtime.bench import _flops
+
+    values = {"a": NS(shape=(3, 1, 64)), "y": NS(shape=(3, 1, 96)), "q": NS(shape=(3, 2, 1, 16))}
+    weights = {"w": np.zeros((96, 64), np.float16), "wq": np.zeros((96, 32), np.uint8), "s": np.zeros(96)}
+    want = 2 * 3 * 96 * 64
+    assert _flops(NS(op="NormLinear", inputs=["a", "", "g", "w"], outputs=["y"]), values, weights, {}) == want
+    assert _flops(NS(op="NormLinearQ", inputs=["a", "", "g", "wq", "s"], outputs=["y"]), values, weights, {}) == want
+    rot = NS(op="NormLinearRotary", inputs=["a", "", "g", "", "", "w"], outputs=["q", "pk", "pv"])
+    assert _flops(rot, values, weights, {}) == want
+    assert _flops(NS(op="Add", inputs=["a", "a"], outputs=["y"]), values, weights, {}) == 3 * 96

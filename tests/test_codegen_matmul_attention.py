@@ -269,22 +269,26 @@ def build_kv(dtype: str = "float32", attention: bool = True) -> Builder:
 # -- plans -------------------------------------------------------------------------------------
 
 
-def kv_spec(dtype: str, offset: int) -> dict:
-    return {**KV, "offset": offset, "dtype": dtype}
+def kv_spec(dtype: str, offset: int, kv: dict = KV) -> dict:
+    return {**kv, "offset": offset, "dtype": dtype}
 
 
 def plan_for(graph: Graph, upper: dict[str, int], kv_cache: np.ndarray | None = None, *,
-             transposed=(), padded=()) -> tuple[MemoryPlan, int | None]:
-    """A trivial plan (every value its own buffer) with views: KVAppend outputs on their cache slot,
-    values named in `transposed` stored with their last two dims swapped, values named in `padded`
-    laid out as at their maximal shape (row strides of a cache view)."""
+             transposed=(), padded=(), kv: dict = KV) -> tuple[MemoryPlan, int | None]:
+    """A trivial plan (every value its own buffer) with views: cache outputs (KVAppend's, the present
+    outputs of QKVRotary / NormLinearRotary) on their cache slot of geometry kv, values named in
+    `transposed` stored with their last two dims swapped, values named in `padded` laid out as at their
+    maximal shape (row strides of a cache view)."""
+    from atlasc.passes.plan_memory import cache_kind
+
     plan = MemoryPlan(symbols=tuple(graph.symbols))
     off = align(8 * max(1, len(plan.symbols)))
     kv_offset = None
     if kv_cache is not None:
         kv_offset = off
         off = align(off + kv_cache.nbytes)
-    kv_out = {n.outputs[0].name: n for n in graph.nodes if n.op == "KVAppend"}
+    kv_out = {o.name: (n.attrs["layer"], cache_kind(n, i)) for n in graph.nodes for i, o in enumerate(n.outputs)
+              if cache_kind(n, i) is not None}
     for v in graph.all_values():
         if v.name in plan.placements:
             continue
@@ -292,11 +296,10 @@ def plan_for(graph: Graph, upper: dict[str, int], kv_cache: np.ndarray | None = 
         up = [S.evaluate(d, upper) for d in v.shape]
         n = int(np.prod(up, dtype=np.int64)) * item
         if v.name in kv_out:
-            node = kv_out[v.name]
-            spec = kv_spec(str(kv_cache.dtype), kv_offset)
-            strides = (KV["kv_heads"] * KV["max_seq"] * KV["head_dim"], KV["max_seq"] * KV["head_dim"],
-                       KV["head_dim"], 1)
-            slot = kv_slot_offset(spec, node.attrs["layer"], node.attrs["kind"])
+            spec = kv_spec(str(kv_cache.dtype), kv_offset, kv)
+            strides = (kv["kv_heads"] * kv["max_seq"] * kv["head_dim"], kv["max_seq"] * kv["head_dim"],
+                       kv["head_dim"], 1)
+            slot = kv_slot_offset(spec, *kv_out[v.name])
             plan.placements[v.name] = Placement("kv_cache", slot, n, strides)
             continue
         strides = None

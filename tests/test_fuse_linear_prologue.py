@@ -1,5 +1,5 @@
 """fuse-linear-prologue: bit-identical decode entries on every decoder fixture, what fires (a Llama
-decode layer in 6 kernels), the row limit that keeps prefill unfused, fusion off, serialization of
+decode layer in 5 kernels), the row limit that keeps prefill unfused, fusion off, serialization of
 the fused ops, and the generated CUDA compiling (sm75 without tensor cores, sm80, sm90)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from atlasc.frontend import import_onnx
 from atlasc.ir import interpret
 from atlasc.ir.program import CompileOptions, Program
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M
+from atlasc.passes.fuse_linear_prologue import ROTARY_ENV
 from atlasc.pipeline import PIPELINES, run_pipeline
 from atlasc.runtime.generate import Sampling
 
@@ -24,13 +25,21 @@ from conftest import FIXTURES
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
 LLAMA_LIKE = [n for n in DECODERS if not n.startswith("gpt2")]
-FUSED_OPS = ("NormLinear", "ElementwiseLinear")
+FUSED_OPS = ("NormLinear", "ElementwiseLinear", "NormLinearQ", "NormLinearRotary")
 
 
 @functools.cache
-def before_after(name: str, max_batch: int = 4, quant: str = "none", zero_points: bool = False):
+def before_after(name: str, max_batch: int = 4, quant: str = "none", zero_points: bool = False,
+                 rotary: str = "auto"):
     """(program before, program after) fuse-linear-prologue: the default pipeline up to it, verified
-    (quantized: int4 with groups of 32, so that the fixtures' K = 64 layers are quantized too)."""
+    (quantized: int4 with groups of 32, so that the fixtures' K = 64 layers are quantized too), with
+    ATLAS_ROTARY_EPILOGUE=rotary."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ROTARY_ENV, rotary)
+        return _before_after(name, max_batch, quant, zero_points)
+
+
+def _before_after(name: str, max_batch: int, quant: str, zero_points: bool):
     names = PIPELINES["default"]
     upto = names[: names.index("fuse-linear-prologue")]
     options = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64, quant=quant, group_size=32,
@@ -57,9 +66,10 @@ def _decode(graph, program, name: str):
     return out, state["kv_cache"]
 
 
+@pytest.mark.parametrize("rotary", ["auto", "1"])
 @pytest.mark.parametrize("name", DECODERS)
-def test_decode_entry_bit_identical(name):
-    program, before, _ = before_after(name)
+def test_decode_entry_bit_identical(name, rotary):
+    program, before, _ = before_after(name, rotary=rotary)
     got, cache_got = _decode(program.entries["decode"], program, name)
     want, cache_want = _decode(before["decode"], program, name)
     assert list(got) == list(want)
@@ -68,20 +78,27 @@ def test_decode_entry_bit_identical(name):
     np.testing.assert_array_equal(cache_got, cache_want)
 
 
+@pytest.mark.parametrize("rotary", ["auto", "1"])
 @pytest.mark.parametrize("name", LLAMA_LIKE)
-def test_llama_decode_layer_is_six_kernels(name):
-    """NormLinear (Q/K/V), QKVRotary, Attention, Linear (o), NormLinear (gate/up + SwiGLU), Linear
-    (down) per layer; the last norm joins the LM head. Prefill keeps its separate norms and SwiGLU."""
-    program, before, record = before_after(name)
+def test_llama_decode_layer_kernels(name, rotary):
+    """With ATLAS_ROTARY_EPILOGUE=1: NormLinearRotary (norm, Q/K/V, rotary, cache append), Attention,
+    Linear (o), NormLinear (gate/up + SwiGLU), Linear (down) per layer, 5 kernels; by default (auto) a float
+    projection keeps QKVRotary after its NormLinear: 6. The last norm joins the LM head. Prefill keeps its
+    separate norms, QKVRotary and SwiGLU."""
+    program, before, record = before_after(name, rotary=rotary)
     layers = program.kv_cache.layers
+    fused = rotary == "1"
     decode = Counter(n.op for n in program.entries["decode"].nodes)
-    assert decode["NormLinear"] == 2 * layers + 1 and decode["Linear"] == 2 * layers, decode  # o, down
+    assert decode["NormLinear"] == (1 if fused else 2) * layers + 1 and decode["Linear"] == 2 * layers, decode
+    assert decode["NormLinearRotary"] == (layers if fused else 0), decode
+    assert decode["QKVRotary"] == (0 if fused else layers), decode
     assert decode["RMSNormalization"] == decode["AddRMSNormalization"] == 0, decode
     assert decode["FusedElementwise"] < Counter(n.op for n in before["decode"].nodes)["FusedElementwise"]
     gated = [n for n in program.entries["decode"].nodes if n.op == "NormLinear" and n.attrs.get("epilogue")]
     assert len(gated) == layers, decode  # SwiGLU on every gate/up projection
-    per_layer = sum(decode[op] for op in ("NormLinear", "ElementwiseLinear", "Linear", "QKVRotary", "Attention"))
-    assert per_layer == 6 * layers + 1, decode
+    per_layer = sum(decode[op] for op in ("NormLinear", "NormLinearRotary", "ElementwiseLinear", "Linear",
+                                          "QKVRotary", "Attention"))
+    assert per_layer == (5 if fused else 6) * layers + 1, decode
     prefill = Counter(n.op for n in program.entries["prefill"].nodes)
     assert not any(prefill[op] for op in FUSED_OPS), prefill
     assert record.applied and any("rows may exceed" in why for why in record.declined.values())
@@ -89,20 +106,24 @@ def test_llama_decode_layer_is_six_kernels(name):
     graph = program.entries["decode"]
     for node in (n for n in graph.nodes if n.op == "NormLinear" and n.inputs[1] is not None):
         assert len(node.outputs) == 2
+    for node in (n for n in graph.nodes if n.op == "NormLinearRotary"):
+        assert len(node.outputs) == (4 if node.inputs[1] is not None else 3)
 
 
 @pytest.mark.parametrize("quant,zero_points", [("int8", False), ("int4", False), ("int4", True), ("fp8", False)])
 def test_quantized_decode_layer(quant, zero_points, monkeypatch):
-    """Quantized projections take the norm and SwiGLU the same way (NormLinearQ, ATLAS_QUANT_PROLOGUE=1):
-    6 kernels per layer, the decode entry bit-identical on the CPU."""
+    """Quantized projections take the norm, SwiGLU and the rotary the same way (NormLinearQ and
+    NormLinearRotary, the default): 5 kernels per layer, the decode entry bit-identical on the CPU."""
     from atlasc.passes.fuse_linear_prologue import QUANT_ENV
 
     name = "llama-fp16"
-    monkeypatch.setenv(QUANT_ENV, "1")
+    monkeypatch.delenv(QUANT_ENV, raising=False)
     program, before, _ = before_after(name, quant=quant, zero_points=zero_points)
     layers = program.kv_cache.layers
     decode = Counter(n.op for n in program.entries["decode"].nodes)
-    assert decode["NormLinearQ"] == 2 * layers + 1 and decode["NormLinear"] == 0, decode
+    assert decode["NormLinearQ"] == layers + 1 and decode["NormLinear"] == 0, decode
+    rotary = [n for n in program.entries["decode"].nodes if n.op == "NormLinearRotary"]
+    assert len(rotary) == layers and all(n.attrs["linear"] != "Linear" for n in rotary), decode
     gated = [n for n in program.entries["decode"].nodes if n.op == "NormLinearQ" and n.attrs.get("epilogue")]
     assert len(gated) == layers
     got, cache_got = _decode(program.entries["decode"], program, name)
@@ -112,12 +133,12 @@ def test_quantized_decode_layer(quant, zero_points, monkeypatch):
     np.testing.assert_array_equal(cache_got, cache_want)
 
 
-def test_quantized_projections_are_opt_in(monkeypatch):
-    """Without ATLAS_QUANT_PROLOGUE=1 quantized projections keep their separate norms (declined with the
+def test_quantized_prologue_can_be_turned_off(monkeypatch):
+    """With ATLAS_QUANT_PROLOGUE=0 quantized projections keep their separate norms (declined with the
     variable's name); the float ones still fuse."""
     from atlasc.passes.fuse_linear_prologue import QUANT_ENV
 
-    monkeypatch.delenv(QUANT_ENV, raising=False)
+    monkeypatch.setenv(QUANT_ENV, "0")
     program, _, record = before_after("llama-fp16", max_batch=3, quant="int8")
     decode = Counter(n.op for n in program.entries["decode"].nodes)
     assert decode["NormLinearQ"] == 0 and decode["AddRMSNormalization"] > 0, decode
@@ -175,8 +196,10 @@ def test_fusion_off_is_a_no_op():
 def test_fused_ops_serialize():
     from atlasc.ir.serialize import decode_attrs, encode_attrs
 
-    program, _, _ = before_after("llama")
-    for node in (n for n in program.entries["decode"].nodes if n.op in FUSED_OPS):
+    program, _, _ = before_after("llama", rotary="1")
+    fused = [n for n in program.entries["decode"].nodes if n.op in FUSED_OPS]
+    assert {n.op for n in fused} == {"NormLinear", "NormLinearRotary"}
+    for node in fused:
         assert decode_attrs(node.op, json.loads(json.dumps(encode_attrs(node.attrs)))) == node.attrs
 
 
@@ -196,3 +219,49 @@ def test_prologue_kernels_compile():
     assert "atlas::linear_quant_mma<__half, 2, 4, 32, " in mod.source and ", true>(xv, " in mod.source
     cubins = compile_cubins(mod.source, ("sm75", "sm90"))
     assert all(cubins.values())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_rotary_prologue_kernels_compile():
+    """The GPU test's NormLinearRotary graphs (float and quantized, full / partial / no rotary; float16 and
+    float32, K = 4096 and 70) compile for sm75 and sm90, their epilogue being LinRotary."""
+    from atlasc.codegen import generate_module
+    from atlasc.codegen.nvcc import compile_cubins
+    from test_codegen_matmul_attention import kv_spec
+    from test_kernels_linear_prologue_gpu import ROT_KV, build_rotary, rotary_plan
+
+    entries = {}
+    for dtype in ("float32", "float16"):
+        for k in (4096, 70):
+            b = build_rotary(dtype, k)
+            graph = b.done()
+            cache = np.zeros((ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"],
+                              ROT_KV["head_dim"]), np.dtype(dtype))
+            plan, kv_offset = rotary_plan(graph, b.upper, cache)
+            mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, kv_spec(dtype, kv_offset, ROT_KV))
+            assert "atlas::LinRotary<" in mod.source and "lin_epi);" in mod.source
+            assert len(mod.launches["run"]) == len(graph.nodes)
+            entries[f"{dtype}_{k}"] = mod.source
+    cubins = compile_cubins(entries["float16_4096"], ("sm75", "sm90"))
+    assert all(cubins.values())
+    assert all(compile_cubins(src, ("sm90",))["sm90"] for key, src in entries.items() if key != "float16_4096")
+
+
+@pytest.mark.parametrize("mode,quant,fused", [("0", "int8", False), ("auto", "none", False), ("1", "none", True)])
+def test_rotary_epilogue_modes(mode, quant, fused):
+    """ATLAS_ROTARY_EPILOGUE: 0 keeps QKVRotary its own kernel even for quantized projections, auto (the
+    default) fuses quantized ones only, 1 float ones too; declined candidates say nothing of it (not a
+    decline: the NormLinear is made either way)."""
+    program, _, _ = before_after("llama", quant=quant, rotary=mode)
+    decode = Counter(n.op for n in program.entries["decode"].nodes)
+    layers = program.kv_cache.layers
+    assert decode["NormLinearRotary"] == (layers if fused else 0), decode
+    assert decode["QKVRotary"] == (0 if fused else layers), decode
+
+
+def test_rotary_epilogue_bad_value_is_a_usage_error(monkeypatch):
+    from atlasc.errors import UsageError
+
+    monkeypatch.setenv(ROTARY_ENV, "yes")
+    with pytest.raises(UsageError, match="ATLAS_ROTARY_EPILOGUE='yes'"):
+        _before_after("llama", 4, "none", False)

@@ -96,14 +96,14 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
         assert counted["Attention"] == layers, counted
         assert counted["Softmax"] == 0
         # one linear layer per projection group: qkv, o, gate/up, down per layer, and the lm head
-        linears = counted["Linear"] + counted["NormLinear"] + counted["ElementwiseLinear"]
+        linears = sum(counted[op] for op in ("Linear", "NormLinear", "ElementwiseLinear", "NormLinearRotary"))
         assert linears == 4 * layers + 1 and counted["MatMul"] == 0, counted
         # no repeat_kv copies of the cache left: only the fused attention reads the KV-cache views
         graph = program.entries[entry]
         for kv in (n for n in graph.nodes if n.op == "KVAppend"):
             assert {u.op for u in graph.users(kv.outputs[0])} <= {"Attention"}, entry
-        for rot in (n for n in graph.nodes if n.op == "QKVRotary"):
-            for present in rot.outputs[1:]:
+        for rot in (n for n in graph.nodes if n.op in ("QKVRotary", "NormLinearRotary")):
+            for present in rot.outputs[1:3]:
                 assert {u.op for u in graph.users(present)} == {"Attention"}, entry
 
 
@@ -111,22 +111,23 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
 def test_decode_layer_is_a_handful_of_kernels(name):
     """QKV split + rotary + cache appends fold into one QKVRotary, the attention writes [B, S, H*D],
     SwiGLU reads the merged gate/up halves in place, reshapes alias: per layer at most 9 launches at
-    prefill, 6 at decode (the norms and SwiGLU run inside the projections)."""
+    prefill, 6 at decode (the norms and SwiGLU run inside the projections; float projections keep
+    QKVRotary by default: tests/test_fuse_linear_prologue.py has the 5-kernel layer)."""
     program = compiled(name, True)
     layers = program.kv_cache.layers
     for entry in ("prefill", "decode"):
         counted = ops(program, entry)
-        assert counted["QKVRotary"] == layers and counted["KVAppend"] == 0, counted
+        assert counted["QKVRotary"] + counted["NormLinearRotary"] == layers and counted["KVAppend"] == 0, counted
+        assert counted["NormLinearRotary"] == 0, counted  # float projections: ATLAS_ROTARY_EPILOGUE=auto
         assert counted["Split"] == 0 and counted["Transpose"] == 0, counted
         graph, plan = program.entries[entry], program.plans[entry]
         launched = [n for n in graph.nodes if plan.needs_kernel(n)]
+        projections = ("Linear", "NormLinear", "ElementwiseLinear", "NormLinearRotary")
         per_layer = Counter(n.op for n in launched if n.op in (
-            "AddRMSNormalization", "Linear", "QKVRotary", "Attention", "FusedElementwise", "NormLinear",
-            "ElementwiseLinear"))
-        # prefill: AddRMSNorm x2, Linear x4, QKVRotary, Attention, SwiGLU; decode: the norms and SwiGLU
-        # inside the projections, 6 (+ the final norm, lm head, and the step's shared rotary/mask
-        # prologue elementwise groups)
-        assert per_layer["Linear"] + per_layer["NormLinear"] + per_layer["ElementwiseLinear"] == 4 * layers + 1
+            "AddRMSNormalization", "QKVRotary", "Attention", "FusedElementwise", *projections))
+        # prefill: AddRMSNorm x2, Linear x4, QKVRotary, Attention, SwiGLU; decode: 6 (+ the final norm, lm
+        # head, and the step's shared rotary/mask prologue elementwise groups)
+        assert sum(per_layer[op] for op in projections) == 4 * layers + 1
         assert sum(per_layer.values()) <= (9 if entry == "prefill" else 6) * layers + 8, per_layer
 
 

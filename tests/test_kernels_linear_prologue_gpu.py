@@ -8,6 +8,9 @@ One graph per dtype, rows m <= 8 (the decode buckets MT 1 .. 8), run at M in {1,
   without the SwiGLU epilogue (float16 K % 128 == 0 / 64 takes quant.cu's tensor-core path reading
   the staged rows from shared memory; float32 and K = 70 its fallback);
 over K in {64, 70, 4096} x N in {8, 1000}: float16 with K % 32 == 0 takes the tensor-core decode,
+and NormLinearRotary (the merged QKV projection with rotary + KV-cache append as its paired epilogue;
+build_rotary: full, partial and no rotary, GQA, bias, float and quantized, rows = batch x seq <= 8 at
+a past > 0; q, both present views and the whole cache afterwards are compared);
 K = 70 is not a multiple of 8 (float16) or 4 (float32): the scalar GEMV. A NormLinear whose input
 `a` is stored K-major (plan_for's `transposed`) takes the scalar path at every K.
 Tolerances as tests/test_kernels_linear_gpu.py (float16 rtol 2e-2, atol 2e-3; float32 rtol 1e-4,
@@ -102,3 +105,92 @@ def test_prologue_linears_match_reference(dtype):
     for m in (1, 2, 3, 5, 8):
         feeds = builder.inputs(rng, {"m": m})
         check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn)
+
+
+# NormLinearRotary: 4 q heads, 2 kv heads of 64 dims (N = 512), one cache layer per node
+ROT_KV = {"layers": 6, "max_batch": 4, "kv_heads": 2, "max_seq": 16, "head_dim": 64}
+ROT_HEADS = {"q_heads": 4, "kv_heads": ROT_KV["kv_heads"], "head_dim": ROT_KV["head_dim"]}
+
+
+def build_rotary(dtype: str, k: int = 4096) -> Builder:
+    """NormLinearRotary over K (rows: batch <= 4 x seq <= 2, past_seq <= 10): float with the residual add and
+    full rotary (cos / sin shared by the batch); float with bias and partial rotary (32 of 64 dims, tables
+    per batch row); float without rotary; int8, int4 (groups of 32, zero points) and FP8 with full rotary."""
+    from atlasc.ir import symbolic as S
+
+    b = Builder(f"rotary_{dtype}", {"batch": (1, ROT_KV["max_batch"]), "seq": (1, 2), "past_seq": (0, 10)})
+    cast = (lambda g: (lambda rng, shape: g(rng, shape).astype(np.dtype(dtype))))
+    n = (ROT_HEADS["q_heads"] + 2 * ROT_HEADS["kv_heads"]) * ROT_HEADS["head_dim"]
+    a, r = b.input("a", dtype, ("batch", "seq", k)), b.input("r", dtype, ("batch", "seq", k))
+    g = b.input("g", dtype, (k,))
+    cos, sin = b.input("cos", dtype, (1, "seq", 64)), b.input("sin", dtype, (1, "seq", 64))
+    cos_b, sin_b = b.input("cos_b", dtype, ("batch", "seq", 32)), b.input("sin_b", dtype, ("batch", "seq", 32))
+    w = b.input("w", dtype, (n, k), gen=cast(_weight(k)))
+    past = S.sym("past_seq")
+
+    def rot(layer, ins, attrs, outputs):
+        b.node("NormLinearRotary", ins, {"epsilon": 1e-5, "linear": "Linear", "layer": layer, "past": past}
+               | ROT_HEADS | attrs, outputs=outputs)
+
+    rot(0, [a, r, g, cos, sin, w], {}, 4)
+    rot(1, [a, None, g, cos_b, sin_b, w, b.input("bias", dtype, (n,))], {}, 3)
+    rot(2, [a, r, g, None, None, w], {}, 4)
+    unit = 1 / np.sqrt(k)
+
+    def codes(lo, hi, dt):
+        return lambda rng, shape: rng.integers(lo, hi, shape).astype(dt)
+
+    def scales(spread):
+        return lambda rng, shape: (rng.uniform(0.5, 1.5, shape) * unit / spread).astype(np.float16)
+
+    q8 = [b.input("q8w", "int8", (n, k), gen=codes(-127, 128, np.int8)),
+          b.input("q8s", "float16", (n,), gen=scales(73))]
+    rot(3, [a, r, g, cos, sin, *q8], {"linear": "LinearQ8"}, 4)
+    if k % 32 == 0:  # int4 groups of 32 (else layer 4 stays as it was)
+        q4 = [b.input("q4w", "uint8", (n, k // 2), gen=codes(0, 256, np.uint8)),
+              b.input("q4s", "float16", (n, k // 32), gen=scales(4.6)), None,
+              b.input("q4z", "uint8", (n, k // 32), gen=codes(0, 16, np.uint8))]
+        rot(4, [a, None, g, cos, sin, *q4], {"linear": "LinearQ4", "group_size": 32}, 3)
+    e4m3 = lambda rng, shape: (rng.integers(0, 0x60, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)  # noqa: E731
+    f8 = [b.input("f8w", "uint8", (n, k), gen=e4m3), b.input("f8s", "float16", (n,), gen=scales(8))]
+    rot(5, [a, r, g, cos, sin, *f8], {"linear": "LinearF8"}, 4)
+    return b
+
+
+def rotary_plan(graph, upper, kv_cache=None):
+    """plan_for with the rotary builder's cache geometry."""
+    return plan_for(graph, upper, kv_cache, kv=ROT_KV)
+
+
+DECODE_ENVS = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 3, "seq": 1, "past_seq": 7},
+               {"batch": 4, "seq": 2, "past_seq": 7})
+
+
+def check_with_cache(builder: Builder, dtype: str, plan_fn, kv: dict, rng) -> None:
+    """Run builder's graph (nodes writing the KV cache of geometry kv) at DECODE_ENVS on the GPU against the
+    reference: every output, the whole cache afterwards, and no cache row outside [past, past + seq) of
+    the batch's rows touched."""
+    graph = builder.done()
+    rtol, atol = TOL[dtype]
+    shape = (kv["layers"], 2, kv["max_batch"], kv["kv_heads"], kv["max_seq"], kv["head_dim"])
+    for env in DECODE_ENVS:
+        cache = rng.uniform(-1, 1, shape).astype(np.dtype(dtype))
+        feeds = builder.inputs(rng, env)
+        state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn,
+                                state=state, state_ref=state_ref, symbols={"past_seq": env["past_seq"]})
+        np.testing.assert_allclose(state["kv_cache"].astype(np.float64), state_ref["kv_cache"].astype(np.float64),
+                                   rtol=rtol, atol=atol)
+        p, n, s = env["past_seq"], env["batch"], env["seq"]
+        untouched = np.ones(shape, bool)
+        untouched[:, :, :n, :, p:p + s] = False
+        np.testing.assert_array_equal(state["kv_cache"][untouched], cache[untouched])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_norm_linear_rotary_matches_reference(dtype):
+    """K = 4096 (float16: the tensor-core paths) and K = 70 (the scalar GEMV and quant.cu's fallback; no int4)
+    at rows 1 .. 8, past 0 and 7: q, the present views and the whole cache (new rows written, nothing else)."""
+    rng = np.random.default_rng(33)
+    for k in (4096, 70):
+        check_with_cache(build_rotary(dtype, k), dtype, rotary_plan, ROT_KV, rng)

@@ -1327,6 +1327,64 @@ def test_qkv_rotary_without_tables(rng):
     np.testing.assert_array_equal(got["pv"][:, :, past:], heads[:, hq + hk:])
 
 
+@covers("NormLinearRotary")
+@pytest.mark.parametrize("linear,rot,add", [("Linear", 8, True), ("Linear", 4, False), ("LinearQ8", 8, True),
+                                            ("Linear", 0, True)])
+def test_norm_linear_rotary(rng, linear, rot, add):
+    """NormLinearRotary = (Add)RMSNormalization, the QKV projection (float or quantized), QKVRotary (full,
+    partial or no rotary): q, the presents, the sum and the cache equal the three nodes run in turn."""
+    from atlasc.passes.quantize import quantize_int8
+
+    hq, hk, d, batch, seq, past, k = 4, 2, 8, 2, 1, 3, 16
+    n = (hq + 2 * hk) * d
+    b, s_, p_ = S.sym("batch"), S.sym("seq"), S.sym("past_seq")
+    a, r, gamma = (rand(rng, shape, F32) for shape in ((batch, seq, k), (batch, seq, k), (k,)))
+    w = (rng.standard_normal((n, k)) / 4).astype(F32)
+    cos, sin = rand(rng, (1, seq, max(rot, 1)), F32)[..., :rot], rand(rng, (1, seq, max(rot, 1)), F32)[..., :rot]
+    va, vr, vg = Value("a", "float32", (b, s_, k)), Value("r", "float32", (b, s_, k)), Value("g", "float32", (k,))
+    vc, vs = Value("cos", "float32", (1, s_, rot)), Value("sin", "float32", (1, s_, rot))
+    tables = [vc, vs] if rot else []
+    if linear == "Linear":
+        proj, lin_attrs = [constant("w", w)], {}
+    else:
+        wq, scale = quantize_int8(w)
+        proj, lin_attrs = [constant("wq", wq), constant("scale", scale)], {}
+    heads = {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": 1, "past": p_}
+    q, pk, pv = Value("q", "float32", (b, hq, s_, d)), *(Value(x, "float32", (b, hk, S.add(p_, s_), d))
+                                                         for x in ("pk", "pv"))
+    sum_v = Value("s", "float32", (b, s_, k))
+    outs = [q, pk, pv] + ([sum_v] if add else [])
+    graphs = {}
+    for kind in ("fused", "unfused"):
+        g = Graph(kind)
+        g.symbols = {"batch": SymbolInfo(1), "seq": SymbolInfo(1), "past_seq": SymbolInfo(0)}
+        g.inputs = [va, vr, vg] + tables
+        x, y = Value("x", "float32", (b, s_, k)), Value("y", "float32", (b, s_, n))
+        if kind == "fused":
+            attrs = {"epsilon": 1e-5, "linear": linear} | heads
+            g.nodes = [Node("NormLinearRotary", [va, vr if add else None, vg, *(tables or [None, None]), *proj],
+                            outs, attrs)]
+        else:
+            norm = (Node("AddRMSNormalization", [va, vr, vg], [x, sum_v], {"epsilon": 1e-5}) if add
+                    else Node("RMSNormalization", [va, vg], [x], {"epsilon": 1e-5}))
+            g.nodes = [norm, Node(linear, [x, *proj], [y], lin_attrs),
+                       Node("QKVRotary", [y, *tables], [q, pk, pv], heads)]
+        g.outputs = outs
+        verify(g)
+        graphs[kind] = g
+    feed = {"a": a, "r": r, "g": gamma} | ({"cos": cos, "sin": sin} if rot else {})
+    cache = rand(rng, (2, 2, 3, hk, 8, d), F32)
+    results = {}
+    for kind, g in graphs.items():
+        state = {"kv_cache": cache.copy()}
+        results[kind] = (interpret(g, feed, state=state, symbols={"past_seq": past}), state["kv_cache"])
+    (got, cache_got), (want, cache_want) = results["fused"], results["unfused"]
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
+    assert not np.array_equal(cache_got, cache)
+
+
 # -- coverage --------------------------------------------------------------------------------
 
 

@@ -10,7 +10,12 @@
   `n_in` = n.
 
 - `NormLinearQ(a, b | None, g, wq, scale[, bias[, zero]])`: NormLinear with the quantized projection
-  named by the attribute `linear` (LinearQ8, LinearQ4 with `group_size`, LinearF8), same epilogue.
+  named by the attribute `linear` (LinearQ8 with `act`, LinearQ4 with `group_size` and `act`, LinearF8), same epilogue.
+- `NormLinearRotary(a, b | None, g, cos | None, sin | None, <projection inputs after x>)`: the merged QKV
+  projection of a NormLinear (attribute `linear` = Linear) or NormLinearQ (a quantized op) with QKVRotary
+  as its epilogue: outputs (q, present_k, present_v) or, with b, (q, present_k, present_v, s); attributes
+  those of both (epsilon, linear, group_size, q_heads, kv_heads, head_dim, layer, past). Stateful: it
+  writes the layer's new keys and values into the KV cache as QKVRotary does.
 
 Shape rules and references are those of the two ops composed (the references call the registered
 ones), so a fused pair computes bit-identically to the pair it replaced on the CPU. The pass
@@ -132,7 +137,8 @@ def _q_parts(ins: list, attrs: dict) -> tuple[list, list, str, dict]:
     rest = list(ins[3:])
     while rest and rest[-1] is None:  # an omitted trailing bias
         rest.pop()
-    return norm, rest, op, ({"group_size": attrs["group_size"]} if op == "LinearQ4" else {})
+    lin_attrs = {"act": attrs["act"]} if op in ("LinearQ4", "LinearQ8") else {}
+    return norm, rest, op, lin_attrs | ({"group_size": attrs["group_size"]} if op == "LinearQ4" else {})
 
 
 def _norm_linear_q_infer(ins, attrs):
@@ -159,7 +165,55 @@ def _norm_linear_q_ref(ins, attrs):
 
 register("NormLinearQ", inputs=(5, 7), outputs=(1, 2), kind="opaque",
          attrs={"epsilon": Attr("float"), "linear": Attr("str"), "group_size": Attr("int", 0),
-                "epilogue": Attr("any", ()), "gate_input": Attr("int", 0)},
+                "act": Attr("str", ""), "epilogue": Attr("any", ()), "gate_input": Attr("int", 0)},
          infer=_norm_linear_q_infer, reference=_norm_linear_q_ref,
          doc="NormLinear with a quantized projection: inputs (a, b | None, g, then the projection's inputs "
              "after x: wq, scale[, bias[, zero]]), attribute linear = LinearQ8 / LinearQ4 / LinearF8")
+
+
+# -- NormLinearRotary: the QKV projection with rotary and the KV-cache append as its epilogue -----------
+ROTARY_ATTRS = ("q_heads", "kv_heads", "head_dim", "layer", "past")
+
+
+def _rot_parts(ins: list, attrs: dict) -> tuple[str, list, dict, list]:
+    """(inner op, its inputs, its attributes, QKVRotary's table inputs) of a NormLinearRotary."""
+    a, b, g, cos, sin = ins[:5]
+    rest = list(ins[5:])
+    while rest and rest[-1] is None:
+        rest.pop()
+    inner = {"epsilon": attrs["epsilon"]}
+    if attrs["linear"] == "Linear":
+        op = "NormLinear"
+    else:
+        op = "NormLinearQ"
+        inner |= {"linear": attrs["linear"], "group_size": attrs["group_size"], "act": attrs["act"]}
+    return op, [a, b, g, *rest], OPS[op].fill_attrs(inner), ([] if cos is None else [cos, sin])
+
+
+def _rot_attrs(attrs: dict) -> dict:
+    return OPS["QKVRotary"].fill_attrs({k: attrs[k] for k in ROTARY_ATTRS})
+
+
+def _norm_linear_rotary_infer(ins, attrs):
+    if (ins[3] is None) != (ins[4] is None):
+        raise ShapeError("NormLinearRotary: give both cos and sin, or neither (no rotary)")
+    op, inner_ins, inner_attrs, tables = _rot_parts(ins, attrs)
+    y = OPS[op].infer(inner_ins, inner_attrs)
+    return OPS["QKVRotary"].infer([y[0], *tables], _rot_attrs(attrs)) + y[1:]
+
+
+def _norm_linear_rotary_ref(ins, attrs, state):
+    op, inner_ins, inner_attrs, tables = _rot_parts(ins, attrs)
+    y = OPS[op].reference(inner_ins, inner_attrs)
+    return OPS["QKVRotary"].reference([y[0], *tables], _rot_attrs(attrs), state) + list(y[1:])
+
+
+register("NormLinearRotary", inputs=(6, 9), outputs=(3, 4), kind="opaque", stateful=True,
+         attrs={"epsilon": Attr("float"), "linear": Attr("str"), "group_size": Attr("int", 0),
+                "act": Attr("str", ""), "q_heads": Attr("int"), "kv_heads": Attr("int"), "head_dim": Attr("int"),
+                "layer": Attr("int"),
+                "past": Attr("dim")},
+         infer=_norm_linear_rotary_infer, reference=_norm_linear_rotary_ref,
+         doc="NormLinear / NormLinearQ on the merged QKV projection with QKVRotary as its epilogue: inputs "
+             "(a, b | None, g, cos | None, sin | None, then the projection's inputs after x); outputs "
+             "q, present_k, present_v (and the sum with b)")

@@ -11,6 +11,16 @@
 References dequantize exactly in float32 (an int times a float16 scale is exact in float32), then
 compute x.astype(float32) @ w^T (+ bias in float32) and round once to x's dtype, as Linear does.
 x and bias are float32 or float16 (the same dtype); the scales are always float16.
+
+LinearQ4 with the attribute act = "int8" (W4A8, the decode path of choose-int4-path) also quantizes
+x per row: amax = max |x|, x_q = clip(rint(x * (127 / amax)), -127, 127) (float32 product and quotient,
+round half to even), s_x = amax / 127; each group's dot product sum_k x_q[k] * (nibble[k] - z) is
+exact in int32 (the kernel's dp4a: unsigned nibbles times signed int8 bytes, minus z times the group's
+sum of x_q), and y = s_x * sum_g dot_g * scale_g (+ bias), the group sum in float64 here (the kernel
+adds in float32 in its own order: equal within float32 rounding), rounded once to x's dtype.
+LinearQ8 with act = "int8" (W8A8) quantizes x the same way; its dot product over the whole row is exact
+in int32 and y = float32(float32(dot) * scale[n]) * s_x (+ bias), each step rounded to float32: the
+kernel computes exactly this (bit-identical before the rounding to x's dtype).
 """
 
 from __future__ import annotations
@@ -115,6 +125,8 @@ def _per_channel_infer(op: str, wq_dtype: str, what: str):
         wq, scale = ins[1], ins[2]
         if wq.dtype != wq_dtype:
             raise ShapeError(f"{op}: wq must be {what}, got {wq.dtype}")
+        if attrs.get("act", "") not in ("", "int8"):
+            raise ShapeError(f"{op}: act must be '' (float activations) or 'int8', got {attrs['act']!r}")
         if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
             raise ShapeError(f"{op}: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
         return _common(ins, op, wq.shape[1] if len(wq.shape) == 2 else None)
@@ -131,6 +143,8 @@ def _q4_infer(ins, attrs):
         raise ShapeError(f"LinearQ4: wq must be [N, K/2], got rank {len(wq.shape)}")
     if g < 2 or g % 2:
         raise ShapeError(f"LinearQ4: group_size must be even and >= 2, got {g}")
+    if attrs.get("act", "") not in ("", "int8"):
+        raise ShapeError(f"LinearQ4: act must be '' (float activations) or 'int8', got {attrs['act']!r}")
     k = 2 * wq.shape[1]
     if k % g:
         raise ShapeError(f"LinearQ4: group_size {g} does not divide K = {k}")
@@ -145,6 +159,82 @@ def _q4_infer(ins, attrs):
     return _common(ins, "LinearQ4", k)
 
 
+def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x_q int8 [.., K], s_x float32 [..]): x's rows quantized symmetrically to [-127, 127] (W4A8)."""
+    xf = np.asarray(x, np.float32)
+    amax = np.max(np.abs(xf), axis=-1)
+    safe = np.where(amax > 0, amax, np.float32(1))
+    inv = np.where(amax > 0, np.float32(127) / safe, np.float32(0)).astype(np.float32)
+    xq = np.clip(np.rint(xf * inv[..., None]), -127, 127).astype(np.int8)
+    return xq, (amax / np.float32(127)).astype(np.float32)
+
+
+def w4a8_group_dots(xq: np.ndarray, packed: np.ndarray, group_size: int, zero: np.ndarray | None = None) -> np.ndarray:
+    """int64 [M, N, K/G]: sum over each group of x_q[m, k] * (nibble[n, k] - z[n, g]) (z = 8 without zero
+    points), exactly; x_q int8 [M, K], packed uint8 [N, K/2]."""
+    nib = (unpack_int4(packed).astype(np.int64) + 8)  # the unsigned codes
+    m, k = xq.shape
+    n, g = nib.shape[0], k // group_size
+    x = xq.astype(np.int64).reshape(m, g, group_size)
+    dots = np.einsum("mgk,ngk->mng", x, nib.reshape(n, g, group_size))
+    z = np.full((n, g), 8, np.int64) if zero is None else np.asarray(zero, np.int64)
+    return dots - z[None] * x.sum(axis=-1)[:, None, :]
+
+
+def w4a8_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, group_size: int, bias=None,
+                zero: np.ndarray | None = None) -> np.ndarray:
+    """LinearQ4 with act = "int8" (see the module docstring), rounded once to x's dtype."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, sx = quantize_rows_int8(x.reshape(-1, k))
+    n = packed.shape[0]
+    y = np.empty((xq.shape[0], n), np.float32)
+    step = max(1, REF_CHUNK_ROWS)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        dots = w4a8_group_dots(xq, packed[r0:r1], group_size, None if zero is None else zero[r0:r1])
+        y[:, r0:r1] = (np.einsum("mng,ng->mn", dots.astype(np.float64), scale[r0:r1].astype(np.float64))
+                       * sx[:, None].astype(np.float64)).astype(np.float32)
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)
+    return y.reshape(lead + (n,)).astype(x.dtype)
+
+
+def w8a8_matmul(x: np.ndarray, wq: np.ndarray, scale: np.ndarray, bias=None) -> np.ndarray:
+    """LinearQ8 with act = "int8" (see the module docstring), rounded once to x's dtype."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, sx = quantize_rows_int8(x.reshape(-1, k))
+    n = wq.shape[0]
+    y = np.empty((xq.shape[0], n), np.float32)
+    xi = xq.astype(np.int64)
+    for r0 in range(0, n, REF_CHUNK_ROWS):
+        r1 = min(n, r0 + REF_CHUNK_ROWS)
+        dots = xi @ np.asarray(wq[r0:r1], np.int64).T
+        y[:, r0:r1] = (dots.astype(np.float32) * scale[r0:r1].astype(np.float32)) * sx[:, None]
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)
+    return y.reshape(lead + (n,)).astype(x.dtype)
+
+
+ACT8_MAX_M = 8  # rows the int8-activation kernels (codegen/act_int8.cu) stage per block
+
+
+def act8_why_not(bits: int, group: int, k, m_upper: int) -> str | None:
+    """Why the int8-activation kernel cannot serve this projection (None: it can)."""
+    if m_upper > ACT8_MAX_M:
+        return f"its rows may exceed {ACT8_MAX_M} (prefill, or --max-batch above {ACT8_MAX_M})"
+    step = 32 if bits == 4 else 16  # k per 16-byte chunk
+    if not isinstance(k, int) or k % step:
+        return f"K = {k} is not a static multiple of {step}"
+    if bits == 4:
+        lanes = group // 32
+        if group % 32 or lanes > 32 or lanes & (lanes - 1):
+            return f"group size {group} is not 32 x a power of two up to 1024"
+    return None
+
+
+REF_CHUNK_ROWS = 1024  # weight rows per step of w4a8_matmul (its int64 products stay ~M x 1024 x K / G)
+
+
 def _reference(op: str):
     """x @ dequant(W)^T (+ bias) in float32, dequantized a block of rows at a time, rounded once."""
 
@@ -154,6 +244,10 @@ def _reference(op: str):
         zero = ins[4] if len(ins) > 4 else None
         g = int(attrs.get("group_size", 128))
         k = 2 * wq.shape[1] if op == "LinearQ4" else wq.shape[1]
+        if op == "LinearQ4" and attrs.get("act") == "int8":
+            return [w4a8_matmul(x, wq, s, g, bias, zero)]
+        if op == "LinearQ8" and attrs.get("act") == "int8":
+            return [w8a8_matmul(x, wq, s, bias)]
 
         def rows(r0, r1):
             return dequant(op, wq[r0:r1], s[r0:r1], g, None if zero is None else zero[r0:r1])
@@ -163,16 +257,18 @@ def _reference(op: str):
     return ref
 
 
-register("LinearQ8", inputs=(3, 4), kind="opaque", infer=_per_channel_infer("LinearQ8", "int8", "int8"),
-         reference=_reference("LinearQ8"),
-         doc="x @ (wq int8 [N, K] * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
+register("LinearQ8", inputs=(3, 4), attrs={"act": Attr("str", "")}, kind="opaque",
+         infer=_per_channel_infer("LinearQ8", "int8", "int8"), reference=_reference("LinearQ8"),
+         doc="x @ (wq int8 [N, K] * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding; "
+             "act = int8: x quantized per row, exact int32 dot (W8A8)")
 register("LinearF8", inputs=(3, 4), kind="opaque",
          infer=_per_channel_infer("LinearF8", "uint8", "uint8 (E4M3 codes)"), reference=_reference("LinearF8"),
          doc="x @ (E4M3(wq uint8 [N, K]) * scale[N])^T (+ bias); float32 dequant and accumulation, one rounding")
-register("LinearQ4", inputs=(3, 5), attrs={"group_size": Attr("int", 128)}, kind="opaque", infer=_q4_infer,
+register("LinearQ4", inputs=(3, 5), attrs={"group_size": Attr("int", 128), "act": Attr("str", "")}, kind="opaque",
+         infer=_q4_infer,
          reference=_reference("LinearQ4"),
          doc="x @ (((int4 nibbles of wq [N, K/2]) - 8 or - zero[N, K/group]) * scale[N, K/group])^T (+ bias); "
-             "float32, one rounding")
+             "float32, one rounding; act = int8: x quantized per row, exact int32 group dots (W4A8)")
 
 
 # -- DequantizeLinear (ONNX opset 21, constants only: a pre-quantized export's weights) --------------

@@ -1,0 +1,192 @@
+"""Int8 activations at decode: W4A8 (LinearQ4 with act = "int8": the reference's exact integer part
+against an emulation of act_int8.cu's dp4a layout, hypothesis) and W8A8 (LinearQ8), the activation
+quantization, the error against float activations, choose-decode-path (ATLAS_INT4_PATH /
+ATLAS_INT8_PATH), and the kernels compiling for sm75 and sm90."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atlasc.ir.ops.quant import (dequant_q4, dequant_q8, quantize_rows_int8, w4a8_group_dots, w4a8_matmul,
+                                 w8a8_matmul)
+from atlasc.passes.quantize import quantize_int4, quantize_int8
+
+
+def emulate_dp4a(xq: np.ndarray, packed: np.ndarray, group: int, zero: np.ndarray | None) -> np.ndarray:
+    """int64 [M, N, K/G] the way linear_w4a8 computes it: x_q as int8 words (word 2j: the even k of weight
+    word j, 2j + 1 the odd ones), each 16-byte chunk's 4 weight words split into low / high nibble bytes,
+    unsigned x signed byte products (dp4a.u32.s32), minus z times the chunk's sum of x_q, then the G / 32
+    chunks (lanes) of a group added (the shuffles)."""
+    m, k = xq.shape
+    n = packed.shape[0]
+    words = packed.view(np.uint32).reshape(n, k // 8)  # little-endian: byte b of word j = packed[8j/2 + b]
+    xb = xq.astype(np.int64).reshape(m, k // 8, 8)
+    x_even, x_odd = xb[:, :, 0::2], xb[:, :, 1::2]  # the bytes of words 2j and 2j + 1
+    lo = np.stack([(words >> (8 * b)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    hi = np.stack([(words >> (8 * b + 4)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    dot_words = np.einsum("mjb,njb->mnj", x_even, lo) + np.einsum("mjb,njb->mnj", x_odd, hi)
+    chunk_dot = dot_words.reshape(m, n, k // 32, 4).sum(-1)  # a lane's 4 words = 32 k
+    chunk_xs = xb.reshape(m, k // 32, 32).sum(-1)
+    lanes = group // 32
+    z = np.full((n, k // group), 8, np.int64) if zero is None else zero.astype(np.int64)
+    z_chunk = np.repeat(z, lanes, axis=1)
+    per_chunk = chunk_dot - z_chunk[None] * chunk_xs[:, None, :]
+    return per_chunk.reshape(m, n, k // group, lanes).sum(-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 12), st.sampled_from([32, 64, 128, 256]), st.integers(1, 4),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_dp4a_emulation_equals_the_exact_group_dots(m, n, group, groups, zp, seed):
+    rng = np.random.default_rng(seed)
+    k = group * groups
+    xq = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    packed = rng.integers(0, 256, (n, k // 2)).astype(np.uint8)
+    zero = rng.integers(0, 16, (n, groups)).astype(np.uint8) if zp else None
+    want = w4a8_group_dots(xq, packed, group, zero)
+    np.testing.assert_array_equal(emulate_dp4a(xq, packed, group, zero), want)
+    assert np.abs(want).max() < 2**31  # int32 accumulation cannot overflow
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 300), st.floats(1e-3, 1e3), st.integers(0, 2**31 - 1))
+def test_activation_quantization(rows, k, spread, seed):
+    """|x_q| <= 127, each nonzero row reaches 127, x = x_q * s_x within half a step; zero rows give 0."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * spread).astype(np.float16)
+    x[0] = 0
+    xq, sx = quantize_rows_int8(x)
+    assert xq.dtype == np.int8 and sx.dtype == np.float32 and np.abs(xq.astype(int)).max() <= 127
+    assert sx[0] == 0 and not xq[0].any()
+    for r in range(1, rows):
+        if np.abs(x[r]).max() > 0:
+            assert np.abs(xq[r].astype(int)).max() == 127
+            err = np.abs(x[r].astype(np.float64) - xq[r].astype(np.float64) * sx[r])
+            assert err.max() <= sx[r] * 0.5 * (1 + 1e-5)
+
+
+def test_w4a8_close_to_the_w4a16_projection():
+    """The activation quantization adds ~0.3% relative error on Gaussian rows (K = 1024, g128)."""
+    rng = np.random.default_rng(3)
+    k, n = 1024, 64
+    w = (rng.standard_normal((n, k)) / 32).astype(np.float16)
+    packed, scale = quantize_int4(w, 128)
+    x = rng.standard_normal((3, 1, k)).astype(np.float16)
+    bias = rng.standard_normal(n).astype(np.float16)
+    got = w4a8_matmul(x, packed, scale, 128, bias).astype(np.float64)
+    want = (x.astype(np.float64) @ dequant_q4(packed, scale, 128).T.astype(np.float64)) + bias
+    assert got.shape == (3, 1, n)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert rel < 1e-2, rel
+
+
+def test_w8a8_is_the_exact_dot_scaled_in_float32():
+    """W8A8 = float32(float32(int dot) * scale) * s_x (+ bias): what linear_w8a8 computes step by step; and
+    close to the float-activation projection."""
+    rng = np.random.default_rng(5)
+    k, n = 512, 48
+    w = (rng.standard_normal((n, k)) / 16).astype(np.float16)
+    wq, scale = quantize_int8(w)
+    x = rng.standard_normal((2, 1, k)).astype(np.float32)
+    got = w8a8_matmul(x, wq, scale)
+    xq, sx = quantize_rows_int8(x.reshape(2, k))
+    dots = xq.astype(np.int64) @ wq.astype(np.int64).T
+    assert np.abs(dots).max() < 2**31
+    want = ((dots.astype(np.float32) * scale.astype(np.float32)) * sx[:, None]).astype(np.float32)
+    np.testing.assert_array_equal(got.reshape(2, n), want)
+    ref = x.reshape(2, k).astype(np.float64) @ dequant_q8(wq, scale).T.astype(np.float64)
+    assert np.linalg.norm(got.reshape(2, n) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def _compiled(monkeypatch, path: str, max_batch: int = 4, group: int = 32, quant: str = "int4"):
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import PIPELINES, run_pipeline
+
+    from conftest import FIXTURES
+
+    monkeypatch.setenv("ATLAS_INT4_PATH" if quant == "int4" else "ATLAS_INT8_PATH", path)
+    names = PIPELINES["default"]
+    options = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64, quant=quant, group_size=group)
+    program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
+    program, report = run_pipeline(program, names[: names.index("schedule")], verify_each=True)
+    return program, report
+
+
+def _int4_nodes(graph, op: str = "LinearQ4"):
+    return [n for n in graph.nodes if n.op == op or n.attrs.get("linear") == op]
+
+
+@pytest.mark.parametrize("quant,op,paths", [("int4", "LinearQ4", ("w4a8", "w4a16")),
+                                            ("int8", "LinearQ8", ("w8a8", "w8a16"))])
+def test_choose_decode_path_marks_decode_only(monkeypatch, quant, op, paths):
+    """ATLAS_INT4_PATH=w4a8 / ATLAS_INT8_PATH=w8a8: every int4 / int8 projection of the decode entry (rows
+    <= 8) gets act = int8, the prefill's keep float activations; the decode entry then stays close to
+    its float-activation twin."""
+    from test_fuse_linear_prologue import _decode
+
+    w4a8, report = _compiled(monkeypatch, paths[0], quant=quant)
+    w4a16, _ = _compiled(monkeypatch, paths[1], quant=quant)
+    decode = _int4_nodes(w4a8.entries["decode"], op)
+    assert decode and all(n.attrs["act"] == "int8" for n in decode)
+    assert all(n.attrs.get("act", "") == "" for n in _int4_nodes(w4a8.entries["prefill"], op))
+    assert all(n.attrs.get("act", "") == "" for g in w4a16.entries.values() for n in _int4_nodes(g, op))
+    record = next(r for r in report.records if r.name == "choose-decode-path")
+    assert sum(record.applied.values()) == len(decode)
+    assert any("rows may exceed" in why for why in record.declined.values())  # the prefill's
+    got, _ = _decode(w4a8.entries["decode"], w4a8, "llama-fp16")
+    want, _ = _decode(w4a16.entries["decode"], w4a16, "llama-fp16")
+    logits = next(k for k in want if "logits" in k)
+    a, b = got[logits].astype(np.float64).ravel(), want[logits].astype(np.float64).ravel()
+    assert not np.array_equal(a, b)  # the activations were quantized
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+
+
+def test_choose_decode_path_declines_with_reasons(monkeypatch):
+    """More than 8 rows, or a group size the dp4a layout cannot split: W4A16 stays, and -vv says why."""
+    program, report = _compiled(monkeypatch, "w4a8", max_batch=16)
+    assert all(n.attrs.get("act", "") == "" for g in program.entries.values() for n in _int4_nodes(g))
+    record = next(r for r in report.records if r.name == "choose-decode-path")
+    assert not record.applied and record.declined
+    _, report = _compiled(monkeypatch, "w4a8", group=16)
+    record = next(r for r in report.records if r.name == "choose-decode-path")
+    assert any("group size 16" in why for why in record.declined.values())
+
+
+def test_bad_decode_path_is_a_usage_error(monkeypatch):
+    from atlasc.errors import UsageError
+
+    with pytest.raises(UsageError, match="ATLAS_INT4_PATH='w4a4'"):
+        _compiled(monkeypatch, "w4a4")
+    monkeypatch.delenv("ATLAS_INT4_PATH")
+    with pytest.raises(UsageError, match="ATLAS_INT8_PATH='w4a8'"):
+        _compiled(monkeypatch, "w4a8", quant="int8")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_act_int8_kernels_compile():
+    """The GPU test's graphs (plain LinearQ4 / LinearQ8, NormLinearQ with SwiGLU, NormLinearRotary; zero
+    points; float16 and float32 x) compile for sm75 and sm90, every node quantizing its x first."""
+    from atlasc.codegen import generate_module
+    from atlasc.codegen.nvcc import compile_cubins
+
+    from test_codegen_matmul_attention import kv_spec
+    from test_kernels_act_int8_gpu import KV_SHAPE, ROT_KV, build_act8, act8_plan
+
+    for dtype in ("float16", "float32"):
+        b = build_act8(dtype)
+        graph = b.done()
+        plan, kv_offset = act8_plan(graph, b.upper, np.zeros(KV_SHAPE, np.dtype(dtype)))
+        mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, kv_spec(dtype, kv_offset, ROT_KV))
+        assert mod.source.count("atlas::act8_quantize<") == len(graph.nodes)
+        assert "atlas::linear_w4a8<" in mod.source and "atlas::linear_w8a8<" in mod.source
+        ops = Counter(n.op for n in graph.nodes)
+        assert ops["LinearQ4"] and ops["LinearQ8"] and ops["NormLinearQ"] == 2 and ops["NormLinearRotary"] == 2
+        cubins = compile_cubins(mod.source, ("sm75", "sm90") if dtype == "float16" else ("sm90",))
+        assert all(cubins.values())
