@@ -148,11 +148,17 @@ DECODE_BATCH_BUCKETS = (1, 8)
 
 
 def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{"decode": (batch symbol, DECODE_BATCH_BUCKETS)} for decoders, else {}: see generate_module."""
+    """{"decode": (batch symbol, DECODE_BATCH_BUCKETS)} for decoders, else {}: see generate_module. With
+    split-decode's `decode_small` the small batches run there: it gets the buckets below its bound and
+    `decode` none (it serves only the larger batches)."""
     batch = program.roles.get("batch")
     if program.kind != "decoder" or "decode" not in program.entries or not batch:
         return {}
-    return {"decode": (batch, DECODE_BATCH_BUCKETS)}
+    small = next((name for name, (wide, _) in program.narrows.items() if wide == "decode"), None)
+    if small is None:
+        return {"decode": (batch, DECODE_BATCH_BUCKETS)}
+    below = tuple(b for b in DECODE_BATCH_BUCKETS if b < program.bounds[small][batch])
+    return {small: (batch, below)} if below else {}
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:
@@ -222,7 +228,8 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
     weights_img = WeightsImage(regions["weights"].nbytes, pieces)
     entries = {}
     for name, graph in program.entries.items():
-        entries[name] = _entry_spec(name, graph, plans[name], module.launches[name], program.bindings.get(name, {}))
+        entries[name] = _entry_spec(name, graph, plans[name], module.launches[name], program.bindings.get(name, {}),
+                                    program.narrows.get(name))
     upper_all: dict[str, int] = {}
     for bounds in program.bounds.values():
         for s, u in bounds.items():
@@ -270,7 +277,8 @@ def _decoder_io(program: Program) -> dict:
             "logits": logits}
 
 
-def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: dict) -> EntrySpec:
+def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: dict,
+                narrows: tuple[str, dict[str, int]] | None = None) -> EntrySpec:
     values = []
     seen = set()
     for v in graph.all_values():
@@ -294,8 +302,9 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
         variants = tuple(VariantSpec(v.upto, v.kernel, tuple(v.grid), tuple(v.block), v.smem) for v in launch.variants)
         nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), launch.kernel,
                               tuple(launch.grid), tuple(launch.block), launch.smem, launch.symbol, variants))
+    wide, upper = narrows or ("", {})
     return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
-                     dict(bindings), tuple(values), tuple(nodes))
+                     dict(bindings), tuple(values), tuple(nodes), wide, dict(upper))
 
 
 def upper_bound(d, program: Program, entry: str) -> int:

@@ -33,6 +33,8 @@ from atlasc.passes.plan_memory import plan_memory
 from atlasc.passes.quantize import quantize
 from atlasc.passes.rewrite import RewriteStats
 from atlasc.passes.schedule import schedule
+from atlasc.passes.simplify_decode_mask import simplify_decode_mask
+from atlasc.passes.split_decode import split_decode
 
 PassFn = Callable[[Program], tuple[Program, RewriteStats]]
 
@@ -51,6 +53,8 @@ PASSES: dict[str, PassFn] = {
     "merge-linear": merge_linear,
     "quantize": quantize,
     "schedule": schedule,
+    "simplify-decode-mask": simplify_decode_mask,
+    "split-decode": split_decode,
     "plan-memory": plan_memory,
 }
 
@@ -70,8 +74,10 @@ PIPELINES: dict[str, list[str]] = {
         # before fuse-elementwise, which would absorb the scale and NaN-guard ops the pattern reads
         "fuse-attention",
         "fuse-rotary",
+        "simplify-decode-mask",
         "dce",
         "fuse-elementwise",
+        "split-decode",
         "fuse-linear-prologue",
         "choose-decode-path",
         "schedule",

@@ -145,6 +145,7 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
         else:
             feeds[spec.name] = np.zeros(shape, np.dtype(spec.dtype))
     model.write_inputs(entry, feeds, {roles.get("past", "past_seq"): past})
+    e = m.entries[model.routed.get(entry, entry)]  # the narrower twin (decode_small) when it serves the batch
     cuda = model.dev.cuda
     values = {v.name: v for v in e.values}
     weights = {w.name: w for w in m.weights}

@@ -19,7 +19,7 @@ import numpy as np
 
 from atlasc.artifact import Artifact
 from atlasc.errors import InputError
-from atlasc.runtime.bind import bind_entry, output_shape
+from atlasc.runtime.bind import bind_entry, output_shape, route_entry
 from atlasc.runtime.cudagraph import PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
@@ -51,6 +51,7 @@ class GpuModel:
         self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}
         self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, node)], built on first use
         self.last_env = {}  # entry -> the symbol values of its latest write_inputs
+        self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (route_entry)
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.module, kernels)
@@ -115,7 +116,9 @@ class GpuModel:
 
     def enqueue(self, entry: str) -> None:
         """Issue the entry's kernels for the symbol values of its latest write_inputs on the stream
-        (replaying the graph captured for their bucket when graphs are enabled)."""
+        (replaying the graph captured for their bucket when graphs are enabled); the entry that call was
+        routed to (route_entry) when it has a narrower twin."""
+        entry = self.routed.get(entry, entry)
         key, launches = self.schedule(entry, self.last_env.get(entry, {}))
         if not self.cuda_graphs:
             self._launch_all(launches)
@@ -134,6 +137,11 @@ class GpuModel:
         graph.launch()
 
     def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
+        """Bind and upload one call's inputs and symbols for `entry_name`, or for the narrower twin that
+        serves the call (route_entry; enqueue then runs that one); returns the symbol values."""
+        called = entry_name
+        entry_name = route_entry(self.manifest, entry_name, inputs, symbols, self.bounds)
+        self.routed[called] = entry_name
         entry = self.manifest.entries.get(entry_name)
         if entry is None:
             raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
@@ -152,7 +160,7 @@ class GpuModel:
         env = self.write_inputs(entry_name, inputs, symbols or {})
         self.enqueue(entry_name)
         out = {}
-        for spec in self.manifest.entries[entry_name].outputs:
+        for spec in self.manifest.entries[self.routed.get(entry_name, entry_name)].outputs:
             if outputs is not None and spec.name not in outputs:
                 continue
             shape = output_shape(spec, env)

@@ -149,11 +149,14 @@ def test_choose_decode_path_marks_decode_only(monkeypatch, quant, op, paths):
 
 
 def test_choose_decode_path_declines_with_reasons(monkeypatch):
-    """More than 8 rows, or a group size the dp4a layout cannot split: W4A16 stays, and -vv says why."""
+    """More than 8 rows (prefill, and decode with --max-batch 16 where only split-decode's decode_small
+    changes), or a group size the dp4a layout cannot split: W4A16 stays, and -vv says why."""
     program, report = _compiled(monkeypatch, "w4a8", max_batch=16)
-    assert all(n.attrs.get("act", "") == "" for g in program.entries.values() for n in _int4_nodes(g))
+    for name in ("prefill", "decode"):
+        assert all(n.attrs.get("act", "") == "" for n in _int4_nodes(program.entries[name]))
+    assert all(n.attrs["act"] == "int8" for n in _int4_nodes(program.entries["decode_small"]))
     record = next(r for r in report.records if r.name == "choose-decode-path")
-    assert not record.applied and record.declined
+    assert any("rows may exceed 8" in why for why in record.declined.values())
     _, report = _compiled(monkeypatch, "w4a8", group=16)
     record = next(r for r in report.records if r.name == "choose-decode-path")
     assert any("group size 16" in why for why in record.declined.values())

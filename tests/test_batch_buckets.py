@@ -26,11 +26,14 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 
 @pytest.fixture(scope="module")
 def llama32(tmp_path_factory):
-    """The llama fixture compiled for sm90 at max batch 32 (buckets 1 and 8 below it)."""
+    """The llama fixture compiled for sm90 at max batch 32 (buckets 1 and 8 below it), without
+    split-decode (ATLAS_SPLIT_DECODE=0: else its decode_small serves batches <= 8, tests/test_split_decode.py)."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     path = tmp_path_factory.mktemp("buckets") / "llama.atlas"
-    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=32, max_seq=64))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATLAS_SPLIT_DECODE", "0")
+        compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=32, max_seq=64))
     return open_artifact(path)
 
 

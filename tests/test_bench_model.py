@@ -121,7 +121,7 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
 
     model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
                             dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
-                            write_inputs=lambda entry, feeds, symbols: None)
+                            write_inputs=lambda entry, feeds, symbols: None, routed={})
     rows = bench.profile(model, batch=1, context=16, repeats=3)
     assert len(rows) == len(launched) and {r.method for r in rows} == {"graph"}
     by_node = {r.node: r for r in rows}

@@ -163,9 +163,9 @@ def test_encoder_forward(name, build_dir):
 
 
 def test_batch_bucket_kernels_agree(build_dir):
-    """An artifact compiled for batch 16 runs batch 1 on its batch-1 kernels, batch 5 on the batch-8
-    ones and batch 12 on the defaults: the same prompt in every row gives batch 1's tokens and
-    logits in every row (fp32 fixture, atol 1e-4)."""
+    """An artifact compiled for batch 16 runs batch 1 on split-decode's decode_small with its batch-1
+    kernels, batch 5 on decode_small's defaults (fused: batch <= 8) and batch 12 on decode: the same
+    prompt in every row gives batch 1's tokens and logits in every row (fp32 fixture, atol 1e-4)."""
     from atlasc.runtime.gpu import GpuModel
     from atlasc.runtime.launches import bucket_of
 
@@ -174,13 +174,38 @@ def test_batch_bucket_kernels_agree(build_dir):
     model = GpuModel(open_artifact(path), device=device())
     prompt = _prompts(1, 9, seed=3)[0]
     one = generate(model, [prompt], 12, keep_logits=True)
-    for batch, bucket in ((5, 8), (12, None)):
+    assert model.routed["decode"] == "decode_small"
+    assert bucket_of(model.buckets["decode_small"], model.last_env["decode_small"]) == 1
+    for batch, entry in ((5, "decode_small"), (12, "decode")):
         got = generate(model, [prompt] * batch, 12, keep_logits=True)
-        assert bucket_of(model.buckets["decode"], model.last_env["decode"]) == bucket
+        assert model.routed["decode"] == entry
+        assert bucket_of(model.buckets[entry], model.last_env[entry]) is None
         assert got.tokens == one.tokens * batch
         for a, b in zip(got.step_logits, one.step_logits):
             np.testing.assert_allclose(a, np.repeat(b, batch, axis=0), **TOL["fp32"])
     model.close()
+
+
+@pytest.mark.parametrize("quant,env", [("int4", "ATLAS_INT4_PATH=w4a8"), ("int8", "ATLAS_INT8_PATH=w8a8")])
+def test_int8_activations_match_the_cpu_runtime(quant, env, build_dir, monkeypatch):
+    """W4A8 / W8A8 decode (act_int8.cu, fused with the norms, SwiGLU and the rotary epilogue) end to end:
+    the GPU gives the reference runtime's greedy tokens and logits on the same artifact."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    name, value = env.split("=")
+    monkeypatch.setenv(name, value)
+    path = f"{build_dir}/llama-fp16-{quant}-a8.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(
+        archs=(device().arch,), max_batch=4, max_seq=64, quant=quant, group_size=32))
+    prompts = _prompts(3, 9, seed=13)
+    want = generate(CpuModel(open_artifact(path)), prompts, 12, keep_logits=True)
+    model = GpuModel(open_artifact(path), device=device())
+    got = generate(model, prompts, 12, keep_logits=True)
+    model.close()
+    tol = TOL[entry_of("llama-fp16")["dtype"]]
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
 
 
 @pytest.mark.parametrize("name,quant,group", [("llama-fp16", "int8", 128), ("llama-fp16", "int4", 32),

@@ -25,7 +25,7 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
-FORMAT_VERSION = 2  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket)
+FORMAT_VERSION = 3  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -373,6 +373,10 @@ class EntrySpec(_Spec):
     bindings: dict[str, int]  # symbols fixed for this entry, e.g. {"seq": 1} for decode
     values: tuple[ValueSpec, ...]
     nodes: tuple[NodeSpec, ...]  # in launch order
+    # a narrower twin of another entry (passes/split_decode.py): calls of `narrows` whose symbols are within
+    # narrow_upper run this entry instead (runtime/bind.py route_entry)
+    narrows: str = ""
+    narrow_upper: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("inputs", "outputs", "values", "nodes"):

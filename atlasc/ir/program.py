@@ -71,6 +71,8 @@ class Program:
     roles: dict[str, str] = field(default_factory=dict)  # batch / seq / past -> symbol name
     bounds: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbol -> upper bound
     bindings: dict[str, dict[str, int]] = field(default_factory=dict)  # entry -> symbols fixed (decode: seq=1)
+    # entry -> (the entry it narrows, symbol -> tighter upper bound): runs it serves instead (split-decode)
+    narrows: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pass -> rule -> rewrites
     # quantized node name -> its float weight Value (a merged layer: the tuple of its parts)

@@ -1,0 +1,110 @@
+"""split-decode: a `--max-batch` above 8 still gets the fused decode for small batches (decode_small),
+the artifact marks the twin, and both runtimes route decode calls of at most 8 sequences to it."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from atlasc.frontend import import_onnx
+from atlasc.ir.program import CompileOptions, Program
+from atlasc.pipeline import PIPELINES, run_pipeline
+from atlasc.passes.split_decode import SMALL, SMALL_BATCH
+
+from conftest import FIXTURES
+
+FUSED = ("NormLinear", "NormLinearQ", "NormLinearRotary")
+
+
+def _program(max_batch: int, fusion: bool = True, name: str = "llama-fp16"):
+    names = PIPELINES["default"]
+    options = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64, fusion=fusion)
+    program, report = run_pipeline(Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}, options),
+                                   names[: names.index("schedule")], verify_each=True)
+    return program, report
+
+
+def test_large_max_batch_gets_a_fused_small_decode():
+    program, report = _program(16)
+    assert list(program.entries) == ["prefill", "decode", SMALL]
+    batch = program.roles["batch"]
+    assert program.bounds[SMALL][batch] == SMALL_BATCH and program.bounds["decode"][batch] == 16
+    assert program.entries[SMALL].symbols[batch].upper == SMALL_BATCH
+    assert program.narrows == {SMALL: ("decode", {batch: SMALL_BATCH})}
+    wide = Counter(n.op for n in program.entries["decode"].nodes)
+    small = Counter(n.op for n in program.entries[SMALL].nodes)
+    assert not any(wide[op] for op in FUSED) and small["NormLinear"] > 0, (wide, small)
+    record = next(r for r in report.records if r.name == "split-decode")
+    assert sum(record.applied.values()) == 1
+
+
+@pytest.mark.parametrize("max_batch,fusion", [(8, True), (4, True), (16, False)])
+def test_no_small_decode_when_it_would_not_differ(max_batch, fusion):
+    program, _ = _program(max_batch, fusion)
+    assert SMALL not in program.entries and not program.narrows
+
+
+def test_split_decode_switch(monkeypatch):
+    from atlasc.errors import UsageError
+
+    monkeypatch.setenv("ATLAS_SPLIT_DECODE", "0")
+    program, report = _program(16)
+    assert SMALL not in program.entries
+    record = next(r for r in report.records if r.name == "split-decode")
+    assert "ATLAS_SPLIT_DECODE=0" in record.declined.values()
+    monkeypatch.setenv("ATLAS_SPLIT_DECODE", "yes")
+    with pytest.raises(UsageError, match="ATLAS_SPLIT_DECODE='yes'"):
+        _program(16)
+
+
+def test_small_decode_computes_what_decode_computes():
+    """On the reference interpreter the two entries agree on a batch both serve (the fused ops are
+    bit-identical to the ops they replace)."""
+    from test_fuse_linear_prologue import _decode
+
+    program, _ = _program(16)
+    got, cache_got = _decode(program.entries[SMALL], program, "llama-fp16")
+    want, cache_want = _decode(program.entries["decode"], program, "llama-fp16")
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_artifact_routes_small_batches_to_the_twin(tmp_path):
+    """compile_model with --max-batch 16: the manifest's decode_small narrows decode to batch <= 8,
+    route_entry picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
+    gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12."""
+    from atlasc.artifact import open_artifact
+    from atlasc.compiler import compile_model
+    from atlasc.runtime.bind import route_entry
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.generate import generate
+
+    wide_path, narrow_path = tmp_path / "b16.atlas", tmp_path / "b4.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", wide_path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    compile_model(FIXTURES / "llama-fp16.onnx", narrow_path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64))
+    with open_artifact(wide_path) as wide, open_artifact(narrow_path) as narrow:
+        m = wide.manifest
+        twin = m.entries[SMALL]
+        assert twin.narrows == "decode" and list(twin.narrow_upper.values()) == [SMALL_BATCH]
+        assert m.entries["decode"].narrows == "" and SMALL not in narrow.manifest.entries
+        # the batch-1 kernels now belong to decode_small; decode serves 9 .. 16 with its defaults
+        from atlasc.runtime.launches import entry_buckets
+
+        assert entry_buckets(twin)[1] == (1,) and entry_buckets(m.entries["decode"])[1] == ()
+        model = CpuModel(wide)
+        for b, want in ((2, SMALL), (8, SMALL), (12, "decode")):
+            feeds = {"input_ids": np.ones((b, 1), np.int64), "position_ids": np.zeros((b, 1), np.int64),
+                     "attention_mask": np.ones((b, 4), np.int64), "sample_params": np.array([0, 1, 0], np.float32),
+                     "sample_state": np.zeros(3, np.int64)}
+            feeds = {k: v for k, v in feeds.items() if k in {i.name for i in m.entries["decode"].inputs}}
+            assert route_entry(m, "decode", feeds, {"past_seq": 3}, model.bounds) == want
+        prompts = [[5, 17, 42, 7, 99], [3, 8]]
+        assert generate(model, prompts, 12).tokens == generate(CpuModel(narrow), prompts, 12).tokens
+        many = [[(7 * i + j) % 50 + 1 for j in range(3 + i % 4)] for i in range(12)]
+        got = generate(model, many, 6).tokens
+        assert len(got) == 12
