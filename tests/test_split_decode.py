@@ -3,6 +3,7 @@ the artifact marks the twin, and both runtimes route decode calls of at most 8 s
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 
@@ -74,7 +75,7 @@ def test_small_decode_computes_what_decode_computes():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_artifact_routes_small_batches_to_the_twin(tmp_path):
+def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
     """compile_model with --max-batch 16: the manifest's decode_small narrows decode to batch <= 8,
     route_entry picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
     gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12."""
@@ -108,3 +109,10 @@ def test_artifact_routes_small_batches_to_the_twin(tmp_path):
         many = [[(7 * i + j) % 50 + 1 for j in range(3 + i % 4)] for i in range(12)]
         got = generate(model, many, 6).tokens
         assert len(got) == 12
+    # `atlasc inspect` says which entry runs which calls
+    r = cli("inspect", wide_path, "--json")
+    assert r.code == 0, r
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["entries"][SMALL]["narrows"] == "decode" and report["entries"]["decode"]["narrows"] is None
+    r = cli("inspect", wide_path)
+    assert r.code == 0 and "runs decode for" in r.stdout

@@ -32,7 +32,8 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                 "source": {"name": m.source.name, "sha256": m.source.sha256}, "archs": list(m.archs),
                 "options": m.options,
                 "entries": {k: {"inputs": [i.name for i in e.inputs], "outputs": [o.name for o in e.outputs],
-                                "kernels": sum(1 for n in e.nodes if n.kernel), "bindings": e.bindings}
+                                "kernels": sum(1 for n in e.nodes if n.kernel), "bindings": e.bindings,
+                                "narrows": e.narrows or None, "narrow_upper": e.narrow_upper or None}
                             for k, e in m.entries.items()},
                 "memory": {"arena_bytes": m.memory.arena_bytes,
                            "regions": {k: {"offset": r.offset, "nbytes": r.nbytes}
@@ -64,7 +65,10 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
         for col in ("entry", "inputs", "outputs", "kernels", "fixed"):
             entries.add_column(col)
         for name, e in m.entries.items():
-            entries.add_row(name, "\n".join(f"{i.name} {i.dtype}{_dims(i.shape)}" for i in e.inputs),
+            label = name
+            if e.narrows:  # split-decode's twin: runs the calls of `narrows` within these bounds
+                label += f"\n(runs {e.narrows} for " + ", ".join(f"{k} <= {v}" for k, v in e.narrow_upper.items()) + ")"
+            entries.add_row(label, "\n".join(f"{i.name} {i.dtype}{_dims(i.shape)}" for i in e.inputs),
                             "\n".join(f"{o.name} {o.dtype}{_dims(o.shape)}" for o in e.outputs),
                             str(sum(1 for n in e.nodes if n.kernel)),
                             ", ".join(f"{k}={v}" for k, v in e.bindings.items()) or "-")
