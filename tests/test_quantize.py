@@ -28,6 +28,7 @@ from atlasc.ir.ops.quant import unpack_int4
 from atlasc.ir.program import CompileOptions, Program
 from atlasc.ir.ops.quant import E4M3, dequant_f8
 from atlasc.passes.quantize import (
+    _scale16,
     dequantize_int4,
     dequantize_int8,
     pack_int4,
@@ -63,13 +64,17 @@ def test_int8_round_trip(w):
 @settings(max_examples=60, deadline=None)
 @given(weights, st.sampled_from([2, 4, 8, 16]))
 def test_int4_round_trip(w, group):
+    """Each group's squared error is at most plain rounding's (scale max|w| / 7, where every element is
+    within s / 2): the clipping search (CLIP_RATIOS) only ever keeps a better candidate."""
     packed, scale = quantize_int4(w, group)
     n, k = w.shape
     assert packed.dtype == np.uint8 and packed.shape == (n, k // 2) and scale.shape == (n, k // group)
     assert np.all(np.isfinite(scale)) and np.all(scale > 0)
-    err = np.abs(dequantize_int4(packed, scale, group) - w)
-    bound = np.repeat(scale.astype(np.float32), group, axis=1) / 2
-    assert np.all(err <= bound * (1 + 1e-6))
+    err = ((dequantize_int4(packed, scale, group) - w) ** 2).reshape(n, k // group, group).sum(-1)
+    c = w.astype(np.float32).reshape(n, k // group, group)
+    s1 = _scale16(np.abs(c).max(-1), 7).astype(np.float32)[..., None]
+    plain = ((np.clip(np.rint(c / s1), -8, 7) * s1 - c) ** 2).sum(-1)
+    assert np.all(err <= plain * (1 + 1e-5) + 1e-30)
 
 
 @settings(max_examples=60, deadline=None)
@@ -87,8 +92,15 @@ def test_int4_zero_point_round_trip(w, group):
     zeros, scales = np.repeat(zero.astype(np.int32), group, axis=1), np.repeat(scale.astype(np.float32), group, axis=1)
     want = (codes - zeros) * scales
     assert np.array_equal(deq, want.astype(np.float32))
-    bound = np.repeat(scale.astype(np.float32), group, axis=1)
-    assert np.all(np.abs(deq - w) <= bound * (1 + 1e-6))
+    # each group's squared error is at most that of the full range [min, max] (r = 1, |deq - w| <= s)
+    c = w.astype(np.float32).reshape(n, k // group, group)
+    lo, hi = np.minimum(c.min(-1), 0), np.maximum(c.max(-1), 0)
+    s1 = _scale16(hi - lo, 15).astype(np.float32)
+    z1 = np.clip(np.rint(-lo / s1), 0, 15)
+    q1 = np.clip(np.rint(c / s1[..., None]) + z1[..., None], 0, 15)
+    plain = (((q1 - z1[..., None]) * s1[..., None] - c) ** 2).sum(-1)
+    err = ((deq - w) ** 2).reshape(n, k // group, group).sum(-1)
+    assert np.all(err <= plain * (1 + 1e-5) + 1e-30)
 
 
 def test_int4_zero_points_beat_symmetric_on_skewed_weights():
