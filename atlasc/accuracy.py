@@ -5,6 +5,11 @@ the reference interpreter: as compiled, and with every quantized linear layer re
 weight. Reported: end-to-end KL divergence of the next-token distributions (float || quantized, mean
 over every position), top-1 agreement over every position, and per layer the relative error
 ||x W^T - x Wq^T|| / ||x W^T|| on the activations x that layer actually sees on those prompts.
+
+When decode projections take int8 activations (choose-decode-path: act = "int8"), whose error the
+prefill does not see, `decode_act_int8` adds one decode step per prompt after the (quantized) prefill of
+all but its last token: KL divergence and top-1 agreement of that step's logits against the same step
+with float activations (the W4A16 / W8A16 decode on the same cache).
 """
 
 from __future__ import annotations
@@ -127,6 +132,59 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     e = np.exp(x)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def _decode_feeds(graph: Graph, last: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    """Feeds of one decode step after `length - 1` cached tokens: the last token at position length - 1."""
+    b = last.shape[0]
+    feeds = {}
+    for v in graph.inputs:
+        if v.name == "sample_params":
+            feeds[v.name] = np.array([0, 1, 0], np.float32)
+        elif v.name == "sample_state":
+            feeds[v.name] = np.zeros(3, np.int64)
+        elif v.name == "attention_mask":
+            feeds[v.name] = np.ones((b, length), np.int64)
+        elif v.name == "position_ids":
+            feeds[v.name] = np.full((b, 1), length - 1, np.int64)
+        else:
+            feeds[v.name] = last.reshape(b, 1)
+    return feeds
+
+
+def decode_act_report(program: Program, ids: np.ndarray) -> dict:
+    """The int8-activation decode step against the same step with float activations (see the module
+    docstring); {} when no decode node has act = "int8"."""
+    marked = [name for name in ("decode_small", "decode") if name in program.entries and
+              any(n.attrs.get("act") == "int8" for n in program.entries[name].nodes)]
+    if not marked or ids.shape[1] < 2:
+        return {}
+    name = marked[0]
+    graph = program.entries[name]
+    twin = graph.clone(f"{name}_float_act")
+    for node in twin.nodes:
+        if node.attrs.get("act") == "int8":
+            node.attrs["act"] = ""
+    kv, past, batch = program.kv_cache, program.roles["past"], program.roles["batch"]
+    rows = min(kv.max_batch, program.bounds[name].get(batch, kv.max_batch))
+    prefill = program.entries["prefill"]
+    length = ids.shape[1]
+    logits_name = graph.outputs[0].name
+    kl, agree, count = 0.0, 0, 0
+    for start in range(0, ids.shape[0], rows):
+        chunk = ids[start:start + rows]
+        state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
+        interpret(prefill, _feeds(prefill, chunk[:, :-1], program.roles), state=state, symbols={past: 0})
+        feeds = _decode_feeds(graph, chunk[:, -1], length)
+        outs = []
+        for g in (graph, twin):
+            step = {"kv_cache": state["kv_cache"].copy()}
+            outs.append(interpret(g, feeds, state=step, symbols={past: length - 1})[logits_name])
+        q, p = (_softmax(o.astype(np.float64).reshape(-1, o.shape[-1])) for o in outs)
+        kl += float(np.sum(p * (np.log(p + 1e-300) - np.log(q + 1e-300))))
+        agree += int(np.sum(p.argmax(-1) == q.argmax(-1)))
+        count += p.shape[0]
+    return {"entry": name, "steps": count, "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1)}
 
 
 def accuracy_report(program: Program, ids: np.ndarray) -> dict:

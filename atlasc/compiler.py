@@ -162,7 +162,7 @@ def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:
-    from atlasc.accuracy import accuracy_report, load_calibration, random_prompts
+    from atlasc.accuracy import accuracy_report, decode_act_report, load_calibration, random_prompts
 
     vocab = int(program.entries["prefill"].outputs[0].shape[-1])
     if options.calib:
@@ -170,6 +170,9 @@ def _accuracy(program: Program, options: CompileOptions) -> dict:
     else:
         ids = random_prompts(vocab, prompts=2, length=min(16, options.max_seq))
     report = accuracy_report(program, ids)
+    act = decode_act_report(program, ids)
+    if act:
+        report["decode_act_int8"] = act
     report["calibration"] = options.calib or "random prompts (seed 0)"
     return report
 

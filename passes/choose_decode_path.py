@@ -7,8 +7,8 @@ act = "int8": its kernel quantizes x per row to int8 in shared memory and accumu
 int32 (codegen/act_int8.cu; references in atlasc/ir/ops/quant.py). The defaults, w4a16 and w8a16, leave
 the nodes as they are (float activations: quant.cu's tensor-core path). The int8 activations are not
 the default: their kernels have not yet run on a GPU (no table of measured paths per arch and batch
-bucket exists yet), and they add the error of quantizing activations, which the compile's accuracy
-report (measured on the prefill, whose rows keep float activations) does not show.
+bucket exists yet), and they add the error of quantizing activations (the compile's accuracy report
+measures it on a decode step per calibration prompt: atlasc/accuracy.py decode_act_report).
 
 Requires: fuse-linear-prologue (it runs after it, on the fused nodes). Guarantees: only the attribute
 `act` changes, and the node's reference then computes the int8-activation result; the choice is in the

@@ -193,3 +193,19 @@ def test_act_int8_kernels_compile():
         assert ops["LinearQ4"] and ops["LinearQ8"] and ops["NormLinearQ"] == 2 and ops["NormLinearRotary"] == 2
         cubins = compile_cubins(mod.source, ("sm75", "sm90") if dtype == "float16" else ("sm90",))
         assert all(cubins.values())
+
+
+@pytest.mark.parametrize("quant,path", [("int4", "w4a8"), ("int8", "w8a8")])
+def test_accuracy_report_covers_the_int8_activation_decode(monkeypatch, quant, path):
+    """The compile's accuracy report adds the decode step with int8 activations against float activations
+    (the prefill it already compares never runs them); nothing is added without them."""
+    from atlasc.accuracy import decode_act_report, random_prompts
+
+    program, _ = _compiled(monkeypatch, path, quant=quant)
+    vocab = int(program.entries["prefill"].outputs[0].shape[-1])
+    ids = random_prompts(vocab, prompts=5, length=6)
+    report = decode_act_report(program, ids)
+    assert report["entry"] == "decode" and report["steps"] == 5
+    assert 0 < report["kl_divergence"] < 0.05 and report["top1_agreement"] >= 0.6, report
+    plain, _ = _compiled(monkeypatch, "w4a16" if quant == "int4" else "w8a16", quant=quant)
+    assert decode_act_report(plain, ids) == {}

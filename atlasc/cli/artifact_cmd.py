@@ -116,6 +116,10 @@ def _print_quantization(out, q: dict | None) -> None:
         out.print(f"quantized vs float on {acc['prompts']} x {acc['tokens_per_prompt']} calibration tokens "
                   f"({acc['calibration']}): logits KL {acc['kl_divergence']:.3g}, top-1 agreement "
                   f"{100 * acc['top1_agreement']:.1f}%")
+        act = acc.get("decode_act_int8")
+        if act:
+            out.print(f"int8 activations at decode ({act['entry']}) vs float activations, {act['steps']} steps: "
+                      f"logits KL {act['kl_divergence']:.3g}, top-1 agreement {100 * act['top1_agreement']:.1f}%")
     for r in q["layers"]:
         calib = on_calib.get(r["layer"])
         table.add_row(r["layer"], "x".join(map(str, r["shape"])), f"{r['rel_error']:.4f}",
