@@ -22,6 +22,7 @@ import os
 from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
+from atlasc.ir.ops.prologue import PROLOGUE_SMEM_BYTES, staging_bytes
 from atlasc.ir.ops.quant import act8_why_not
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
@@ -67,6 +68,10 @@ def choose_graph(graph: Graph, upper: dict[str, int], int8_ops: set[str], stats:
         group = int(node.attrs.get("group_size", 0))
         why = "its rows have no upper bound" if rows is None else act8_why_not(4 if op == "LinearQ4" else 8,
                                                                               group, x.shape[-1], rows)
+        if not why:  # every block keeps the int8 rows (and a fused norm's staged rows) in shared memory
+            smem = rows * x.shape[-1] + (staging_bytes(rows, x.shape[-1], x.dtype) if node.op != op else 0)
+            if smem > PROLOGUE_SMEM_BYTES:
+                why = f"its rows need {smem // 1024} KB of shared memory (at most {PROLOGUE_SMEM_BYTES // 1024} KB)"
         if why:
             stats.declined[f"{RULES[op]} at {node.name}"] = why
             continue

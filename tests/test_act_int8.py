@@ -209,3 +209,29 @@ def test_accuracy_report_covers_the_int8_activation_decode(monkeypatch, quant, p
     assert 0 < report["kl_divergence"] < 0.05 and report["top1_agreement"] >= 0.6, report
     plain, _ = _compiled(monkeypatch, "w4a16" if quant == "int4" else "w8a16", quant=quant)
     assert decode_act_report(plain, ids) == {}
+
+
+def test_shared_memory_bound_declines():
+    """A fused norm's staged rows plus the int8 rows must fit the same 200 KB as the staging alone."""
+    from atlasc.ir import symbolic as S
+    from atlasc.ir.graph import Graph, Node, SymbolInfo, Value
+    from atlasc.passes.choose_decode_path import choose_graph
+    from atlasc.passes.rewrite import RewriteStats
+
+    def graph(k):
+        g = Graph("g")
+        g.symbols = {"m": SymbolInfo(1, 8)}
+        a = Value("a", "float16", (S.sym("m"), k))
+        node = Node("NormLinearQ", [a, None, Value("g", "float16", (k,)), Value("wq", "uint8", (64, k // 2)),
+                                    Value("s", "float16", (64, k // 128))], [Value("y", "float16", (S.sym("m"), 64))],
+                    {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128, "act": ""}, name="n")
+        g.nodes = [node]
+        return g, node
+
+    for k, fits in ((8192, True), (12800, False)):
+        g, node = graph(k)
+        stats = RewriteStats()
+        choose_graph(g, {"m": 8}, {"LinearQ4"}, stats)
+        assert (node.attrs["act"] == "int8") == fits, (k, stats.declined)
+        if not fits:
+            assert "shared memory" in next(iter(stats.declined.values()))
