@@ -4,7 +4,9 @@
 # tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
 # artifact quantized; SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs
 # and with ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the
-# largest batch, 256 keys; PROFILE_TOP rows, default 30).
+# largest batch, 256 keys; PROFILE_TOP rows, default 30). ROTARY_AB=1 then compiles and benches twice more
+# at batch 1, with ATLAS_ROTARY_EPILOGUE=0 and =1, each profiled in full (where the fused float16 QKV kernel
+# loses its time, docs/perf.md v8).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -34,6 +36,14 @@ if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 an
             tee "$out/profile_${config}_b$b.log"
     done
 fi
+if [ "${ROTARY_AB:-0}" != 0 ]; then
+    for v in 0 1; do
+        ATLAS_ROTARY_EPILOGUE=$v python3 examples/bench_vs_torch.py --config "$config" --batch 1 --prompt 128 \
+            --gen 128 --quant "$quant" --skip-torch --workdir "$work/rot$v" --json "$out/bench_rot$v.json" 2>&1 | \
+            tee "$out/bench_rot$v.log"
+        atlasc profile "$work/rot$v/$config.atlas" --batch 1 --context 256 --top 200 2>&1 | tee "$out/profile_rot$v.log"
+    done
+fi
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 12 "$out/kernel_lab_fused.log" && \
     tail -n 10 "$out/kernel_lab_u.log" && \
@@ -41,3 +51,5 @@ echo "== summary =="
     tail -n 20 "$out/attention_lab.log"
 tail -n 12 "$out/bench_$config.log"
 [ "${PROFILE:-0}" != 0 ] && head -n 16 "$out"/profile_"${config}"_b*.log
+[ "${ROTARY_AB:-0}" != 0 ] && tail -n 3 "$out"/bench_rot*.log && grep -h -m 3 -E "NormLinearRotary|QKVRotary|decode step" \
+    "$out"/profile_rot*.log
