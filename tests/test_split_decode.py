@@ -116,3 +116,77 @@ def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
     assert report["entries"][SMALL]["narrows"] == "decode" and report["entries"]["decode"]["narrows"] is None
     r = cli("inspect", wide_path)
     assert r.code == 0 and "runs decode for" in r.stdout
+
+
+class _FakeDevice:
+    """Enough of runtime/device.Device for GpuModel to load an artifact and launch without a GPU: every
+    kernel launch is recorded by name; uploads and downloads touch a host array."""
+
+    arch = "sm90"
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.launched: list[str] = []
+        self.stream = SimpleNamespace(synchronize=lambda: None, handle=0)
+        dev = self
+
+        class Func:
+            def __init__(self, name):
+                self.name = name
+
+            def prepare(self, _):
+                pass
+
+            def set_attribute(self, *_):
+                pass
+
+            def prepared_async_call(self, *_, **__):
+                dev.launched.append(self.name)
+
+        self.cuda = SimpleNamespace(
+            LogicError=KeyError, Error=RuntimeError, function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
+            memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
+            pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
+        self.module = SimpleNamespace(get_function=Func)
+
+    def load_module(self, cubin):
+        return self.module
+
+    def alloc_arena(self, nbytes):
+        return 0
+
+    def upload(self, arena, offset, data, stream=None):
+        pass
+
+    def download(self, arena, offset, nbytes, stream=None):
+        return np.zeros(nbytes, np.uint8)
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_gpu_runtime_routes_small_batches_to_the_twin(tmp_path):
+    """GpuModel (on a fake device: launches recorded, no GPU) runs decode_small's kernels for a decode call
+    of 3 sequences and decode's for 12, whatever entry name the caller uses."""
+    from atlasc.artifact import open_artifact
+    from atlasc.compiler import compile_model
+    from atlasc.runtime.gpu import GpuModel
+
+    path = tmp_path / "b16.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    dev = _FakeDevice()
+    model = GpuModel(open_artifact(path), device=dev, cuda_graphs=False)
+    m = model.manifest
+    for b, want in ((3, SMALL), (12, "decode")):
+        feeds = {"input_ids": np.ones((b, 1), np.int64), "position_ids": np.zeros((b, 1), np.int64),
+                 "attention_mask": np.ones((b, 4), np.int64), "sample_params": np.array([0, 1, 0], np.float32),
+                 "sample_state": np.zeros(3, np.int64)}
+        dev.launched.clear()
+        out = model.run("decode", feeds, {"past_seq": 3})
+        assert model.routed["decode"] == want
+        kernels = {n.kernel for n in m.entries[want].nodes if n.kernel} | \
+            {v.kernel for n in m.entries[want].nodes for v in n.variants}
+        assert dev.launched and set(dev.launched) <= kernels
+        assert set(out) == {o.name for o in m.entries[want].outputs}
