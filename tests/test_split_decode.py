@@ -145,7 +145,8 @@ class _FakeDevice:
                 dev.launched.append(self.name)
 
         self.cuda = SimpleNamespace(
-            LogicError=KeyError, Error=RuntimeError, function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
+            LogicError=KeyError, Error=RuntimeError,
+            function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
             memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
             pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
         self.module = SimpleNamespace(get_function=Func)
