@@ -111,7 +111,8 @@ def _weight_blocks(program: Program, name: str, node):
         offset += n
 
 
-def _feeds(graph: Graph, ids: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
+def _feeds(graph: Graph, ids: np.ndarray, past: int = 0) -> dict[str, np.ndarray]:
+    """Feeds of ids [batch, seq] at positions past .. past + seq - 1, every key (cached ones too) unmasked."""
     b, s = ids.shape
     feeds = {}
     for v in graph.inputs:
@@ -120,9 +121,9 @@ def _feeds(graph: Graph, ids: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
         elif v.name == "sample_state":
             feeds[v.name] = np.zeros(3, np.int64)
         elif v.name == "attention_mask":
-            feeds[v.name] = np.ones((b, s), np.int64)
+            feeds[v.name] = np.ones((b, past + s), np.int64)
         elif v.name == "position_ids":
-            feeds[v.name] = np.tile(np.arange(s, dtype=np.int64), (b, 1))
+            feeds[v.name] = np.tile(np.arange(past, past + s, dtype=np.int64), (b, 1))
         else:
             feeds[v.name] = ids
     return feeds
@@ -132,24 +133,6 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     e = np.exp(x)
     return e / e.sum(axis=-1, keepdims=True)
-
-
-def _decode_feeds(graph: Graph, last: np.ndarray, length: int) -> dict[str, np.ndarray]:
-    """Feeds of one decode step after `length - 1` cached tokens: the last token at position length - 1."""
-    b = last.shape[0]
-    feeds = {}
-    for v in graph.inputs:
-        if v.name == "sample_params":
-            feeds[v.name] = np.array([0, 1, 0], np.float32)
-        elif v.name == "sample_state":
-            feeds[v.name] = np.zeros(3, np.int64)
-        elif v.name == "attention_mask":
-            feeds[v.name] = np.ones((b, length), np.int64)
-        elif v.name == "position_ids":
-            feeds[v.name] = np.full((b, 1), length - 1, np.int64)
-        else:
-            feeds[v.name] = last.reshape(b, 1)
-    return feeds
 
 
 def decode_act_report(program: Program, ids: np.ndarray) -> dict:
@@ -174,8 +157,8 @@ def decode_act_report(program: Program, ids: np.ndarray) -> dict:
     for start in range(0, ids.shape[0], rows):
         chunk = ids[start:start + rows]
         state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
-        interpret(prefill, _feeds(prefill, chunk[:, :-1], program.roles), state=state, symbols={past: 0})
-        feeds = _decode_feeds(graph, chunk[:, -1], length)
+        interpret(prefill, _feeds(prefill, chunk[:, :-1]), state=state, symbols={past: 0})
+        feeds = _feeds(graph, chunk[:, -1:], length - 1)
         outs = []
         for g in (graph, twin):
             step = {"kv_cache": state["kv_cache"].copy()}
@@ -201,7 +184,7 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
     for start in range(0, ids.shape[0], kv.max_batch):
         chunk = ids[start:start + kv.max_batch]
         symbols = {program.roles["past"]: 0}
-        feeds = _feeds(graph, chunk, program.roles)
+        feeds = _feeds(graph, chunk)
         q_out = interpret(graph, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
         f_out = interpret(twin, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
         p = _softmax(f_out[logits_name].astype(np.float64))

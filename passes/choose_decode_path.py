@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 
 from atlasc.errors import UsageError
-from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.prologue import PROLOGUE_SMEM_BYTES, staging_bytes
 from atlasc.ir.ops.quant import act8_why_not
+from atlasc.passes.fuse_linear_prologue import rows_upper
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -48,23 +48,13 @@ def _projection(node: Node) -> str | None:
     return op if op in PATHS else None
 
 
-def _rows_upper(x, upper: dict[str, int]) -> int | None:
-    rows = 1
-    for d in x.shape[:-1]:
-        try:
-            rows *= max(int(S.evaluate(d, upper)), 0)
-        except KeyError:
-            return None
-    return rows
-
-
 def choose_graph(graph: Graph, upper: dict[str, int], int8_ops: set[str], stats: RewriteStats) -> None:
     for node in graph.nodes:
         op = _projection(node)
         if op not in int8_ops:
             continue
         x = node.inputs[0]
-        rows = _rows_upper(x, upper)
+        rows = rows_upper(x, upper)
         group = int(node.attrs.get("group_size", 0))
         why = "its rows have no upper bound" if rows is None else act8_why_not(4 if op == "LinearQ4" else 8,
                                                                               group, x.shape[-1], rows)

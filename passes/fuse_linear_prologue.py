@@ -72,7 +72,8 @@ EPILOGUE_RULE = "FusedElementwise(z[.., :H], z[.., H:]) of z = NormLinear(..) =>
 ROTARY_RULE = "QKVRotary(NormLinear(..)) => NormLinearRotary(..)"
 
 
-def _rows_upper(x, upper: dict[str, int]) -> int | None:
+def rows_upper(x, upper: dict[str, int]) -> int | None:
+    """The most rows (x's leading dims at their bounds) x can have; None when a dim has no bound."""
     m = 1
     for d in x.shape[:-1]:
         try:
@@ -117,7 +118,7 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         return "no elementwise prologue for quantized projections"
     if lin.op != "Linear" and os.environ.get(QUANT_ENV, "1") == "0":
         return f"quantized projections keep their norms ({QUANT_ENV}=0)"
-    rows = _rows_upper(x, upper)
+    rows = rows_upper(x, upper)
     if rows is None or rows > PROLOGUE_MAX_M:
         return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
                 f"{PROLOGUE_MAX_M})")

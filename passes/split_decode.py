@@ -5,7 +5,7 @@ Adds the entry `decode_small`: a copy of `decode` with the batch bounded by SMAL
 this one see both: fuse-linear-prologue (rows <= 8) and choose-decode-path fuse and specialize only
 `decode_small`; each entry gets its own memory plan (entries never run at once: they share the
 activations) and kernels. The artifact marks `decode_small` as narrowing `decode` (EntrySpec.narrows /
-narrow_upper), and the runtimes (runtime/bind.py route_entry) run it whenever `decode` is called with
+narrow_upper), and the runtimes (runtime/bind.py bind_call) run it whenever `decode` is called with
 at most SMALL_BATCH sequences. Without it a `--max-batch 32` build would run batch 1 unfused.
 ATLAS_SPLIT_DECODE=0 turns it off (small batches then run decode's batch-bucket kernels, unfused).
 

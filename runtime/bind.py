@@ -56,19 +56,17 @@ def output_shape(spec, env: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(evaluate_dim(d, env) for d in spec.shape)
 
 
-def route_entry(manifest, name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
-                bounds: Mapping[str, tuple[int, int]]) -> str:
-    """The entry that runs a call of `name`: an entry narrowing it (EntrySpec.narrows, e.g. split-decode's
-    `decode_small`) whose narrow_upper bounds hold for the call's symbols, else `name` itself (checked
-    by bind_entry when the call is bound)."""
+def bind_call(manifest, name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+              bounds: Mapping[str, tuple[int, int]]) -> tuple[str, dict[str, int]]:
+    """(the entry that runs a call of `name`, the call's symbol values): `name` bound once (bind_entry),
+    then an entry narrowing it (EntrySpec.narrows, e.g. split-decode's `decode_small`: same inputs and
+    bindings) whose narrow_upper bounds hold for those values, else `name` itself. InputError for an
+    unknown entry."""
     wide = manifest.entries.get(name)
     if wide is None:
-        return name
-    twins = [e for e in manifest.entries.values() if e.narrows == name]
-    if not twins:
-        return name
+        raise InputError(f"no entry point '{name}' (the artifact has {', '.join(manifest.entries)})")
     env = bind_entry(wide, inputs, symbols, bounds)
-    for twin in twins:
-        if all(s in env and env[s] <= hi for s, hi in twin.narrow_upper.items()):
-            return twin.name
-    return name
+    for twin in manifest.entries.values():
+        if twin.narrows == name and all(s in env and env[s] <= hi for s, hi in twin.narrow_upper.items()):
+            return twin.name, env
+    return name, env

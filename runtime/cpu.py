@@ -19,7 +19,7 @@ from atlasc.ir import symbolic as S
 from atlasc.ir.interpreter import evaluate_attrs
 from atlasc.ir.ops import get
 from atlasc.ir.serialize import decode_attrs
-from atlasc.runtime.bind import bind_entry, route_entry
+from atlasc.runtime.bind import bind_call
 
 
 class CpuModel:
@@ -65,13 +65,10 @@ class CpuModel:
     # -- execution ----------------------------------------------------------------------------
     def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None,
             outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
-        """Execute one entry point (or the narrower twin that serves the call: route_entry); returns its
+        """Execute one entry point (or the narrower twin that serves the call: bind_call); returns its
         outputs (copies) by name (only `outputs` if given)."""
-        entry_name = route_entry(self.manifest, entry_name, inputs, symbols or {}, self.bounds)
-        entry = self.manifest.entries.get(entry_name)
-        if entry is None:
-            raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
-        env = bind_entry(entry, inputs, symbols or {}, self.bounds)
+        entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols or {}, self.bounds)
+        entry = self.manifest.entries[entry_name]
         dims = self.view(self.manifest.memory.dims_offset, "int64", (len(self.symbols),))
         dims[:] = [env.get(s, 0) for s in self.symbols]
         values = {v.name: v for v in entry.values}

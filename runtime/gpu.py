@@ -18,8 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from atlasc.artifact import Artifact
-from atlasc.errors import InputError
-from atlasc.runtime.bind import bind_entry, output_shape, route_entry
+from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
@@ -51,7 +50,7 @@ class GpuModel:
         self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}
         self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, node)], built on first use
         self.last_env = {}  # entry -> the symbol values of its latest write_inputs
-        self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (route_entry)
+        self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.module, kernels)
@@ -117,7 +116,7 @@ class GpuModel:
     def enqueue(self, entry: str) -> None:
         """Issue the entry's kernels for the symbol values of its latest write_inputs on the stream
         (replaying the graph captured for their bucket when graphs are enabled); the entry that call was
-        routed to (route_entry) when it has a narrower twin."""
+        routed to (bind_call) when it has a narrower twin."""
         entry = self.routed.get(entry, entry)
         key, launches = self.schedule(entry, self.last_env.get(entry, {}))
         if not self.cuda_graphs:
@@ -138,14 +137,11 @@ class GpuModel:
 
     def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
         """Bind and upload one call's inputs and symbols for `entry_name`, or for the narrower twin that
-        serves the call (route_entry; enqueue then runs that one); returns the symbol values."""
+        serves the call (bind_call; enqueue then runs that one); returns the symbol values."""
         called = entry_name
-        entry_name = route_entry(self.manifest, entry_name, inputs, symbols, self.bounds)
+        entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols, self.bounds)
         self.routed[called] = entry_name
-        entry = self.manifest.entries.get(entry_name)
-        if entry is None:
-            raise InputError(f"no entry point '{entry_name}' (the artifact has {', '.join(self.manifest.entries)})")
-        env = bind_entry(entry, inputs, symbols, self.bounds)
+        entry = self.manifest.entries[entry_name]
         self.last_env[entry_name] = env
         self.dims_host[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
         self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, self.dims_host,

@@ -77,11 +77,11 @@ def test_small_decode_computes_what_decode_computes():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
     """compile_model with --max-batch 16: the manifest's decode_small narrows decode to batch <= 8,
-    route_entry picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
+    bind_call picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
     gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
-    from atlasc.runtime.bind import route_entry
+    from atlasc.runtime.bind import bind_call
     from atlasc.runtime.cpu import CpuModel
     from atlasc.runtime.generate import generate
 
@@ -103,7 +103,8 @@ def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
                      "attention_mask": np.ones((b, 4), np.int64), "sample_params": np.array([0, 1, 0], np.float32),
                      "sample_state": np.zeros(3, np.int64)}
             feeds = {k: v for k, v in feeds.items() if k in {i.name for i in m.entries["decode"].inputs}}
-            assert route_entry(m, "decode", feeds, {"past_seq": 3}, model.bounds) == want
+            name, env = bind_call(m, "decode", feeds, {"past_seq": 3}, model.bounds)
+            assert name == want and env["batch"] == b
         prompts = [[5, 17, 42, 7, 99], [3, 8]]
         assert generate(model, prompts, 12).tokens == generate(CpuModel(narrow), prompts, 12).tokens
         many = [[(7 * i + j) % 50 + 1 for j in range(3 + i % 4)] for i in range(12)]

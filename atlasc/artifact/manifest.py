@@ -374,7 +374,7 @@ class EntrySpec(_Spec):
     values: tuple[ValueSpec, ...]
     nodes: tuple[NodeSpec, ...]  # in launch order
     # a narrower twin of another entry (passes/split_decode.py): calls of `narrows` whose symbols are within
-    # narrow_upper run this entry instead (runtime/bind.py route_entry)
+    # narrow_upper run this entry instead (runtime/bind.py bind_call)
     narrows: str = ""
     narrow_upper: dict[str, int] = field(default_factory=dict)
 
