@@ -3,6 +3,7 @@
     python examples/quant_lab.py                       # int4 g128 and int8 on the Llama-3-8B shapes, M = 1
     python examples/quant_lab.py --ms 1,4,8 --quant int4 --shapes "8B qkv,8B down"
     python examples/quant_lab.py --variant table,simt  # the tensor-core path vs the CUDA-core fallback
+    python examples/quant_lab.py --variant table,a8    # float activations vs int8 ones (W4A8 / W8A8 dp4a, M <= 8)
     python examples/quant_lab.py --split 4 --u 4       # force split-K ways / steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
 
@@ -14,7 +15,8 @@ examples/kernel_lab.py does (CUDA graph of launches rotating among enough arena 
 served from L2, median of replays).
 GB/s counts the bytes a decode step must read: packed weights + scales (+ x and y); % is of 4.30 TB/s.
 --variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
-"simt" = the CUDA-core fallback only); --ptxas compiles the same kernels for the given archs with
+"simt" = the CUDA-core fallback only; "a8" = activations quantized per row to int8 in the kernel, dp4a in
+int32, what `ATLAS_INT4_PATH=w4a8` / `ATLAS_INT8_PATH=w8a8` choose at decode); --ptxas compiles the same kernels for the given archs with
 `-Xptxas -v` and prints registers and spill bytes per kernel instead (exit 1 on any spill).
 """
 
@@ -38,24 +40,26 @@ from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
 from atlasc.ir.memory import MemoryPlan, Placement, align
-from atlasc.ir.ops.quant import dequant_f8
+from atlasc.ir.ops.quant import ACT8_MAX_M, dequant_f8
 from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 from atlasc.runtime.device import Device, KernelTable
 
 GROUP = 128
 
 
-def build(k: int, n: int, m_max: int, mode: str):
-    """(graph, plan, upper) of LinearQ4/Q8(x[m, k], wq, scale) with 256-aligned buffers."""
+def build(k: int, n: int, m_max: int, mode: str, act: str = ""):
+    """(graph, plan, upper) of LinearQ4/Q8(x[m, k], wq, scale) with 256-aligned buffers; act="int8" quantizes
+    x per row to int8 inside the kernel (W4A8 / W8A8, decode only)."""
     g = Graph(f"q_{mode}_{k}x{n}_m{m_max}")
     g.symbols = {"m": SymbolInfo(1, m_max)}
     x = Value("x", "float16", (S.sym("m"), k))
     if mode == "int4":
         wq, scale = Value("wq", "uint8", (n, k // 2)), Value("scale", "float16", (n, k // GROUP))
-        node = Node("LinearQ4", [x, wq, scale], [], {"group_size": GROUP})
+        node = Node("LinearQ4", [x, wq, scale], [], {"group_size": GROUP, "act": act})
     else:  # int8, or fp8 (E4M3 codes: LinearF8, same bytes per weight)
         wq, scale = Value("wq", "uint8" if mode == "fp8" else "int8", (n, k)), Value("scale", "float16", (n,))
-        node = Node("LinearF8" if mode == "fp8" else "LinearQ8", [x, wq, scale], [], {})
+        node = Node("LinearF8" if mode == "fp8" else "LinearQ8", [x, wq, scale], [],
+                    {} if mode == "fp8" else {"act": act})
     y = Value("y", "float16", (S.sym("m"), n))
     node.outputs = [y]
     g.inputs, g.nodes, g.outputs = [x, wq, scale], [node], [y]
@@ -70,10 +74,11 @@ def build(k: int, n: int, m_max: int, mode: str):
     return g, plan, {"m": m_max}
 
 
-def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = ""):
-    """(graph, plan, module) of build(k, n, m, mode) generated with ATLAS_QUANT_PATH=variant (and
+def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
+             act: str = ""):
+    """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
     ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given)."""
-    return generate_with_env(build(k, n, m, mode), {quant.PATH_ENV: variant, quant.SPLIT_ENV: split,
+    return generate_with_env(build(k, n, m, mode, act), {quant.PATH_ENV: variant, quant.SPLIT_ENV: split,
                                                     quant.U_ENV: u})
 
 
@@ -110,16 +115,20 @@ def main(argv=None) -> int:
     if [q for q in modes if q not in ("int4", "int8", "fp8")]:
         ap.error(f"--quant takes int4, int8, fp8: {args.quant}")
     variants = tuple(v for v in args.variant.split(",") if v)
-    bad = [v for v in variants if v not in quant.PATHS]
+    bad = [v for v in variants if v not in (*quant.PATHS, "a8")]
     if bad:
-        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(quant.PATHS)})")
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8'))})")
+    if "a8" in variants and (max(ms) > ACT8_MAX_M or "fp8" in modes):
+        ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
         for m in ms:
             for mode in modes:
                 for variant in variants:
-                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, variant, args.split, args.u)
+                    a8 = variant == "a8"
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else variant, args.split,
+                                                              args.u, "int8" if a8 else "")
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()
