@@ -2,22 +2,33 @@
 
 Matches every LinearQ4 / LinearQ8 (alone, or inside NormLinearQ / NormLinearRotary) whose rows are at
 most 8 at run time (decode) and whose K and group size fit the dp4a kernels (atlasc/ir/ops/quant.py:
-act8_why_not). With ATLAS_INT4_PATH=w4a8 (int4) or ATLAS_INT8_PATH=w8a8 (int8) such a node gets
-act = "int8": its kernel quantizes x per row to int8 in shared memory and accumulates dp4a products in
-int32 (codegen/act_int8.cu; references in atlasc/ir/ops/quant.py). The defaults, w4a16 and w8a16, leave
-the nodes as they are (float activations: quant.cu's tensor-core path). The int8 activations are not
-the default: their kernels have not yet run on a GPU (no table of measured paths per arch and batch
-bucket exists yet), and they add the error of quantizing activations (the compile's accuracy report
-measures it on a decode step per calibration prompt: atlasc/accuracy.py decode_act_report).
+act8_why_not). Such a node gets act = "int8" (W4A8 / W8A8: its kernel quantizes x per row to int8 in
+shared memory and accumulates dp4a products in int32, codegen/act_int8.cu) when the path chosen for its
+rows bucket is the int8-activation one; otherwise it keeps float activations (W4A16 / W8A16, quant.cu's
+tensor-core path).
+
+The path comes from the measured table passes/decode_paths.yaml: per arch, quantization and rows bucket
+("rows 1", "rows 2..8") the faster of the two paths on the decode shapes. The artifact holds one IR for
+every `--arch`, so a bucket takes int8 activations only when every arch's table chooses them; an arch
+without a measurement chooses float activations ("not measured"). A node whose rows reach 2..8 also
+runs batch 1, so it needs both buckets to choose int8. On sm90 (H200) float activations win every
+bucket (1.2-5.9x per call, docs/perf.md), so by default nothing changes. ATLAS_INT4_PATH=w4a16|w4a8 and
+ATLAS_INT8_PATH=w8a16|w8a8 override the table for every bucket (experiments, GPU tests). int8
+activations add the error of quantizing them: the compile's accuracy report measures it on a decode
+step per calibration prompt (atlasc/accuracy.py decode_act_report).
 
 Requires: fuse-linear-prologue (it runs after it, on the fused nodes). Guarantees: only the attribute
 `act` changes, and the node's reference then computes the int8-activation result; the choice is in the
-artifact's IR.
+artifact's IR, and Program.decode_paths records per quantization the path per bucket and its source
+(the manifest's report: `decode_paths`, shown by `atlasc inspect`).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import yaml
 
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node
@@ -29,17 +40,65 @@ from atlasc.passes.rewrite import RewriteStats
 
 # op -> (environment variable, its values: float activations first, then int8 ones)
 PATHS = {"LinearQ4": ("ATLAS_INT4_PATH", ("w4a16", "w4a8")), "LinearQ8": ("ATLAS_INT8_PATH", ("w8a16", "w8a8"))}
+QUANT = {"LinearQ4": "int4", "LinearQ8": "int8"}  # the table's and the record's key per op
 RULES = {"LinearQ4": "LinearQ4 (decode) => act int8 (W4A8, dp4a)",
          "LinearQ8": "LinearQ8 (decode) => act int8 (W8A8, dp4a)"}
+BUCKETS = ("rows 1", "rows 2..8")
+TABLE = Path(__file__).with_name("decode_paths.yaml")
 
 
-def path_choice(op: str) -> str:
-    """The path chosen for op's decode nodes (default: float activations); UsageError for an unknown value."""
+def load_table(path: Path = TABLE) -> dict:
+    """arch -> {"measured": {gpu, date, command}, "int4" | "int8": {bucket: {"m", "choice", "us": {shape:
+    {"KxN", <float path>: us, <int8 path>: us}}}}}."""
+    return yaml.safe_load(Path(path).read_text())
+
+
+def table_problems(table: dict) -> list[str]:
+    """What is wrong with a table: missing buckets, or a choice that is not the path with the smaller sum
+    of microseconds over the bucket's shapes."""
+    problems = []
+    for arch, entry in table.items():
+        for op, quant in QUANT.items():
+            for bucket in BUCKETS:
+                cell = entry.get(quant, {}).get(bucket)
+                if not cell or not cell.get("us"):
+                    problems.append(f"{arch} {quant} {bucket}: no measurement")
+                    continue
+                sums = {p: sum(float(row[p]) for row in cell["us"].values()) for p in PATHS[op][1]}
+                if cell["choice"] != min(sums, key=sums.get):
+                    problems.append(f"{arch} {quant} {bucket}: choice {cell['choice']} but us sums {sums}")
+    return problems
+
+
+def env_choice(op: str) -> str | None:
+    """ATLAS_INT4_PATH / ATLAS_INT8_PATH when set (None otherwise); UsageError for an unknown value."""
     env, values = PATHS[op]
-    path = os.environ.get(env, "") or values[0]
-    if path not in values:
+    path = os.environ.get(env, "")
+    if path and path not in values:
         raise UsageError(f"{env}={path!r} is not a decode path (expected one of: {', '.join(values)})")
-    return path
+    return path or None
+
+
+def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
+    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs."""
+    env, (float_path, int8_path) = PATHS[op]
+    forced = env_choice(op)
+    if forced:
+        return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
+    per_arch, notes = [], []
+    for arch in archs:
+        entry = table.get(arch)
+        if entry is None:
+            per_arch.append(dict.fromkeys(BUCKETS, float_path))
+            notes.append(f"{arch} not measured")
+        else:
+            per_arch.append({b: entry[QUANT[op]][b]["choice"] for b in BUCKETS})
+            notes.append(f"{arch} measured {entry['measured']['date']}")
+    paths = {b: int8_path if per_arch and all(p[b] == int8_path for p in per_arch) else float_path
+             for b in BUCKETS}
+    if any(p != per_arch[0] for p in per_arch):
+        notes.append("the archs differ: float activations where they do")
+    return {"paths": paths, "source": f"table {TABLE.name}: " + ", ".join(notes)}
 
 
 def _projection(node: Node) -> str | None:
@@ -48,16 +107,23 @@ def _projection(node: Node) -> str | None:
     return op if op in PATHS else None
 
 
-def choose_graph(graph: Graph, upper: dict[str, int], int8_ops: set[str], stats: RewriteStats) -> None:
+def choose_graph(graph: Graph, upper: dict[str, int], int8_buckets: dict[str, set[str]],
+                 stats: RewriteStats) -> None:
+    """Mark graph's decode projections whose op has int8 activations chosen (op -> those buckets) for
+    every rows bucket the node runs in."""
     for node in graph.nodes:
         op = _projection(node)
-        if op not in int8_ops:
+        if op not in int8_buckets:
             continue
         x = node.inputs[0]
         rows = rows_upper(x, upper)
         group = int(node.attrs.get("group_size", 0))
         why = "its rows have no upper bound" if rows is None else act8_why_not(4 if op == "LinearQ4" else 8,
                                                                               group, x.shape[-1], rows)
+        if not why:
+            runs = set(BUCKETS[: 1 if rows == 1 else 2])
+            if not runs <= int8_buckets[op]:
+                why = f"{', '.join(sorted(runs - int8_buckets[op]))} keeps float activations"
         if not why:  # every block keeps the int8 rows (and a fused norm's staged rows) in shared memory
             smem = rows * x.shape[-1] + (staging_bytes(rows, x.shape[-1], x.dtype) if node.op != op else 0)
             if smem > PROLOGUE_SMEM_BYTES:
@@ -69,11 +135,22 @@ def choose_graph(graph: Graph, upper: dict[str, int], int8_ops: set[str], stats:
         stats.applied[RULES[op]] = stats.applied.get(RULES[op], 0) + 1
 
 
-def choose_decode_path(program: Program) -> tuple[Program, RewriteStats]:
-    """Mark decode int4 / int8 projections for int8 activations as ATLAS_INT4_PATH / ATLAS_INT8_PATH say."""
+def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Program, RewriteStats]:
+    """Mark decode int4 / int8 projections for int8 activations where the table (passes/decode_paths.yaml,
+    or `table`) chooses them for every arch of the compile, or ATLAS_INT4_PATH / ATLAS_INT8_PATH say so."""
     stats = RewriteStats()
-    int8_ops = {op for op, (_, values) in PATHS.items() if path_choice(op) == values[1]}
-    if int8_ops:
+    ops = {op for g in program.entries.values() for n in g.nodes if (op := _projection(n))}
+    if not ops:
+        return program, stats
+    table = load_table() if table is None else table
+    int8_buckets = {}
+    for op in sorted(ops):
+        decision = decide(op, tuple(program.options.archs), table)
+        program.decode_paths[QUANT[op]] = decision
+        chosen = {b for b, path in decision["paths"].items() if path == PATHS[op][1][1]}
+        if chosen:
+            int8_buckets[op] = chosen
+    if int8_buckets:
         for entry, graph in program.entries.items():
-            choose_graph(graph, program.bounds.get(entry, {}), int8_ops, stats)
+            choose_graph(graph, program.bounds.get(entry, {}), int8_buckets, stats)
     return program, stats

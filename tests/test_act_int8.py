@@ -231,7 +231,7 @@ def test_shared_memory_bound_declines():
     for k, fits in ((8192, True), (12800, False)):
         g, node = graph(k)
         stats = RewriteStats()
-        choose_graph(g, {"m": 8}, {"LinearQ4"}, stats)
+        choose_graph(g, {"m": 8}, {"LinearQ4": {"rows 1", "rows 2..8"}}, stats)
         assert (node.attrs["act"] == "int8") == fits, (k, stats.declined)
         if not fits:
             assert "shared memory" in next(iter(stats.declined.values()))

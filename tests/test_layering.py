@@ -39,7 +39,8 @@ RULES: dict[str, Rule] = {
     "atlasc.errors": rule(set(), set()),
     "atlasc.ir": rule({"atlasc.errors"}, {"numpy"}),
     "atlasc.frontend": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "onnx", "onnx_graphsurgeon"}),
-    "atlasc.passes": rule({"atlasc.ir", "atlasc.errors"}, {"numpy"}),
+    # yaml: choose-decode-path reads its measured table (passes/decode_paths.yaml)
+    "atlasc.passes": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "yaml"}),
     "atlasc.codegen": rule({"atlasc.ir", "atlasc.artifact", "atlasc.errors"}, {"numpy"}),
     "atlasc.artifact": rule({"atlasc.errors"}, {"numpy", "yaml"}),
     "atlasc.runtime": rule({"atlasc.artifact", "atlasc.errors"}, {"numpy", "pycuda"}),

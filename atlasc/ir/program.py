@@ -78,6 +78,8 @@ class Program:
     # quantized node name -> its float weight Value (a merged layer: the tuple of its parts)
     float_weights: dict[str, object] = field(default_factory=dict)
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)
+    # "int4" / "int8" -> {"paths": rows bucket -> decode path, "source": why} (choose-decode-path)
+    decode_paths: dict[str, dict] = field(default_factory=dict)
     # progress of long passes: (stage, detail, (done, total) or None); set by the compile driver
     progress: Callable[..., None] | None = field(default=None, repr=False, compare=False)
     # where passes put the large constants they make (quantized and merged weights): set by the compile
