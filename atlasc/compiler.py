@@ -257,6 +257,8 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
     }
     if program.quantization:
         compile_report["quantization"] = program.quantization
+    if program.decode_paths:
+        compile_report["decode_paths"] = program.decode_paths
     manifest = Manifest(
         source=SourceInfo(model_path.name, sha256_file(model_path)),
         options={"archs": list(options.archs), "dtype": options.dtype, "max_batch": options.max_batch,

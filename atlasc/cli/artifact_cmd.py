@@ -45,7 +45,7 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                     "max_batch": m.kv_cache.max_batch, "max_seq": m.kv_cache.max_seq, "dtype": m.kv_cache.dtype},
                 "members": {k: {"sha256": v.sha256, "size": v.size} for k, v in m.members.items()},
             }
-            for key in ("codegen", "quantization"):
+            for key in ("codegen", "quantization", "decode_paths"):
                 if key in m.report:
                     report[key] = m.report[key]
             print(json.dumps(report))
@@ -61,6 +61,10 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
             out.print(f"kernel paths: linear={c['linear_path']}, quant={c['quant_path']}, "
                       f"attention={c['attention_path']} (split <= {c['attention_max_split']}); "
                       f"specialized kernels: {buckets or 'none'}")
+        for quant, d in m.report.get("decode_paths", {}).items():  # choose-decode-path's decision
+            paths = set(d["paths"].values())
+            text = paths.pop() if len(paths) == 1 else ", ".join(f"{b} {p}" for b, p in d["paths"].items())
+            out.print(f"decode path {quant}: {text} ({d['source']})")
         entries = Table(title="entry points", title_justify="left", show_edge=False)
         for col in ("entry", "inputs", "outputs", "kernels", "fixed"):
             entries.add_column(col)

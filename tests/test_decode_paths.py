@@ -1,0 +1,135 @@
+"""choose-decode-path's measured table (passes/decode_paths.yaml): well-formed, choices that follow their
+numbers, the pass picking from it per arch and rows bucket, the environment overriding it, and the
+decision recorded in the artifact (`atlasc inspect`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from atlasc.passes import choose_decode_path as cdp
+
+from conftest import FIXTURES, REPO
+
+
+def test_the_table_is_well_formed_and_its_choices_follow_its_numbers():
+    table = cdp.load_table()
+    assert cdp.table_problems(table) == []
+    sm90 = table["sm90"]
+    assert sm90["measured"]["date"] == "2026-11-30" and "examples/quant_lab.py" in sm90["measured"]["command"]
+    for quant, (float_path, int8_path) in (("int4", ("w4a16", "w4a8")), ("int8", ("w8a16", "w8a8"))):
+        for bucket, m in zip(cdp.BUCKETS, (1, 8)):
+            cell = sm90[quant][bucket]
+            assert cell["m"] == m and len(cell["us"]) == 7
+            assert all(set(row) == {"KxN", float_path, int8_path} for row in cell["us"].values())
+            assert cell["choice"] == float_path  # measured on the H200: float activations win every bucket
+    bad = copy.deepcopy(table)  # a number edited without its choice
+    for row in bad["sm90"]["int8"]["rows 1"]["us"].values():
+        row["w8a8"] = 1.0
+    problems = cdp.table_problems(bad)
+    assert len(problems) == 1 and problems[0].startswith("sm90 int8 rows 1: choice w8a16 but us sums"), problems
+
+
+def _table(rows1: str, rows8: str) -> dict:
+    """A one-arch (sm90) table whose int4 buckets choose rows1 / rows8, with numbers that agree."""
+    def cell(m, choice):
+        fast, slow = (choice, "w4a8" if choice == "w4a16" else "w4a16")
+        return {"m": m, "choice": choice, "us": {"x": {"KxN": "64x64", fast: 1.0, slow: 2.0}}}
+
+    table = {"sm90": {"measured": {"gpu": "test", "date": "2000-01-01", "command": "none"},
+                      "int4": {"rows 1": cell(1, rows1), "rows 2..8": cell(8, rows8)},
+                      "int8": {b: {"m": 1, "choice": "w8a16", "us": {"x": {"KxN": "64x64", "w8a16": 1.0,
+                                                                          "w8a8": 2.0}}} for b in cdp.BUCKETS}}}
+    assert cdp.table_problems(table) == []
+    return table
+
+
+def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None):
+    """The Llama fixture (int4 g32) through the pipeline up to choose-decode-path, then the pass with
+    `table` (None: the repo's); returns the program and the pass's stats."""
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import PIPELINES, run_pipeline
+
+    monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    names = PIPELINES["default"]
+    options = CompileOptions(archs=archs, max_batch=max_batch, max_seq=64, quant="int4", group_size=32)
+    program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
+    program, _ = run_pipeline(program, names[: names.index("choose-decode-path")], verify_each=True)
+    if env:
+        monkeypatch.setenv("ATLAS_INT4_PATH", env)
+    return cdp.choose_decode_path(program, table)
+
+
+def _acts(program, entry: str = "decode") -> set[str]:
+    return {n.attrs.get("act", "") for n in program.entries[entry].nodes if cdp._projection(n)}
+
+
+def test_the_pass_takes_int8_activations_where_the_table_says_so(monkeypatch):
+    program, stats = _chosen(monkeypatch, _table("w4a8", "w4a8"))
+    assert _acts(program) == {"int8"} and _acts(program, "prefill") == {""}
+    assert sum(stats.applied.values()) == len([n for n in program.entries["decode"].nodes if cdp._projection(n)])
+    assert program.decode_paths == {"int4": {"paths": {"rows 1": "w4a8", "rows 2..8": "w4a8"},
+                                             "source": "table decode_paths.yaml: sm90 measured 2000-01-01"}}
+
+
+def test_a_node_needs_every_bucket_it_runs_in(monkeypatch):
+    """rows 1 chooses W4A8, rows 2..8 W4A16: a batch <= 4 decode (it also runs batch 1) keeps float
+    activations and says why; a batch-1 build takes int8."""
+    table = _table("w4a8", "w4a16")
+    program, stats = _chosen(monkeypatch, table, max_batch=4)
+    assert _acts(program) == {""}
+    assert any(why == "rows 2..8 keeps float activations" for why in stats.declined.values())
+    program, _ = _chosen(monkeypatch, table, max_batch=1)
+    assert _acts(program) == {"int8"}
+
+
+def test_archs_that_differ_or_are_not_measured_get_float_activations(monkeypatch):
+    program, stats = _chosen(monkeypatch, _table("w4a8", "w4a8"), archs=("sm80", "sm90"))
+    assert _acts(program) == {""} and not stats.applied
+    d = program.decode_paths["int4"]
+    assert set(d["paths"].values()) == {"w4a16"}
+    assert d["source"] == ("table decode_paths.yaml: sm80 not measured, sm90 measured 2000-01-01, "
+                           "the archs differ: float activations where they do")
+
+
+def test_the_measured_table_gives_sm90_float_activations(monkeypatch):
+    program, stats = _chosen(monkeypatch)
+    assert _acts(program) == {""} and not stats.applied
+    assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a16", "rows 2..8": "w4a16"},
+                                            "source": "table decode_paths.yaml: sm90 measured 2026-11-30"}
+
+
+def test_the_environment_overrides_the_table(monkeypatch):
+    program, _ = _chosen(monkeypatch, env="w4a8")
+    assert _acts(program) == {"int8"}
+    assert program.decode_paths["int4"]["source"] == "ATLAS_INT4_PATH=w4a8"
+    program, _ = _chosen(monkeypatch, _table("w4a8", "w4a8"), env="w4a16")
+    assert _acts(program) == {""}
+    assert program.decode_paths["int4"] == {"paths": dict.fromkeys(cdp.BUCKETS, "w4a16"),
+                                            "source": "ATLAS_INT4_PATH=w4a16"}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_the_artifact_records_the_decision(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    out = tmp_path / "q.atlas"
+
+    def atlasc(*args):
+        r = subprocess.run([sys.executable, "-m", "atlasc", *map(str, args)], capture_output=True, text=True,
+                           cwd=REPO, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    atlasc("compile", FIXTURES / "llama.onnx", "-o", out, "--arch", "sm90", "--max-seq", "32", "--max-batch", "2",
+           "--quant", "int4", "--group-size", "32")
+    report = json.loads(atlasc("inspect", out, "--json").splitlines()[-1])
+    want = {"paths": {"rows 1": "w4a16", "rows 2..8": "w4a16"},
+            "source": "table decode_paths.yaml: sm90 measured 2026-11-30"}
+    assert report["decode_paths"] == {"int4": want}
+    assert f"decode path int4: w4a16 ({want['source']})" in atlasc("inspect", out)
