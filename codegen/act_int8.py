@@ -6,7 +6,8 @@ passes/choose_decode_path.py at decode).
 The int8 rows take M x K bytes of dynamic shared memory after whatever the kernel already keeps there
 (the fused kernels' staged x); the GEMV is compiled for MT = 1, 2, 4, 8 up to the rows' upper bound
 and picked by M at run time. ACT8_U chunks of 16 bytes per lane are in flight (512 bytes per warp each).
-Not yet run on a GPU (docs/perf.md v8): opt-in with ATLAS_INT4_PATH=w4a8 / ATLAS_INT8_PATH=w8a8.
+Measured on sm90 (docs/perf.md): slower than the float-activation kernels, so choose-decode-path's table
+leaves them off there; ATLAS_INT4_PATH=w4a8 / ATLAS_INT8_PATH=w8a8 force them.
 """
 
 from __future__ import annotations

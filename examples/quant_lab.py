@@ -16,8 +16,9 @@ served from L2, median of replays).
 GB/s counts the bytes a decode step must read: packed weights + scales (+ x and y); % is of 4.30 TB/s.
 --variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
 "simt" = the CUDA-core fallback only; "a8" = activations quantized per row to int8 in the kernel, dp4a in
-int32, what `ATLAS_INT4_PATH=w4a8` / `ATLAS_INT8_PATH=w8a8` choose at decode); --ptxas compiles the same kernels for the given archs with
-`-Xptxas -v` and prints registers and spill bytes per kernel instead (exit 1 on any spill).
+int32, W4A8 / W8A8 at decode: its timings are passes/decode_paths.yaml's table); --ptxas compiles the same
+kernels for the given archs with `-Xptxas -v` and prints registers and spill bytes per kernel instead (exit 1
+on any spill).
 """
 
 from __future__ import annotations
