@@ -26,6 +26,24 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// L2 prefetch of a constant (weights) before pdl_enter: the first `bytes` bytes (a multiple of 16) of
+// rows [0, rows) of a row-major array whose rows start row_bytes apart (16-byte aligned), the rows split
+// evenly over the grid's blocks, one cp.async.bulk.prefetch per row (sm90+; nothing on older arches).
+// Only a hint: it changes no result. It runs before the wait because the weights are never written by
+// an earlier kernel, so a kernel's first weight bytes are on their way while the previous kernel drains
+// (programmatic launch) or while this one stages its norm prologue.
+__device__ __forceinline__ void prefetch_rows_l2(const unsigned char* p, long long row_bytes, unsigned bytes,
+                                                 int rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int per = (rows + int(gridDim.x) - 1) / int(gridDim.x);
+  for (int i = threadIdx.x; i < per; i += blockDim.x) {
+    const long long r = (long long)blockIdx.x * per + i;
+    if (r < rows) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + r * row_bytes), "r"(bytes)
+                               : "memory");
+  }
+#endif
+}
+
 __device__ __forceinline__ long long imax(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long imin(long long a, long long b) { return a < b ? a : b; }
 __device__ __forceinline__ long long floordiv(long long a, long long b) {

@@ -9,11 +9,13 @@ run-time size within the compile-time maxima.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from atlasc.codegen.cexpr import c_dim, c_type
+from atlasc.ir.dtypes import itemsize
 from atlasc.errors import AtlasError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node, Value
@@ -27,6 +29,11 @@ MAX_GRID = 65535  # grid-stride loops make any grid correct; this caps idle bloc
 # elementwise, row, attention, sampling and prefill-GEMM grid) stop at STRIDE_GRID blocks, about four
 # waves of 256-thread blocks on 132 SMs, and loop (grid-stride) over the rest.
 STRIDE_GRID = 4096
+# weight_prefetch: bytes of one weight a kernel asks L2 to fetch before its pdl_enter (a third of the
+# H200's 50 MB L2, so that they are still there when the kernel's loads reach them)
+PREFETCH_BUDGET = 16 << 20
+PREFETCH_MIN_ROW = 1024  # a big weight prefetches this much of each of its first rows rather than less of all
+PREFETCH_ENV = "ATLAS_PREFETCH"
 
 
 class CodegenError(AtlasError):
@@ -71,6 +78,7 @@ class KernelCode:
     smem: int = 0
     preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
     scratch: int = 0  # bytes the kernel uses from ctx.scratch_address(0) on (left zeroed, see below)
+    prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
 
 
 @dataclass
@@ -232,6 +240,37 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                            scratch_bytes, scratch_offset + scratch_bytes, choices)
 
 
+def prefetch_enabled() -> bool:
+    """ATLAS_PREFETCH (default 1): whether projection kernels prefetch their weights (weight_prefetch)."""
+    value = os.environ.get(PREFETCH_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{PREFETCH_ENV}={value!r} is not 0 or 1")
+    return value == "1"
+
+
+def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
+    """The KernelCode.prefetch statement for a projection's constant 2-D weights [rows, ...] (None and
+    non-constant ones skipped; row bytes from the static shape and dtype). For each array: the first
+    min(row_bytes, max(PREFETCH_BUDGET / rows, PREFETCH_MIN_ROW)) bytes of each of its first rows, at
+    most PREFETCH_BUDGET bytes in all (atlas::prefetch_rows_l2, sm90+). Decode projections read their
+    weight rows from k = 0 up, all rows of a wave at once, so the first bytes of the first rows are what
+    the kernel waits for first. Empty when disabled, for symbolic shapes, or rows not 16-byte aligned."""
+    if not prefetch_enabled():
+        return ""
+    lines = []
+    for value in weights:
+        if value is None or not value.is_constant or len(value.shape) != 2 or \
+                not all(isinstance(d, int) for d in value.shape):
+            continue
+        rows, row_bytes = value.shape[0], value.shape[1] * itemsize(value.dtype)
+        if row_bytes % 16 or ctx.plan.placement(value).offset % 16 or rows <= 0:
+            continue
+        per_row = min(row_bytes, max(PREFETCH_BUDGET // rows, PREFETCH_MIN_ROW)) // 16 * 16
+        count = min(rows, PREFETCH_BUDGET // per_row)
+        lines.append(f"  atlas::prefetch_rows_l2({ctx.address(value)}, {row_bytes}LL, {per_row}u, {count});")
+    return "\n".join(lines)
+
+
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
@@ -239,7 +278,8 @@ def codegen_choices() -> dict:
 
     return {"linear_path": linear.path_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
-            "pdl_wait": True}  # every kernel starts with atlas::pdl_enter (common.cuh)
+            "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
+            "weight_prefetch": prefetch_enabled()}
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
@@ -249,6 +289,7 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
         code.preamble,
         f"// {node.name}: {node.op} -> {sig}",
         f'extern "C" __global__ void __launch_bounds__({threads}) {ctx.kernel}(unsigned char* __restrict__ arena) {{',
+        *([code.prefetch] if code.prefetch else []),
         "  atlas::pdl_enter();",
         f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",
         "  (void)d;",

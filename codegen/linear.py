@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
+                                     weight_prefetch)
 from atlasc.codegen.matmul import TILE
 from atlasc.ir.graph import Node
 
@@ -220,4 +221,5 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
-    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1))
+    prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
+    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), prefetch=prefetch)

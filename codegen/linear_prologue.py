@@ -24,7 +24,7 @@ from atlasc.codegen.attention import bind_qkv_rotary
 from atlasc.codegen.cexpr import c_type, compute_type
 from atlasc.codegen.elementwise import _align
 from atlasc.codegen.fused import fused_lines
-from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter, weight_prefetch
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
                                    decode_grid, gemv_variants, red_floats)
 from atlasc.codegen.quant import bind_quant_weights, quant_calls
@@ -93,7 +93,8 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs), PROLOGUE_MAX_GRID)
-    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem)
+    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem,
+                      prefetch=weight_prefetch(ctx, w_v))
 
 
 def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | None) -> str:
@@ -202,7 +203,8 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", stage, *xv, *calls]
     grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
-    return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem)
+    return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
+                      prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))
 
 
 def _rotary_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:

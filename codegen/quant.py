@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.cexpr import c_type
-from atlasc.codegen.generate import MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
-from atlasc.codegen.linear import bind_bias
+from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
+                                     weight_prefetch)
+from atlasc.codegen.linear import GEMV_MAX_M, bind_bias
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node
 
@@ -162,13 +163,15 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     for d in x_v.shape[:-1]:
         m_upper *= ctx.upper(d)
     lines = ["  long long M = 1;", *[f"  M *= x.shape[{i}];" for i in range(r - 1)]]
+    prefetch = weight_prefetch(ctx, *node.inputs[1:3], *node.inputs[4:5]) if m_upper <= GEMV_MAX_M else ""
     if node.attrs.get("act") == "int8":  # W4A8 / W8A8 (decode): x quantized per row in shared memory, dp4a
         lines.append("  extern __shared__ __align__(16) unsigned char lin_dyn[];")
         lines += act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "x", 0)
         return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, _ceil(n_upper, WARPS))), 1, 1), (THREADS, 1, 1),
-                          smem=act8_smem(m_upper, k_static))
+                          smem=act8_smem(m_upper, k_static), prefetch=prefetch)
     calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper)
-    return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1))
+    return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1),
+                      prefetch=prefetch)
 
 
 def bind_quant_weights(ctx: KernelContext, node: Node, weights: list, t: str):

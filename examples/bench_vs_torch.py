@@ -27,8 +27,9 @@ from build_llama import CONFIGS, write  # noqa: E402
 
 
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
-                 quant: str = "none", pdl_ab: bool = False) -> list[dict]:
-    """atlasc's bench rows (each with "engine"); pdl_ab: the same artifact again with ATLAS_PDL=1."""
+                 quant: str = "none", pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
+    """atlasc's bench rows (each with "engine"); pdl_ab: each artifact again with ATLAS_PDL=1; compile_ab:
+    the name of a 0/1 codegen switch (e.g. ATLAS_PREFETCH): two artifacts, compiled with it 0 and 1."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
@@ -41,25 +42,29 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     write(CONFIGS[cfg_name], onnx_path)
     print(f"[atlasc] built {onnx_path.name} in {time.perf_counter() - t:.1f} s", flush=True)
     dev = Device()
-    art_path = workdir / f"{cfg_name}.atlas"
-    t = time.perf_counter()
-    result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
-                                                               max_seq=prompt + gen, prefill_logits="last",
-                                                               quant=quant))
-    kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
-    print(f"[atlasc] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}",
-          flush=True)
     rows = []
-    for pdl in ("0", "1") if pdl_ab else (os.environ.get("ATLAS_PDL", "0"),):
-        os.environ["ATLAS_PDL"] = pdl  # read by GpuModel at load
-        model = GpuModel(open_artifact(art_path), device=dev)
-        measured = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
-        # the driver may refuse programmatic edges at the first capture: then the graphs are plain ones
-        engine = "atlasc+pdl" if model.pdl else "atlasc"
-        if model.pdl_error:
-            print(f"[atlasc] ATLAS_PDL=1 refused, plain graphs: {model.pdl_error}", flush=True)
-        rows += [{"engine": engine, **r} for r in measured]
-        model.close()
+    for switch in ("0", "1") if compile_ab else ("",):
+        label = f" {compile_ab}={switch}" if compile_ab else ""
+        if compile_ab:
+            os.environ[compile_ab] = switch
+        art_path = workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas"
+        t = time.perf_counter()
+        result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
+                                                                   max_seq=prompt + gen, prefill_logits="last",
+                                                                   quant=quant))
+        kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
+        print(f"[atlasc{label}] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, "
+              f"stages {result.seconds}", flush=True)
+        for pdl in ("0", "1") if pdl_ab else (os.environ.get("ATLAS_PDL", "0"),):
+            os.environ["ATLAS_PDL"] = pdl  # read by GpuModel at load
+            model = GpuModel(open_artifact(art_path), device=dev)
+            measured = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
+            # the driver may refuse programmatic edges at the first capture: then the graphs are plain ones
+            engine = ("atlasc+pdl" if model.pdl else "atlasc") + label
+            if model.pdl_error:
+                print(f"[atlasc] ATLAS_PDL=1 refused, plain graphs: {model.pdl_error}", flush=True)
+            rows += [{"engine": engine, **r} for r in measured]
+            model.close()
     return rows
 
 
@@ -116,6 +121,9 @@ def main() -> None:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--quant", default="none", choices=("none", "int8", "int4", "fp8"),
                     help="compile atlasc's artifact with --quant (the peers stay fp16)")
+    ap.add_argument("--compile-ab", default="", metavar="ATLAS_SWITCH",
+                    help="compile atlasc's artifact twice, with this 0/1 environment switch 0 then 1 (e.g. "
+                         "ATLAS_PREFETCH), and bench both")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="bench atlasc's artifact twice: plain CUDA graphs, then ATLAS_PDL=1 (programmatic edges)")
     ap.add_argument("--workdir", type=Path, default=None,
@@ -127,24 +135,24 @@ def main() -> None:
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, args.quant,
-                            args.pdl_ab)
+                            args.pdl_ab, args.compile_ab)
     else:
         with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
             ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant,
-                                args.pdl_ab)
+                                args.pdl_ab, args.compile_ab)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
     precision = "fp16" if args.quant == "none" else f"atlasc {args.quant} (weights), peers fp16"
     print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
-    print(f"{'engine':<22} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
+    print(f"{'engine':<30} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
           f"{'GiB':>6} {'vs atlasc':>9}")
     by_batch = {r["batch"]: r for r in ours if r["engine"] == ours[0]["engine"]}
     for r in ours:
         ratio = r["tokens_per_s"] / by_batch[r["batch"]]["tokens_per_s"]
-        print(f"{r['engine']:<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} {r['decode_ms_per_step']:>9.3f} "
+        print(f"{r['engine']:<30} {r['batch']:>5} {r['prefill_ms']:>10.2f} {r['decode_ms_per_step']:>9.3f} "
               f"{r['tokens_per_s']:>10.1f} {r['roofline_pct']:>8.1f}% {r['peak_device_gib']:>6.2f} {ratio:>8.2f}x")
     for r in peers:
         ratio = by_batch[r["batch"]]["tokens_per_s"] / r["tokens_per_s"]
-        print(f"{'transformers ' + r['mode']:<22} {r['batch']:>5} {r['prefill_ms']:>10.2f} "
+        print(f"{'transformers ' + r['mode']:<30} {r['batch']:>5} {r['prefill_ms']:>10.2f} "
               f"{r['decode_ms_per_step']:>9.3f} {r['tokens_per_s']:>10.1f} {'':>9} {r['peak_device_gib']:>6.2f} "
               f"{ratio:>8.2f}x")
     if args.json:

@@ -6,7 +6,8 @@
 # and with ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the
 # largest batch, 256 keys; PROFILE_TOP rows, default 30). ROTARY_AB=1 then compiles and benches twice more
 # at batch 1, with ATLAS_ROTARY_EPILOGUE=0 and =1, each profiled in full (where the fused float16 QKV kernel
-# loses its time, docs/perf.md v8).
+# loses its time, docs/perf.md v8). AB=ATLAS_SWITCH compiles atlasc's artifact twice, with that 0/1 switch 0
+# and 1 (e.g. AB=ATLAS_PREFETCH), and benches both (with PDL_AB=1: each with plain and programmatic graphs).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -28,11 +29,13 @@ fi
 quant="${QUANT:-none}"  # QUANT=int4 / int8 / fp8: atlasc compiles with --quant (transformers stays fp16)
 work="${WORKDIR:-/tmp/atlasc-work}"  # the ONNX file and the artifact stay here (not under $OUT: gigabytes)
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
-    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
+    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} ${AB:+--compile-ab "$AB"} --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
     tee "$out/bench_$config.log"
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
+    art="$work/$config.atlas"
+    [ -n "${AB:-}" ] && art="$work/$config-${AB}1.atlas"  # with AB: the artifact compiled with the switch on
     for b in 1 "${batches##*,}"; do
-        atlasc profile "$work/$config.atlas" --batch "$b" --context 256 --top "${PROFILE_TOP:-30}" 2>&1 | \
+        atlasc profile "$art" --batch "$b" --context 256 --top "${PROFILE_TOP:-30}" 2>&1 | \
             tee "$out/profile_${config}_b$b.log"
     done
 fi

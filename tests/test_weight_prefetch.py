@@ -1,0 +1,72 @@
+"""weight_prefetch (codegen/generate.py): which bytes of a projection's weights a kernel asks L2 to fetch
+before its pdl_enter, within the budget; only constants; ATLAS_PREFETCH=0 turns it off. The kernels it
+lands in are checked in tests/test_batch_buckets.py (before pdl_enter, inside the weights region)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from atlasc.codegen.generate import PREFETCH_BUDGET, PREFETCH_MIN_ROW, CodegenError, weight_prefetch
+from atlasc.ir import symbolic as S
+from atlasc.ir.graph import Value
+
+CALL = re.compile(r"  atlas::prefetch_rows_l2\(arena \+ (\d+)LL, (\d+)LL, (\d+)u, (\d+)\);")
+
+
+def fake_ctx(offsets: dict[str, int]):
+    """The two things weight_prefetch asks of a KernelContext: placements and addresses."""
+    plan = SimpleNamespace(placement=lambda v: SimpleNamespace(offset=offsets[v.name]))
+    return SimpleNamespace(plan=plan, address=lambda v: f"arena + {offsets[v.name]}LL")
+
+
+def weight(name: str, shape: tuple, dtype: str = "float16") -> Value:
+    return Value(name, dtype, shape, data=np.zeros((1,), np.uint8))  # only shape and dtype are read
+
+
+def calls(text: str) -> list[tuple[int, int, int, int]]:
+    return [tuple(map(int, CALL.fullmatch(line).groups())) for line in text.splitlines()]
+
+
+def test_a_weight_that_fits_the_budget_is_prefetched_whole():
+    w = weight("w", (3072, 2048))  # Llama-3.2-1B merged QKV: 12 MB
+    assert calls(weight_prefetch(fake_ctx({"w": 4096}), w)) == [(4096, 4096, 4096, 3072)]
+
+
+def test_a_big_weight_prefetches_the_first_bytes_of_its_first_rows():
+    w = weight("lm_head", (128256, 2048))  # 525 MB: 1 KB of each of the first 16384 rows
+    ((off, row_bytes, nbytes, rows),) = calls(weight_prefetch(fake_ctx({"lm_head": 256}), w))
+    assert (off, row_bytes, nbytes) == (256, 4096, PREFETCH_MIN_ROW)
+    assert rows * nbytes == PREFETCH_BUDGET
+    wide = weight("gate_up", (2048, 65536))  # few long rows: the budget spread over all of them
+    ((_, row_bytes, nbytes, rows),) = calls(weight_prefetch(fake_ctx({"gate_up": 0}), wide))
+    assert rows == 2048 and nbytes == PREFETCH_BUDGET // 2048 and nbytes % 16 == 0
+
+
+def test_int4_codes_and_their_scales_each_get_a_call():
+    wq, scale = weight("wq", (6144, 2048), "uint8"), weight("scale", (6144, 32))
+    assert calls(weight_prefetch(fake_ctx({"wq": 0, "scale": 1 << 20}), wq, scale, None)) == [
+        (0, 2048, 2048, 6144), (1 << 20, 64, 64, 6144)]
+
+
+def test_what_is_not_prefetched():
+    """Non-constants (activations may still be being written), rows that are not 16-byte multiples or a
+    misaligned array (the bulk prefetch needs 16-byte alignment), symbolic shapes."""
+    x = Value("x", "float16", (4096, 4096))
+    odd = weight("odd", (64, 9))  # 18-byte rows
+    moved = weight("moved", (64, 64))
+    sym = Value("sym", "float16", (S.sym("n"), 64), data=np.zeros((1,), np.uint8))
+    ctx = fake_ctx({"x": 0, "odd": 0, "moved": 8, "sym": 0})
+    assert weight_prefetch(ctx, x, odd, moved, sym) == ""
+
+
+def test_switched_off(monkeypatch):
+    w = weight("w", (64, 64))
+    monkeypatch.setenv("ATLAS_PREFETCH", "0")
+    assert weight_prefetch(fake_ctx({"w": 0}), w) == ""
+    monkeypatch.setenv("ATLAS_PREFETCH", "yes")
+    with pytest.raises(CodegenError, match="ATLAS_PREFETCH"):
+        weight_prefetch(fake_ctx({"w": 0}), w)
