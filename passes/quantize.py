@@ -56,6 +56,7 @@ from atlasc.errors import ShapeError, UsageError
 from atlasc.ir.graph import Graph, Node, constant
 from atlasc.ir.ops.quant import E4M3_MAX, dequant_f8
 from atlasc.ir.program import Program
+from atlasc.passes.gptq import calibration_hessians, gptq_int4, load_feeds
 from atlasc.passes.rewrite import RewriteStats
 
 MODES = ("none", "int8", "int4", "fp8")
@@ -251,10 +252,11 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int, zero: np.
 
 
 def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=np.empty,
-                    zero_points: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
+                    zero_points: bool = False, hessian: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
     """Quantize w chunk by chunk into arrays from new_array(shape, dtype) (Program.new_array: on disk for
     a compile): (codes, scales, int4 zero points or None, the relative error of x W^T on ERROR_ROWS
-    random rows x)."""
+    random rows x). int4 with a calibration hessian (--gptq): GPTQ rounding (passes/gptq.py)."""
     n, k = w.shape
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
     zero = None
@@ -275,6 +277,12 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=n
         elif mode == "fp8":
             q, s = quantize_fp8(c)
             deq = dequant_f8(q, s)
+        elif hessian is not None:
+            codes, s, z = gptq_int4(c, hessian, group, zero is not None, CLIP_RATIOS, _scale16)
+            q = pack_int4(codes if z is None else codes.astype(np.int16) - 8)
+            if z is not None:
+                zero[r0:r1] = z
+            deq = dequantize_int4(q, s, group, z)
         elif zero is not None:
             q, s, z = quantize_int4_asym(c, group)
             zero[r0:r1] = z
@@ -356,6 +364,22 @@ def _skipped(node: Node, patterns: tuple[str, ...]) -> str | None:
     return None
 
 
+def _gptq_hessians(program: Program, candidates: list[Node]) -> dict[int, np.ndarray]:
+    """id(weight) -> calibration H of the int4 candidates (passes/gptq.py); UsageError without --calib."""
+    opts = program.options
+    if opts.quant != "int4" or not opts.calib:
+        raise UsageError("--gptq needs --quant int4 and --calib (the calibration prompts it minimizes the "
+                         "layers' output error on)", hint="e.g. --quant int4 --gptq --calib text.npz")
+    say = program.progress or (lambda stage, detail, done=None: None)
+    hessians: dict[int, np.ndarray] = {}
+    for graph in program.entries.values():
+        nodes = [n for n in candidates if any(n is m for m in graph.nodes)]
+        if nodes:
+            say("quantize", f"gptq: float activations of {len(nodes)} layers on {opts.calib}")
+            hessians.update(calibration_hessians(graph, nodes, load_feeds(opts.calib, graph), opts.max_batch))
+    return hessians
+
+
 def quantize(program: Program) -> tuple[Program, RewriteStats]:
     """Replace every eligible Linear by LinearQ8 / LinearQ4 (see the module docstring)."""
     stats = RewriteStats()
@@ -397,6 +421,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         raise UsageError(f"--group-size {group} divides no linear layer's K (K: {', '.join(map(str, ks))})",
                          hint="pick a group size that divides K, e.g. 32, 64 or 128")
     zero_points = mode == "int4" and opts.zero_points
+    hessians = _gptq_hessians(program, candidates) if opts.gptq else {}
     made: dict[int, tuple] = {}  # id(W) -> (wq, scale, zero or None, layer record): shared weights once
     layers = []
     say = program.progress or (lambda stage, detail, done=None: None)
@@ -412,7 +437,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             say("quantize", f"{mode} {w.name} ({len(made) + 1} weights, {done_bytes / 1e9:.2f} of "
                             f"{total_bytes / 1e9:.2f} GB)", (done_bytes, total_bytes))
             wq, scale, zero, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array,
-                                                   zero_points=zero_points)
+                                                   zero_points=zero_points, hessian=hessians.get(id(w)))
             done_bytes += w.data.nbytes
             extra = 0 if zero is None else zero.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
@@ -437,6 +462,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
     program.quantization = {
         "mode": mode, "group_size": group if mode == "int4" else None, "skip": list(opts.quant_skip),
         **({"zero_points": True} if zero_points else {}),
+        **({"gptq": {"calib": opts.calib, "layers": len(hessians)}} if opts.gptq else {}),
         "layers": layers, "bytes_before": before, "bytes_after": after,
         "max_rel_error": max((r["rel_error"] for r in layers), default=0.0),
         "declined": {k.split(" at ", 1)[1]: v for k, v in stats.declined.items()},

@@ -14,8 +14,8 @@ from rich.table import Table
 from atlasc.cli import _bytes, _err, _existing_file, _out, _quant_title, app, state
 from atlasc.errors import UsageError
 
-CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "quant_skip",
-               "prefill_logits"}
+CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "gptq",
+               "quant_skip", "prefill_logits"}
 
 
 def _load_config(path: Path) -> dict:
@@ -70,6 +70,9 @@ def compile_command(
     quant_skip: Annotated[list[str] | None, typer.Option("--quant-skip", help="Keep linear layers whose weight, "
                                                          "node or output name matches this glob in float "
                                                          "(repeatable, or comma-separated).")] = None,
+    gptq: Annotated[bool, typer.Option("--gptq", help="int4: round each layer by GPTQ on the float activations "
+                                       "of the --calib prompts (error feedback through the calibration "
+                                       "Hessian) instead of to nearest; encoder exports. Default off.")] = False,
     calib: Annotated[Path | None, typer.Option("--calib", help="Quantized decoders: an .npz of calibration "
                                                "token ids [prompts, length] (key input_ids) for the accuracy "
                                                "report; random prompts when absent.")] = None,
@@ -107,6 +110,11 @@ def compile_command(
         if quant_opts["quant"] != "int4":
             raise UsageError(f"--zero-points applies to --quant int4, not {quant_opts['quant']}")
         quant_opts["zero_points"] = True
+    if gptq or bool(cfg.get("gptq", False)):
+        if quant_opts["quant"] != "int4" or calib is None:
+            raise UsageError("--gptq needs --quant int4 and --calib prompts.npz",
+                             hint="the calibration prompts are what GPTQ minimizes each layer's output error on")
+        quant_opts["gptq"] = True
     if calib is not None:
         _existing_file(calib, "calibration file")
         if quant_opts["quant"] == "none":

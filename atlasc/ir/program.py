@@ -42,7 +42,8 @@ class CompileOptions:
     group_size: int = 128  # int4: weights per fp16 scale along K
     zero_points: bool = False  # int4: asymmetric groups (a uint8 zero point per group), else symmetric
     quant_skip: tuple[str, ...] = ()  # fnmatch patterns of linear layers kept in float
-    calib: str | None = None  # .npz of calibration token ids for the quantization report
+    calib: str | None = None  # .npz of calibration token ids for the quantization report (and --gptq)
+    gptq: bool = False  # int4: GPTQ rounding on the calibration prompts' activations (passes/gptq.py)
     prefill_logits: str = "all"  # decoders: "all" positions' logits from prefill, or only the "last"
 
 

@@ -1,0 +1,143 @@
+"""gptq: calibrated int4 rounding for the quantize pass (`--quant int4 --gptq --calib text.npz`).
+
+Not a pass of its own: quantize calls it, per int4 layer, instead of its round-to-nearest search
+(passes/quantize.py quantize_int4 / quantize_int4_asym) when options.gptq is set. Same output format
+(packed codes, float16 group scales, uint8 zero points with --zero-points), so LinearQ4's reference and
+kernels are unchanged: only which codes are stored changes.
+
+Calibration (`calibration_hessians`): the float graph (before quantize) runs on the reference
+interpreter over the calibration prompts (options.calib: an .npz with `input_ids` [prompts, length] and,
+optionally, `attention_mask`, `token_type_ids`, `position_ids`; missing ones are all-ones / zeros /
+0..length-1), `max_batch` prompts at a time. For every candidate Linear it accumulates H = sum x x^T
+(float64 [K, K]) over the rows x it sees, padded positions (attention_mask 0) left out.
+
+Rounding (`gptq_int4`, GPTQ, Frantar et al. 2022): columns are quantized left to right; the rounding
+error of column i, divided by the i-th diagonal of the upper Cholesky factor U of (H + damp I)^-1, is
+subtracted from the columns not yet quantized, weighted by U[i, i+1:], which minimizes the layer's output
+error ||X W^T - X Wq^T|| on the calibration rows better than rounding each weight alone. A group's scale
+(and zero point) is fixed when the rounding reaches its first column, from the error-updated weights, with
+the CLIP_RATIOS search of plain rounding. damp = DAMP x mean(diag H): on all-MiniLM-L6-v2 a few hundred
+calibration tokens overfit with 1% (docs/perf.md); 10% generalizes better.
+
+Guarantees: codes in range, scales >= 2^-14 in float16 (quantize's _scale16), so |dequant| stays
+bounded as with plain rounding; a layer whose H is zero (never reached) is rounded plainly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlasc.errors import UsageError
+from atlasc.ir.graph import Graph, Node
+from atlasc.ir.interpreter import interpret
+
+DAMP = 0.1
+FEED_NAMES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
+def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
+    """The graph's inputs for every calibration prompt, from the .npz at path (see the module docstring)."""
+    try:
+        with np.load(path) as z:
+            arrays = {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError) as e:
+        raise UsageError(f"calibration file {path} is not a readable .npz: {e}") from None
+    ids = arrays.get("input_ids")
+    if ids is None or ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise UsageError(f"calibration file {path} needs a non-empty 2-D integer `input_ids` array")
+    feeds = {}
+    for v in graph.inputs:
+        if v.name in arrays:
+            feeds[v.name] = arrays[v.name].astype(np.int64)
+        elif v.name == "attention_mask":
+            feeds[v.name] = np.ones_like(ids, np.int64)
+        elif v.name == "token_type_ids":
+            feeds[v.name] = np.zeros_like(ids, np.int64)
+        elif v.name == "position_ids":
+            feeds[v.name] = np.tile(np.arange(ids.shape[1], dtype=np.int64), (ids.shape[0], 1))
+        else:
+            raise UsageError(f"--gptq calibration feeds {', '.join(FEED_NAMES)}; the graph also takes "
+                             f"'{v.name}'", hint="--gptq supports encoder exports (no KV-cache inputs)")
+        if feeds[v.name].shape != ids.shape:
+            raise UsageError(f"calibration {v.name} has shape {list(feeds[v.name].shape)}, input_ids "
+                             f"{list(ids.shape)}")
+    return feeds
+
+
+def calibration_hessians(graph: Graph, nodes: list[Node], feeds: dict[str, np.ndarray],
+                         batch: int) -> dict[int, np.ndarray]:
+    """id(weight) -> H = sum x x^T over the float inputs x of the Linear nodes reading it."""
+    probes = {id(n.inputs[0]): n.inputs[0] for n in nodes}
+    extra = [v for v in probes.values() if all(v is not o for o in graph.outputs)]
+    hess: dict[int, np.ndarray] = {}
+    mask = feeds.get("attention_mask")
+    rows = len(next(iter(feeds.values())))
+    graph.outputs.extend(extra)
+    try:
+        for r0 in range(0, rows, max(1, batch)):
+            chunk = {k: v[r0:r0 + batch] for k, v in feeds.items()}
+            out = interpret(graph, chunk)
+            keep = None if mask is None else mask[r0:r0 + batch].reshape(-1) != 0
+            for n in nodes:
+                x = out[n.inputs[0].name]
+                x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+                if keep is not None and x.shape[0] == keep.size:
+                    x = x[keep]
+                h = hess.setdefault(id(n.inputs[1]), np.zeros((x.shape[1], x.shape[1])))
+                h += x.T @ x
+    finally:
+        del graph.outputs[len(graph.outputs) - len(extra):]
+    return hess
+
+
+def _group_scale(wg: np.ndarray, asym: bool, ratios, scale16):
+    """Per row of wg [N, G]: (scale float32, zero or None) of the clip ratio with the least squared error."""
+    best = None
+    for r in ratios:
+        if asym:
+            lo, hi = np.minimum(wg.min(1), 0) * r, np.maximum(wg.max(1), 0) * r
+            s = scale16(hi - lo, 15).astype(np.float64)
+            z = np.clip(np.rint(-lo / s), 0, 15)
+        else:
+            s, z = scale16(np.abs(wg).max(1) * r, 7).astype(np.float64), None
+        d = _round(wg, s[:, None], None if z is None else z[:, None]) - wg
+        cand = [np.einsum("ng,ng->n", d, d), s, z]
+        if best is None:
+            best = cand
+            continue
+        better = cand[0] < best[0]
+        best = [np.where(better, c, b) if c is not None else None for c, b in zip(cand, best)]
+    return best[1], best[2]
+
+
+def _round(w: np.ndarray, s: np.ndarray, z: np.ndarray | None) -> np.ndarray:
+    if z is None:
+        return np.clip(np.rint(w / s), -8, 7) * s
+    return (np.clip(np.rint(w / s) + z, 0, 15) - z) * s
+
+
+def gptq_int4(w: np.ndarray, h: np.ndarray, group: int, asym: bool, ratios, scale16, damp: float = DAMP):
+    """w [N, K], h [K, K] -> (codes int8 [N, K] (asym: unsigned 0..15), scale float16 [N, K/group], zero
+    uint8 [N, K/group] or None), rounded by GPTQ (see the module docstring)."""
+    n, k = w.shape
+    w = np.array(w, np.float64)
+    h = np.array(h, np.float64)
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    h += damp * float(np.mean(np.diag(h))) * np.eye(k)
+    u = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: (H + damp I)^-1 = U^T U
+    codes = np.empty((n, k), np.int8)
+    scale = np.empty((n, k // group), np.float16)
+    zero = np.empty((n, k // group), np.uint8) if asym else None
+    for g0 in range(0, k, group):
+        s, z = _group_scale(w[:, g0:g0 + group], asym, ratios, scale16)
+        scale[:, g0 // group] = s
+        if asym:
+            zero[:, g0 // group] = z
+        for i in range(g0, g0 + group):
+            q = np.clip(np.rint(w[:, i] / s) + (0 if z is None else z), 0 if asym else -8, 15 if asym else 7)
+            codes[:, i] = q
+            err = (w[:, i] - (q - (0 if z is None else z)) * s) / u[i, i]
+            w[:, i + 1:] -= np.outer(err, u[i, i + 1:])
+    return codes, scale, zero
