@@ -241,8 +241,10 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
 
 
 def prefetch_enabled() -> bool:
-    """ATLAS_PREFETCH (default 1): whether projection kernels prefetch their weights (weight_prefetch)."""
-    value = os.environ.get(PREFETCH_ENV, "") or "1"
+    """ATLAS_PREFETCH=1: projection kernels prefetch their weights (weight_prefetch). Off by default: on the
+    H200 it made Llama-3.2-1B decode 6-12% slower with plain graphs and did not make up for the
+    programmatic launch's own cost (docs/perf.md v9)."""
+    value = os.environ.get(PREFETCH_ENV, "") or "0"
     if value not in ("0", "1"):
         raise CodegenError(f"{PREFETCH_ENV}={value!r} is not 0 or 1")
     return value == "1"
