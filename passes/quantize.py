@@ -73,8 +73,9 @@ def _chunks(n: int, k: int):
 
 
 # threads quantizing row chunks of one weight at once (numpy releases the GIL in its loops): the int4
-# clipping search costs ~4x plain rounding; each thread holds ~3 chunk-sized float32 temporaries (48 MiB)
-QUANT_THREADS = max(1, min(4, os.cpu_count() or 1))
+# clipping search costs ~3x plain rounding; each thread holds 3 chunk-sized float32 arrays (48 MiB), so
+# 16 threads stay under 1 GB
+QUANT_THREADS = max(1, min(16, os.cpu_count() or 1))
 
 
 def _each_chunk(n: int, k: int, fn) -> None:
@@ -150,22 +151,6 @@ def pack_int4(q: np.ndarray) -> np.ndarray:
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 
-def _best_of(candidates):
-    """The (codes, scale[, zero]) of `candidates` (a generator of (err [rows, groups], codes, scale, ...)
-    per ratio) with the smallest error per group."""
-    best = None
-    for cand in candidates:
-        if best is None:
-            best = list(cand)
-            continue
-        better = cand[0] < best[0]
-        best[0] = np.where(better, cand[0], best[0])
-        best[1] = np.where(better[..., None], cand[1], best[1])
-        for i in range(2, len(cand)):
-            best[i] = np.where(better, cand[i], best[i])
-    return best[1:]
-
-
 def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """w [N, K] float -> (packed uint8 [N, K/2], scale float16 [N, K/group]); K % group == 0, group even.
     Per group s = float16(r * max|w| / 7) for the r in CLIP_RATIOS that minimizes the squared error of
@@ -179,20 +164,27 @@ def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     def chunk(r0: int, r1: int) -> None:
         c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
         amax = np.abs(c).max(axis=2)
-
-        def candidates():
-            for r in CLIP_RATIOS:  # in place: two chunk-sized temporaries per ratio
-                s = _scale16(amax * np.float32(r), 7)
-                s32 = s.astype(np.float32)[..., None]
-                q = np.divide(c, s32)
-                np.clip(np.rint(q, out=q), -8, 7, out=q)
-                e = np.multiply(q, s32)
-                e -= c
-                yield np.einsum("rgk,rgk->rg", e, e), q.astype(np.int8), s
-
-        q, s = _best_of(candidates())
+        # the error of ratio r per group, without keeping its codes: t = w / s, sum (clip(rint(t)) - t)^2 * s^2
+        best_err, best_s = None, None
+        t = np.empty_like(c)
+        d = np.empty_like(c)
+        for r in CLIP_RATIOS:
+            s = _scale16(amax * np.float32(r), 7)
+            s32 = s.astype(np.float32)
+            np.divide(c, s32[..., None], out=t)
+            np.rint(t, out=d)
+            np.clip(d, -8, 7, out=d)
+            d -= t
+            err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
+            if best_err is None:
+                best_err, best_s = err, s
+            else:
+                better = err < best_err
+                best_err, best_s = np.where(better, err, best_err), np.where(better, s, best_s)
+        np.divide(c, best_s.astype(np.float32)[..., None], out=t)
+        q = np.clip(np.rint(t, out=t), -8, 7, out=t).astype(np.int8)
         packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k))
-        scale[r0:r1] = s
+        scale[r0:r1] = best_s
 
     _each_chunk(n, k, chunk)
     return packed, scale
@@ -216,24 +208,38 @@ def quantize_int4_asym(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarra
         c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
         lo0, hi0 = np.minimum(c.min(axis=2), 0), np.maximum(c.max(axis=2), 0)
 
-        def candidates():
-            for r in CLIP_RATIOS:
-                lo = lo0 * np.float32(r)
-                s = _scale16(hi0 * np.float32(r) - lo, 15)
-                s32 = s.astype(np.float32)
-                z = np.clip(np.rint(-lo / s32), 0, 15)
-                q = np.divide(c, s32[..., None])
-                np.rint(q, out=q)
-                q += z[..., None]
-                np.clip(q, 0, 15, out=q)
-                e = q - z[..., None]
-                e *= s32[..., None]
-                e -= c
-                yield np.einsum("rgk,rgk->rg", e, e), q.astype(np.int8), s, z.astype(np.uint8)
+        def scale_zero(r: float):
+            lo = lo0 * np.float32(r)
+            s = _scale16(hi0 * np.float32(r) - lo, 15)
+            return s, np.clip(np.rint(-lo / s.astype(np.float32)), 0, 15)
 
-        q, s, z = _best_of(candidates())
+        # the error of ratio r per group, without keeping its codes: t = w / s,
+        # sum (clip(rint(t) + z, 0, 15) - z - t)^2 * s^2
+        best_err, best_s, best_z = None, None, None
+        t = np.empty_like(c)
+        d = np.empty_like(c)
+        for r in CLIP_RATIOS:
+            s, z = scale_zero(r)
+            s32 = s.astype(np.float32)
+            np.divide(c, s32[..., None], out=t)
+            np.rint(t, out=d)
+            d += z[..., None]
+            np.clip(d, 0, 15, out=d)
+            d -= z[..., None]
+            d -= t
+            err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
+            if best_err is None:
+                best_err, best_s, best_z = err, s, z
+            else:
+                better = err < best_err
+                best_err = np.where(better, err, best_err)
+                best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
+        np.divide(c, best_s.astype(np.float32)[..., None], out=t)
+        np.rint(t, out=t)
+        t += best_z[..., None]
+        q = np.clip(t, 0, 15, out=t).astype(np.int8)
         packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k) - 8)
-        scale[r0:r1], zero[r0:r1] = s, z
+        scale[r0:r1], zero[r0:r1] = best_s, best_z.astype(np.uint8)
 
     _each_chunk(n, k, chunk)
     return packed, scale, zero
