@@ -278,7 +278,7 @@ def codegen_choices() -> dict:
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
     from atlasc.codegen import attention, linear, quant
 
-    return {"linear_path": linear.path_choice(), "quant_path": quant.path_choice(),
+    return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "weight_prefetch": prefetch_enabled()}

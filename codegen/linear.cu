@@ -541,97 +541,127 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
   lin_mma(d, wlo.z, whi.z, wlo.w, whi.w, xv.z, xv.w);
 }
 
-// MMA decode (M <= 8 * J <= 32): a block per 16 features, its warps split K; x from the source xs
+// MMA decode (M <= 8 * J <= 32): a block per 16 * FT features, its warps split K; x from the source xs
 // (16-byte reads); yoff: row offsets (linear_gemv_setup), red: 1024 * J floats of shared memory.
+// FT > 1 (not paired): each warp multiplies FT feature tiles of 16 by the same x fragments, so a block
+// reads x once per 16 * FT features instead of once per 16 (at M = 32, x is 32 rows: per 16 features it
+// is twice the weight bytes, served from L2); the FT tiles' partial sums are reduced one tile at a time
+// through red.
 // Paired (see linear_gemv): a block holds 8 pairs p0 + g, its A rows g are rows epi.row_a(p0 + g) and its
 // rows g + 8 rows epi.row_b(p0 + g); each row_a partial is reduced with its row_b partial (q, q + 2).
-template <typename T, int R, int J, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
                                                   const long long* yoff, float* red, EPI epi = EPI()) {
   constexpr bool GATED = lin_gated<EPI>();
+  static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const long long H = N / 2;
-  const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 15) / 16, yn = y.stride[R - 1];
+  const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 16 * FT - 1) / (16 * FT);
+  const long long yn = y.stride[R - 1];
   int xm[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
   for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
-    const long long n0 = GATED ? nb * 8 : nb * 16;
-    const long long r0 = GATED ? epi.row_a(imin(n0 + g, H - 1), N) : imin(n0 + g, N - 1);
-    const long long r1 = GATED ? epi.row_b(imin(n0 + g, H - 1), N) : imin(n0 + g + 8, N - 1);
-    const T* w0 = w + r0 * K + 8 * c;
-    const T* w1 = w + r1 * K + 8 * c;
-    float acc[J][4];
+    const long long nblk = GATED ? nb * 8 : nb * 16 * FT;
+    const T* w0[FT];
+    const T* w1[FT];
 #pragma unroll
-    for (int j = 0; j < J; ++j)
+    for (int f = 0; f < FT; ++f) {
+      const long long n0 = nblk + 16 * f;
+      const long long r0 = GATED ? epi.row_a(imin(n0 + g, H - 1), N) : imin(n0 + g, N - 1);
+      const long long r1 = GATED ? epi.row_b(imin(n0 + g, H - 1), N) : imin(n0 + g + 8, N - 1);
+      w0[f] = w + r0 * K + 8 * c;
+      w1[f] = w + r1 * K + 8 * c;
+    }
+    float acc[FT][J][4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+    for (int f = 0; f < FT; ++f)
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
     long long s = warp;
     for (; s + LIN_WARPS * (U - 1) < steps; s += LIN_WARPS * U) {
-      uint4 wlo[U], whi[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        wlo[u] = lin_ld_stream(w0 + (s + LIN_WARPS * u) * 32);
-        whi[u] = lin_ld_stream(w1 + (s + LIN_WARPS * u) * 32);
-      }
+      uint4 wlo[U][FT], whi[U][FT];
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int j = 0; j < J; ++j)
-          lin_mma_step(acc[j], wlo[u], whi[u], xs.vec(xm[j], (s + LIN_WARPS * u) * 32 + 8 * c));
+        for (int f = 0; f < FT; ++f) {
+          wlo[u][f] = lin_ld_stream(w0[f] + (s + LIN_WARPS * u) * 32);
+          whi[u][f] = lin_ld_stream(w1[f] + (s + LIN_WARPS * u) * 32);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const uint4 xv = xs.vec(xm[j], (s + LIN_WARPS * u) * 32 + 8 * c);
+#pragma unroll
+          for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[u][f], whi[u][f], xv);
+        }
     }
     for (; s < steps; s += LIN_WARPS) {
-      const uint4 wlo = lin_ld_stream(w0 + s * 32), whi = lin_ld_stream(w1 + s * 32);
+      uint4 wlo[FT], whi[FT];
+#pragma unroll
+      for (int f = 0; f < FT; ++f) {
+        wlo[f] = lin_ld_stream(w0[f] + s * 32);
+        whi[f] = lin_ld_stream(w1[f] + s * 32);
+      }
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const uint4 xv = xs.vec(xm[j], s * 32 + 8 * c);
+#pragma unroll
+        for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[f], whi[f], xv);
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < FT; ++f) {
+      const long long n0 = nblk + 16 * f;
+      // red[r][warp][lane], r = 4j + q: conflict-free writes here and reads below
 #pragma unroll
       for (int j = 0; j < J; ++j)
-        lin_mma_step(acc[j], wlo, whi, xs.vec(xm[j], s * 32 + 8 * c));
-    }
-    // red[r][warp][lane], r = 4j + q: conflict-free writes here and reads below
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[j][q];
-    __syncthreads();
-    if constexpr (GATED) {
-      for (int slot = threadIdx.x; slot < 2 * J * 32; slot += LIN_THREADS) {
-        const int r = 4 * (slot >> 6) + ((slot >> 5) & 1), l = slot & 31, q = r & 3;  // q = 0, 1: gate rows
-        float sg = 0.f, su = 0.f;
-#pragma unroll
-        for (int v = 0; v < LIN_WARPS; ++v) {
-          sg += red[(r * LIN_WARPS + v) * 32 + l];
-          su += red[((r + 2) * LIN_WARPS + v) * 32 + l];
-        }
-        const long long n = n0 + (l >> 2);
-        const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
-        if (m < M && n < H) {
-          float bg = 0.f, bu = 0.f;
-          if constexpr (HAS_BIAS) {
-            bg = float(load(bias + epi.row_a(n, N) * bias_stride));
-            bu = float(load(bias + epi.row_b(n, N) * bias_stride));
-          }
-          epi.put(y.p + yoff[m], yn, m, n, lin_round<T>(sg + bg), lin_round<T>(su + bu));
-        }
-      }
+        for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[f][j][q];
       __syncthreads();
-      continue;
-    }
-    for (int slot = threadIdx.x; slot < 4 * J * 32; slot += LIN_THREADS) {
-      const int r = slot >> 5, l = slot & 31, q = r & 3;
-      float sum = 0.f;
+      if constexpr (GATED) {
+        for (int slot = threadIdx.x; slot < 2 * J * 32; slot += LIN_THREADS) {
+          const int r = 4 * (slot >> 6) + ((slot >> 5) & 1), l = slot & 31, q = r & 3;  // q = 0, 1: gate rows
+          float sg = 0.f, su = 0.f;
 #pragma unroll
-      for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
-      // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
-      const long long n = n0 + (l >> 2) + (q >= 2 ? 8 : 0);
-      const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
-      if (m < M && n < N) {
-        float b = 0.f;
-        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
-        store(y.p + yoff[m] + n * yn, sum + b);
+          for (int v = 0; v < LIN_WARPS; ++v) {
+            sg += red[(r * LIN_WARPS + v) * 32 + l];
+            su += red[((r + 2) * LIN_WARPS + v) * 32 + l];
+          }
+          const long long n = n0 + (l >> 2);
+          const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+          if (m < M && n < H) {
+            float bg = 0.f, bu = 0.f;
+            if constexpr (HAS_BIAS) {
+              bg = float(load(bias + epi.row_a(n, N) * bias_stride));
+              bu = float(load(bias + epi.row_b(n, N) * bias_stride));
+            }
+            epi.put(y.p + yoff[m], yn, m, n, lin_round<T>(sg + bg), lin_round<T>(su + bu));
+          }
+        }
+      } else {
+        for (int slot = threadIdx.x; slot < 4 * J * 32; slot += LIN_THREADS) {
+          const int r = slot >> 5, l = slot & 31, q = r & 3;
+          float sum = 0.f;
+#pragma unroll
+          for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
+          // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+          const long long n = n0 + (l >> 2) + (q >= 2 ? 8 : 0);
+          const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+          if (m < M && n < N) {
+            float b = 0.f;
+            if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+            store(y.p + yoff[m] + n * yn, sum + b);
+          }
+        }
       }
+      __syncthreads();  // red is rewritten by the next feature tile or block
     }
-    __syncthreads();  // red is rewritten by the next feature block
   }
 }
 

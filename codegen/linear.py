@@ -54,6 +54,13 @@ MMA_M1_MAX_N = 4096
 # registers, J=2 76, J=4 110, the prefill 168 (U=2), no spills
 MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
 MMA_PREFILL_U = 2
+# feature tiles of 16 per warp in the MMA decode (FT in linear.cu): FT tiles share each x fragment, so x
+# (at M = 32 twice the weight bytes per 16 features) is read from L2 FT times less. ATLAS_LINEAR_FT: "1"
+# (default: the GPU-validated kernel), "2", "4" or "auto" (FT_AUTO_MIN_BLOCKS below); opt-in until measured
+FT_ENV = "ATLAS_LINEAR_FT"
+# auto: FT = 2 where that leaves at least 2 blocks per H200 SM (ptxas, sm90, M <= 32 kernel with every
+# variant: 128 registers at FT 1 and 2, 255 at FT 4, i.e. one block per SM)
+FT_AUTO_MIN_BLOCKS = 264
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
 PATHS = ("table", "simt", "mma")
@@ -89,6 +96,25 @@ def decode_u(j: int) -> int:
     return MMA_DECODE_U[j]
 
 
+def ft_choice() -> str:
+    """ATLAS_LINEAR_FT as given ("1" when unset): recorded in the artifact's codegen choices."""
+    return os.environ.get(FT_ENV, "") or "1"
+
+
+def decode_ft(j: int, n_static) -> int:
+    """Feature tiles per warp for the MMA decode run with J x-row tiles and N = n_static outputs
+    (ATLAS_LINEAR_FT; CodegenError for an unknown value). auto: 1 for J = 1 (M <= 8: x is at most half the
+    weight bytes), else 2 where that gives >= FT_AUTO_MIN_BLOCKS blocks, else 1."""
+    mode = ft_choice()
+    if mode not in ("1", "2", "4", "auto"):
+        raise CodegenError(f"{FT_ENV}={mode!r} is not a feature-tile count (expected 1, 2, 4 or auto)")
+    if mode != "auto":
+        return int(mode)
+    if j < 2 or not isinstance(n_static, int):
+        return 1
+    return 2 if -(-n_static // 32) >= FT_AUTO_MIN_BLOCKS else 1
+
+
 def path_choice() -> str:
     """ATLAS_LINEAR_PATH (default "table"); CodegenError for an unknown value."""
     path = os.environ.get(PATH_ENV, "") or "table"
@@ -114,16 +140,19 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
 
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
-                 prefix: str = "    ", src: str = "xs", epi: str = "") -> list[str]:
+                 prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None) -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
-    With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2)."""
+    With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
+    Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
     for lo, hi, j in runs:
         cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
-        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {decode_u(j)}, {has_bias}>("
-                     f"{args}, lin_red{', ' + epi if epi else ''});")
+        ft = 1 if epi else decode_ft(j, n_static)
+        tile = f", {ft}" if ft > 1 else ""
+        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
+                     f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''});")
         prefix = first + "else "
     for i, mt in enumerate(variants):
         f, u = GEMV_CONFIG[mt]
@@ -203,7 +232,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ]
     if runs:
         lines.append(f"    const bool mma = atlas::lin_mma_ok<{t}, {r}>(x, w, K);")
-    lines += decode_calls(t, r, variants, runs, has_bias)
+    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0])
     lines.append("  }")
     if mma_prefill:
         lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "

@@ -23,6 +23,9 @@ if [ "${LABS:-1}" != 0 ]; then
     # the narrow projections (one block per 16 outputs): MMA decode steps in flight per warp
     python3 examples/kernel_lab.py --ms 1,8 --variant mma --u 2,4,8 \
         --shapes "1B down,1B o,1B qkv,8B o" 2>&1 | tee "$out/kernel_lab_u.log"
+    # batch 16 / 32 decode: x fragments shared by FT feature tiles per warp (ATLAS_LINEAR_FT, opt-in)
+    python3 examples/kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4 \
+        --shapes "8B qkv,8B gate_up,8B down,8B lm_head,1B gate_up" 2>&1 | tee "$out/kernel_lab_ft.log"
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 2>&1 | tee "$out/quant_lab.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
 fi
@@ -49,7 +52,7 @@ if [ "${ROTARY_AB:-0}" != 0 ]; then
 fi
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 12 "$out/kernel_lab_fused.log" && \
-    tail -n 10 "$out/kernel_lab_u.log" && \
+    tail -n 10 "$out/kernel_lab_u.log" && tail -n 32 "$out/kernel_lab_ft.log" && \
     tail -n 14 "$out/quant_lab.log" && \
     tail -n 20 "$out/attention_lab.log"
 tail -n 12 "$out/bench_$config.log"

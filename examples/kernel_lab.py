@@ -6,6 +6,7 @@
     python examples/kernel_lab.py --shapes "8B o,1B down" --ms 8,32 --variant simt,mma,table
     python examples/kernel_lab.py --ms 1,8 --variant table,norm,gated   # the fused decode projections
     python examples/kernel_lab.py --shapes "1B down,1B o" --ms 1 --variant mma --u 2,4,8   # loads in flight
+    python examples/kernel_lab.py --ms 16,32 --variant table --ft 1,2,4,auto   # x shared by FT feature tiles
 
 For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the
 compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
@@ -125,10 +126,17 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-def generate(k: int, n: int, m: int, variant: str, u: str = ""):
+def split_variant(name: str) -> tuple[str, str, str]:
+    """(path, u, ft) of a variant name path[@u][#ft] (--u / --ft values; "" when not given)."""
+    base, _, ft = name.partition("#")
+    path, _, u = base.partition("@")
+    return path, u, ft
+
+
+def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
-    variant: its node with the default path table) and ATLAS_LINEAR_U=u when given."""
-    env = {linear.U_ENV: u} if u else {}
+    variant: its node with the default path table), ATLAS_LINEAR_U=u and ATLAS_LINEAR_FT=ft when given."""
+    env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {})
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
     return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: variant})
@@ -180,6 +188,9 @@ def main(argv=None) -> int:
     ap.add_argument("--u", default="",
                     help="comma-separated MMA decode steps in flight per warp to compare (ATLAS_LINEAR_U; "
                          "default: the table, linear.MMA_DECODE_U); each value becomes a variant name path@u")
+    ap.add_argument("--ft", default="",
+                    help="comma-separated MMA decode feature tiles per warp to compare (ATLAS_LINEAR_FT: 1, 2, 4, "
+                         "auto); each value becomes a variant name path#ft (M > 8: x fragments shared by FT tiles)")
     args = ap.parse_args(argv)
     shapes = {"8B o": SHAPES["8B o"]} if args.quick else SHAPES
     if args.shapes:
@@ -191,6 +202,8 @@ def main(argv=None) -> int:
     bad = [v for v in variants if v not in linear.PATHS + FUSED]
     if args.u:
         variants = tuple(f"{v}@{u}" for v in variants for u in args.u.split(","))
+    if args.ft:
+        variants = tuple(f"{v}#{ft}" for v in variants for ft in args.ft.split(","))
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(linear.PATHS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
@@ -199,7 +212,7 @@ def main(argv=None) -> int:
     cuda = dev.cuda
     t0 = time.perf_counter()
     jobs = [(name, k, n, m, v) for name, (k, n) in shapes.items() for m in ms for v in variants]
-    mods = {(name, m, v): generate(k, n, m, *v.split("@")) for name, k, n, m, v in jobs}
+    mods = {(name, m, v): generate(k, n, m, *split_variant(v)) for name, k, n, m, v in jobs}
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
@@ -214,7 +227,7 @@ def main(argv=None) -> int:
         x = (rng.random((max(ms), k), dtype=np.float32) * 2 - 1).astype(np.float16)
         for m in ms:
             for variant in variants:
-                ref = reference(x[:m], w, variant.split("@")[0])
+                ref = reference(x[:m], w, split_variant(variant)[0])
                 g, plan, mod = mods[(name, m, variant)]
                 module = dev.load_module(cubins[(name, m, variant)])
                 launch = mod.launches["run"][0]
@@ -225,7 +238,7 @@ def main(argv=None) -> int:
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
                     dev.upload(a, plan.placement(g.inputs[0]).offset, x[:m])
                 dev.upload(arenas[0], plan.placement(g.inputs[1]).offset, w)
-                if variant.split("@")[0] in FUSED:  # b = 0, g = 1
+                if split_variant(variant)[0] in FUSED:  # b = 0, g = 1
                     for a in arenas:
                         dev.upload(a, plan.placement(g.inputs[2]).offset, np.zeros(m * k, np.float16))
                         dev.upload(a, plan.placement(g.inputs[3]).offset, np.ones(k, np.float16))
@@ -242,7 +255,7 @@ def main(argv=None) -> int:
                 ok, err, scale = check_output(dev, arenas[0], plan.placement(g.outputs[0]).offset, ref)
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
-                fused = variant.split("@")[0] in FUSED
+                fused = split_variant(variant)[0] in FUSED
                 nbytes = (n * k + m * k + m * ref.shape[1]) * 2 + (2 * m * k * 2 if fused else 0)
                 gbs = nbytes / (us * 1e-6) / 1e9
                 tflops = 2 * m * n * k / (us * 1e-6) / 1e12

@@ -33,6 +33,24 @@ def test_u_variants_set_the_steps_in_flight():
     assert set(re.findall(r"linear_mma_decode<__half, 2, 1, (\d+),", mod.source)) == {"8"}
 
 
+def test_ft_variants_share_x_fragments(monkeypatch):
+    """--ft: each variant's MMA decode calls carry its feature tiles (U divided by them); auto takes 2 only
+    for x tiles of 16+ rows and wide enough outputs (linear.decode_ft)."""
+    from atlasc.codegen import linear
+
+    for ft, tile in (("1", ""), ("2", ", 2"), ("4", ", 4")):
+        _, _, mod = kernel_lab.generate(4096, 28672, 32, "table", "", ft)
+        u = max(1, linear.MMA_DECODE_U[4] // int(ft))
+        assert f"linear_mma_decode<__half, 2, 4, {u}, false{tile}>" in mod.source
+    assert kernel_lab.split_variant("mma@2#4") == ("mma", "2", "4")
+    monkeypatch.setenv(linear.FT_ENV, "auto")
+    assert [linear.decode_ft(j, n) for j, n in ((1, 28672), (2, 28672), (4, 28672), (4, 6144), (4, None))] == \
+        [1, 2, 2, 1, 1]
+    monkeypatch.setenv(linear.FT_ENV, "3")
+    with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_FT"):
+        linear.decode_ft(4, 28672)
+
+
 def test_references():
     """b = 0 and g = 1: x / rms(x) feeds the projection; gated: silu(gate) * up of its halves."""
     rng = np.random.default_rng(3)

@@ -61,3 +61,12 @@ def test_linear_paths(path, monkeypatch):
     monkeypatch.setenv(linear.PATH_ENV, path)
     _run(build_linear("float16", 130, ks=(64, 72, 4096), ns=(8, 1000)), [1, 2, 5, 8, 12, 17, 32, 33, 130],
          "float16", seed=13)
+
+
+@pytest.mark.parametrize("ft", ["2", "4"])
+def test_linear_mma_feature_tiles(ft, monkeypatch):
+    """The MMA decode with FT feature tiles of 16 per warp (ATLAS_LINEAR_FT, opt-in) for every bucket:
+    N = 8 and 1000 leave the block's last tiles partial or empty, N = 4096 fills them."""
+    monkeypatch.setenv(linear.PATH_ENV, "mma")
+    monkeypatch.setenv(linear.FT_ENV, ft)
+    _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=14)
