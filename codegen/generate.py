@@ -102,11 +102,14 @@ class KernelContext:
     """Per-node helpers for emitters: C expressions for dims and tensor views bound to the arena."""
 
     def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None,
-                 scratch_offset: int | None = None):
+                 scratch_offset: int | None = None, lower: dict[str, int] | None = None):
         self.scratch_offset = align(plan.arena_bytes) if scratch_offset is None else scratch_offset
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
+        # symbols the runtime only runs this kernel above (a batch bucket's kernel runs for batches above the
+        # next smaller bucket): grid sizing may leave out paths only smaller values take (any grid is correct)
+        self.lower_bounds = lower or {}
         self.kernel = kernel
         self.kv_cache = kv_cache
         self.symbol_index = {s: i for i, s in enumerate(plan.symbols)}
@@ -119,6 +122,10 @@ class KernelContext:
     def upper(self, d) -> int:
         """Compile-time upper bound of dim d (symbols at their maxima)."""
         return max(S.evaluate(d, self.upper_bounds), 0)
+
+    def lower(self, d) -> int:
+        """Dim d with the symbols at the values this kernel runs above (0 where none is known)."""
+        return max(S.evaluate(d, {**{s: 0 for s in self.upper_bounds}, **self.lower_bounds}), 0)
 
     def numel_upper(self, value: Value) -> int:
         n = 1
@@ -212,16 +219,24 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             if not plan.needs_kernel(node):
                 continue  # a reshape sharing its input's bytes: nothing to run
             kernel = f"{entry}_{index:04d}_{node.op}"
-            ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset)
+            symbol, values = (buckets or {}).get(entry, ("", ()))
+            smaller = sorted(v for v in set(values) if v < upper[entry].get(symbol, 0))
+
+            def above(value: int) -> dict[str, int]:  # the runtime takes the tightest bucket: this one only above
+                below = [v for v in smaller if v < value]
+                return {symbol: below[-1]} if below else {}
+
+            ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
+                                above(upper[entry].get(symbol, 0)))
             code = EMITTERS[node.op](ctx, node)
             scratch_bytes = max(scratch_bytes, code.scratch)
             text = _wrapper(ctx, node, code)
             parts.append(text)
-            symbol, values = (buckets or {}).get(entry, ("", ()))
             variants = []
-            for value in sorted(v for v in set(values) if v < upper[entry].get(symbol, 0)):
+            for value in smaller:
                 name = f"{kernel}_{symbol}{value}"
-                vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset)
+                vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset,
+                                     above(value))
                 vcode = EMITTERS[node.op](vctx, node)
                 scratch_bytes = max(scratch_bytes, vcode.scratch)
                 vtext = _wrapper(vctx, node, vcode)

@@ -174,12 +174,21 @@ def decode_choice(dtype: str, k_static, n_static, variants: list[int]) -> list[t
     return mma_runs(variants, use_mma)
 
 
-def decode_grid(n_upper: int, variants: list[int], runs: list) -> int:
-    """Blocks for the decode paths: a warp per GEMV feature group, a block per 16 MMA features."""
-    f_min = min(GEMV_CONFIG[mt][0] for mt in variants)
-    blocks = -(-n_upper // (WARPS * f_min))
-    if runs:
-        blocks = max(blocks, -(-n_upper // 16))
+def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_lower: int = 0,
+                paired: bool = False) -> int:
+    """Blocks for the decode paths the kernel takes for M > m_lower: a warp per GEMV feature group for the
+    buckets no MMA run serves, a block per 16 * FT MMA features for the others (FT = 1 when paired: a gated
+    epilogue). Any grid is correct (the loops are grid-stride); blocks beyond the path's need would only
+    exit, at the kernel's tail."""
+    served = {mt for lo, hi, _ in runs for mt in variants if lo < mt <= hi}
+    reach = [mt for mt in variants if mt > m_lower] or variants
+    blocks = 1
+    for mt in reach:
+        if mt in served:
+            j = -(-mt // 8)
+            blocks = max(blocks, -(-n_upper // (16 * (1 if paired else decode_ft(j, n_static)))))
+        else:
+            blocks = max(blocks, -(-n_upper // (WARPS * GEMV_CONFIG[mt][0])))
     return blocks
 
 
@@ -240,7 +249,10 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if tiled:
         lines.append(f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);")
     n_upper = ctx.upper(w_v.shape[0])
-    blocks = decode_grid(n_upper, variants, runs)
+    m_lower = 1
+    for d in x_v.shape[:-1]:
+        m_lower *= ctx.lower(d)
+    blocks = decode_grid(n_upper, variants, runs, w_v.shape[0], m_lower)
     if tiled:
         batch = 1
         for d in y_v.shape[:-2]:

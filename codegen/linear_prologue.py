@@ -92,7 +92,8 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
         body.append(f"  const bool mma = vec && K % 32 == 0 && atlas::LinVec<{t}>::MMA && atlas::lin_sm80();")
     body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
-    blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs), PROLOGUE_MAX_GRID)
+    blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs, w_v.shape[0], paired=bool(epi)),
+                 PROLOGUE_MAX_GRID)
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, w_v))
 

@@ -71,3 +71,22 @@ def test_bad_options_exit_2_before_the_device(argv, capsys):
     with pytest.raises(SystemExit) as e:
         kernel_lab.main(argv)
     assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_decode_grid_counts_only_the_paths_taken(monkeypatch):
+    """A block per 16 * FT MMA features where MMA serves the bucket, a warp per GEMV feature group only for
+    the buckets it does not; a batch-bucket kernel leaves out the buckets a tighter kernel serves (the
+    default decode kernel of a --max-batch 32 artifact runs for batches above 8 only)."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.generate import generate_module
+
+    n, variants = 28672, linear.gemv_variants(32)
+    runs = linear.decode_choice("float16", 4096, n, variants)
+    assert linear.decode_grid(n, variants, runs, n) == n // 16  # GEMV (M = 1, 2 features per warp) and MMA
+    monkeypatch.setenv(linear.FT_ENV, "2")
+    assert linear.decode_grid(n, variants, runs, n) == n // 16  # M = 1 still takes the GEMV
+    assert linear.decode_grid(n, variants, runs, n, m_lower=8) == n // 32
+    assert linear.decode_grid(n, variants, runs, n, m_lower=8, paired=True) == n // 16
+    g, plan, upper = kernel_lab.build(4096, n, 32)
+    (launch,) = generate_module({"run": (g, plan)}, {"run": upper}, buckets={"run": ("m", (1, 8))}).launches["run"]
+    assert launch.grid[0] == n // 32 and {v.upto: v.grid[0] for v in launch.variants} == {1: n // 16, 8: n // 32}
