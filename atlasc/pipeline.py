@@ -29,6 +29,7 @@ from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
 from atlasc.passes.fuse_linear_prologue import fuse_linear_prologue
+from atlasc.passes.mask_as_lengths import mask_as_lengths
 from atlasc.passes.plan_memory import plan_memory
 from atlasc.passes.quantize import quantize
 from atlasc.passes.rewrite import RewriteStats
@@ -50,6 +51,7 @@ PASSES: dict[str, PassFn] = {
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
     "fuse-linear-prologue": fuse_linear_prologue,
+    "mask-as-lengths": mask_as_lengths,
     "merge-linear": merge_linear,
     "quantize": quantize,
     "schedule": schedule,
@@ -74,6 +76,8 @@ PIPELINES: dict[str, list[str]] = {
         # before fuse-elementwise, which would absorb the scale and NaN-guard ops the pattern reads
         "fuse-attention",
         "fuse-rotary",
+        # opt-in (ATLAS_MASK_LENGTHS=1); before simplify-decode-mask, which then skips what it rewrote
+        "mask-as-lengths",
         "simplify-decode-mask",
         "dce",
         "fuse-elementwise",

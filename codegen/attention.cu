@@ -27,10 +27,29 @@ template <typename T, typename MT> struct AttnArgs {
   long long past;    // past length P (0 without past inputs); total keys = P + k.shape[2]
   float scale;       // 0: 1/sqrt(Dk)
   float softcap;     // <= 0: none
+  // KEYS (key_mask=1, set by mask-as-lengths; unset otherwise): see key_bias
+  int keys_causal;
+  long long keys_window;  // 0: none
+  float keys_fill;        // what a hidden key adds: -INFINITY or the export mask dtype's lowest value
 };
 
-// PRESENT: bit 0 writes present_key, bit 1 present_value; QK_MODE: -1 none, else the qk output mode
-template <typename T, typename MT, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, int PRESENT, int QK_MODE>
+// KEYS: `mask` is attention_mask [B, T] (0/1, any integer or bool type) viewed as [B, Hq, Sq, T] with
+// stride 0 on heads and queries (moff: its row offset for (b, h, i)). Key j is visible to the query at
+// position pos = Skv - Sq + i iff mask[b, j] != 0, and (keys_causal) j <= pos, and (keys_window > 0)
+// pos - j < keys_window; a hidden key adds keys_fill, as the materialized mask it replaces did (the
+// reference: key_mask_visible, atlasc/ir/ops/nn.py), so every score and the all-hidden rows are unchanged.
+template <typename T, typename MT>
+__device__ __forceinline__ float key_bias(const AttnArgs<T, MT>& a, long long moff, long long j, long long pos) {
+  const View<MT, 4>& m = a.mask;
+  const bool keep = j < m.shape[3] && m.p[moff + j * m.stride[3]] != MT(0) && (!a.keys_causal || j <= pos) &&
+                    (a.keys_window <= 0 || pos - j < a.keys_window);
+  return keep ? 0.f : a.keys_fill;
+}
+
+// PRESENT: bit 0 writes present_key, bit 1 present_value; QK_MODE: -1 none, else the qk output mode;
+// KEYS: the mask is attention_mask with causal / window applied here (key_bias)
+template <typename T, typename MT, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, int PRESENT, int QK_MODE,
+          bool KEYS = false>
 __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
   const long long B = a.q.shape[0], Hq = a.q.shape[1], Sq = a.q.shape[2], Dk = a.q.shape[3];
   const long long Hk = a.k.shape[1], S_new = a.k.shape[2], Dv = a.v.shape[3];
@@ -84,7 +103,9 @@ __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
       raw = dot * scale;
       capped = a.softcap > 0.f ? a.softcap * tanhf(raw / a.softcap) : raw;
       float bias = 0.f;
-      if constexpr (HAS_MASK) {
+      if constexpr (HAS_MASK && KEYS) {
+        bias = key_bias(a, b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2], j, Skv - Sq + i);
+      } else if constexpr (HAS_MASK) {
         const View<MT, 4>& m = a.mask;
         bias = j < m.shape[3]
                    ? mask_bias(load(m.p + b * m.stride[0] + h * m.stride[1] + i * m.stride[2] + j * m.stride[3]))
@@ -248,7 +269,7 @@ constexpr long long ATT_SPLIT_TARGET = 256;
 constexpr long long ATT_SPLIT_MIN_KEYS = 64;
 
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
-          int SPLIT = 1>
+          int SPLIT = 1, bool KEYS = false>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
@@ -273,12 +294,15 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
             rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30);
   if constexpr (HAS_PAST) ok = ok && rows_vec_ok(a.pk, VEC) && rows_vec_ok(a.pv, VEC);
   if (!ok) {  // uniform over the launch
-    attention_rows<T, MT, ACC, HAS_PAST, HAS_MASK, CAUSAL, 0, -1>(a);
+    attention_rows<T, MT, ACC, HAS_PAST, HAS_MASK, CAUSAL, 0, -1, KEYS>(a);
     return;
   }
   const long long group = Hq / Hk;
   const float scale = a.scale != 0.f ? a.scale : (float)(1.0 / sqrt((double)D));
   const long long rows = group * Sq;  // query rows per (b, kv head)
+  // KEYS, causal, fill -inf: a hidden future key adds exactly 0, so keys past a row's position are skipped
+  // like CAUSAL's (query i at Skv - Sq + i); with a finite fill every key counts, as with the mask tensor
+  const bool keys_causal = KEYS && a.keys_causal && a.keys_fill == -INFINITY;
   const long long tiles = (rows + R - 1) / R;
   const long long items = B * Hk * tiles;
   long long splits = 1;
@@ -318,13 +342,19 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     if (threadIdx.x < R) {
       const long long rr = r0 + threadIdx.x;
       const long long h = hk * group + rr % group, i = rr / group;
-      lim[threadIdx.x] = rr < rows ? (int)(CAUSAL ? imin(i + P, Skv - 1) : Skv - 1) : -1;
+      lim[threadIdx.x] = rr < rows ? (int)(CAUSAL ? imin(i + P, Skv - 1)
+                                                  : (keys_causal ? imin(Skv - Sq + i, Skv - 1) : Skv - 1))
+                                   : -1;
       moff[threadIdx.x] = HAS_MASK ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
     }
     __syncthreads();
     // keys this tile can see: all, or (causal) up to its last row's limit
     int kend = (int)Skv;
     if constexpr (CAUSAL) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + P + 1);
+    if (keys_causal) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + Skv - Sq + 1);
+    int kpos[R];  // KEYS: each row's query position
+#pragma unroll
+    for (int r = 0; r < R; ++r) kpos[r] = KEYS ? (int)(Skv - Sq + (r0 + r) / group) : 0;
     const T* kbase = a.k.p + b * a.k.stride[0] + hk * a.k.stride[1];
     const T* vbase = a.v.p + b * a.v.stride[0] + hk * a.v.stride[1];
     const T* pkbase = HAS_PAST ? a.pk.p + b * a.pk.stride[0] + hk * a.pk.stride[1] : kbase;
@@ -388,7 +418,9 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
         float s = -INFINITY;
         if (valid && j <= lim[r]) {
           float bias = 0.f;
-          if constexpr (HAS_MASK) {
+          if constexpr (HAS_MASK && KEYS) {
+            bias = key_bias(a, moff[r], j, kpos[r]);
+          } else if constexpr (HAS_MASK) {
             const View<MT, 4>& m = a.mask;
             bias = j < m.shape[3] ? mask_bias(load(m.p + moff[r] + j * m.stride[3])) : -INFINITY;
           }

@@ -156,7 +156,8 @@ def fast_decline(ctx: KernelContext, node: Node) -> str | None:
     return None
 
 
-def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int, rows_smem: int) -> KernelCode:
+def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int, rows_smem: int,
+               keys: bool = False) -> KernelCode:
     """attention_decode for a node fast_decline accepted (its args are already bound)."""
     q_v, k_v = node.inputs[0], node.inputs[1]
     attrs = node.attrs
@@ -182,9 +183,9 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
         scratch = counters + 4 * items * split * r * (d + 2)
         ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
         ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
-        body = f"  atlas::attention_decode<{tmpl}, {split}>(args, att_ws, att_cnt);"
+        body = f"  atlas::attention_decode<{tmpl}, {split}{', true' if keys else ''}>(args, att_ws, att_cnt);"
     else:
-        body = f"  atlas::attention_decode<{tmpl}>(args);"
+        body = f"  atlas::attention_decode<{tmpl}{', 1, true' if keys else ''}>(args);"
     smem = max(fast_smem(d, r), rows_smem)
     threads = FAST_WARPS * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
@@ -223,6 +224,24 @@ def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:
     while split > 1 and 4 * items_up * split * r * (d + 2) > FAST_SPLIT_SCRATCH:
         split //= 2
     return split
+
+
+def _bind_key_mask(ctx: KernelContext, node: Node, args: str, q: str, mask_v: Value) -> None:
+    """key_mask=1 (mask-as-lengths): args.mask is attention_mask [B, T] viewed as [B, Hq, Sq, T] (stride 0
+    on heads and queries) and the kernel applies causal / window itself (attention.cu key_bias)."""
+    if mask_v is None or len(mask_v.shape) != 2 or mask_v.dtype not in ("int64", "int32", "bool"):
+        raise CodegenError(f"{node.name}: Attention key_mask needs attention_mask [B, T] of int64, int32 or bool")
+    if len(node.inputs) > 4:
+        raise CodegenError(f"{node.name}: Attention key_mask with past inputs")
+    src = ctx.view(mask_v, "mask_src")
+    dims = [(f"{q}.shape[0]", f"{src}.stride[0]"), (f"{q}.shape[1]", "0LL"), (f"{q}.shape[2]", "0LL"),
+            (f"{src}.shape[1]", f"{src}.stride[1]")]
+    ctx.lines.append(f"  {args}.mask = {_declare4(ctx, 'mask', c_type(mask_v.dtype), f'{src}.p', dims)};")
+    attrs = node.attrs
+    fill = float(attrs.get("mask_fill", float("-inf")))
+    ctx.lines.append(f"  {args}.keys_causal = {int(bool(attrs.get('causal', 0)))}; "
+                     f"{args}.keys_window = {int(attrs.get('window', 0) or 0)}LL; "
+                     f"{args}.keys_fill = {'-INFINITY' if fill == float('-inf') else _float_literal(fill)};")
 
 
 @emitter("Attention")
@@ -283,7 +302,10 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     else:
         ctx.lines.append(f"  {args}.qk = y;")
     has_mask = mask_v is not None
-    if has_mask:
+    keys = bool(attrs.get("key_mask", 0))
+    if keys:
+        _bind_key_mask(ctx, node, args, q, mask_v)
+    elif has_mask:
         if mask_v.dtype not in ("bool", dt):
             raise CodegenError(f"{node.name}: Attention mask dtype {mask_v.dtype} (bool or {dt} supported)")
         mr = len(mask_v.shape)
@@ -312,9 +334,9 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     if path == "fast" and fast_decline(ctx, node) is None:
         # the kernel may run attention_rows itself (K/V rows not 16-byte aligned): its shared memory too
         rows_smem = 4 * (((dk_up + 3) // 4) * 4 + FAST_WARPS * (dv_up + 2))
-        return _emit_fast(ctx, node, flags, acc, rows_smem)
+        return _emit_fast(ctx, node, flags, acc, rows_smem, keys)
     tmpl = (f"{t}, {mask_t}, {acc}, {str(has_past).lower()}, {str(has_mask).lower()}, "
-            f"{str(causal).lower()}, {present}, {qk_mode}")
+            f"{str(causal).lower()}, {present}, {qk_mode}{', true' if keys else ''}")
     body = f"  atlas::attention_rows<{tmpl}>({args});"
     rows = ctx.numel_upper(y_v) // max(1, dv_up)
     smem = 4 * (((dk_up + 3) // 4) * 4 + (ATT_THREADS // 32) * (dv_up + 2))

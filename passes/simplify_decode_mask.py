@@ -97,6 +97,8 @@ def _why_not(graph: Graph, att: Node) -> str | tuple[Value, object, list[Node]]:
     mask = att.inputs[3] if len(att.inputs) > 3 else None
     if mask is None:
         return "no mask"
+    if att.attrs.get("key_mask"):
+        return "mask-as-lengths made the Attention read attention_mask itself"
     am = next((v for v in graph.inputs if v.name == MASK_INPUT), None)
     if am is None or am.dtype not in ("int64", "int32", "bool") or len(am.shape) != 2:
         return f"no [batch, keys] {MASK_INPUT} input"

@@ -252,9 +252,31 @@ def _attention_infer(ins, attrs):
     else:
         raise ShapeError("Attention: Q must be rank 3 or 4")
     total = S.add(skv, past_k.shape[2]) if past_k is not None else skv
+    if attrs["key_mask"]:
+        m = ins[3] if len(ins) > 3 else None
+        if m is None or len(m.shape) != 2 or past_k is not None:
+            raise ShapeError("Attention key_mask=1: the mask must be attention_mask [batch, keys], without past inputs")
     outs = [y, TensorType(q.dtype, (b, hk, total, dk)), TensorType(q.dtype, (b, hk, total, dv)),
             TensorType(q.dtype, (b, hq, sq, total))]
     return outs
+
+
+def key_mask_visible(am: np.ndarray, sq: int, skv: int, causal: int, window: int) -> np.ndarray:
+    """bool [B, S, T]: key t is visible to query s of sequence b (key_mask=1 Attention).
+
+    Queries are the last S of the T positions (past = T - S, query s at position past + s, as with the
+    KV cache: K/V hold positions 0 .. T-1). Visible iff am[b, t] != 0, and (causal) t <= past + s, and
+    (window > 0) past + s - t < window."""
+    if am.ndim != 2 or am.shape[1] != skv:
+        raise ShapeError(f"Attention key_mask: the mask must be [batch, {skv}] 0/1, got {list(am.shape)}")
+    t = np.arange(skv)[None, :]
+    pos = skv - sq + np.arange(sq)[:, None]
+    rel = np.ones((sq, skv), bool)
+    if causal:
+        rel &= t <= pos
+    if window:
+        rel &= pos - t < window
+    return (am != 0)[:, None, :] & rel[None]
 
 
 def _attention_ref(ins, attrs):
@@ -274,7 +296,10 @@ def _attention_ref(ins, attrs):
     sq, skv = q.shape[2], k.shape[2]
     scale = attrs["scale"] if attrs["scale"] else 1.0 / np.sqrt(q.shape[3])
     bias = np.zeros((sq, skv), np.float32)
-    if mask is not None:
+    if mask is not None and attrs["key_mask"]:
+        keep = key_mask_visible(mask, sq, skv, attrs["causal"], attrs["window"])  # [B, S, T]
+        bias = bias + np.where(keep, np.float32(0), np.float32(attrs["mask_fill"]))[:, None]
+    elif mask is not None:
         m = mask
         if m.shape[-1] < skv:
             pad = [(0, 0)] * (m.ndim - 1) + [(0, skv - m.shape[-1])]
@@ -306,7 +331,11 @@ register("Attention", inputs=(3, 6), outputs=(1, 4), kind="opaque",
          attrs={"is_causal": Attr("int", 0), "kv_num_heads": Attr("int", 0), "q_num_heads": Attr("int", 0),
                 "qk_matmul_output_mode": Attr("int", 0), "scale": Attr("float", 0.0),
                 "softcap": Attr("float", 0.0), "softmax_precision": Attr("int", 0),
-                "out_bshd": Attr("int", 0)},
+                "out_bshd": Attr("int", 0), "key_mask": Attr("int", 0), "causal": Attr("int", 0),
+                "window": Attr("int", 0), "mask_fill": Attr("float", float("-inf"))},
          infer=_attention_infer, reference=_attention_ref,
          doc="ONNX Attention (opset 23): GQA by head grouping, optional past, bool/additive mask, causal; "
-             "atlasc's out_bshd=1 (set by fuse-attention) writes a 4-D attention's output as [B, S, H*Dv]")
+             "atlasc's out_bshd=1 (set by fuse-attention) writes a 4-D attention's output as [B, S, H*Dv]; "
+             "atlasc's key_mask=1 (set by mask-as-lengths): the mask input is attention_mask [B, T] (0/1) and "
+             "the bias is 0 where key_mask_visible (padding, `causal` with past = T - S, `window`), else "
+             "mask_fill (-inf or the dtype's lowest value, as the export's mask had it)")
