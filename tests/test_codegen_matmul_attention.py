@@ -220,6 +220,55 @@ def build_attention_decode(dtype: str = "float16") -> Builder:
     return b
 
 
+def left_padded_keys(dtype: str):
+    """Generator of attention_mask [B, T] (0/1): row b hides its first pad_b keys (random), row 1 hides
+    every key when B > 1 (all-hidden rows: the export's fill decides their output), row 0 none."""
+
+    def gen(rng, shape):
+        b, t = shape
+        pads = rng.integers(0, max(1, t), b)
+        pads[0] = 0
+        if b > 1:
+            pads[1] = t
+        return (np.arange(t)[None, :] >= pads[:, None]).astype(to_numpy(dtype))
+
+    return gen
+
+
+KEYS_UPPER = {"batch": 5, "seq": 9, "past_seq": 300}
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+def build_attention_keys(dtype: str = "float16") -> Builder:
+    """Attention with key_mask=1 (mask-as-lengths): attention_mask [B, T] (int64, int32, bool) read by
+    the kernel, which applies causal / window itself; the fills the exports use (float32 min, float16
+    min, -inf: the causal key range is then cut short); GQA groups 1 / 2 / 4, head dims 64 / 128; K/V as
+    cache views [B, Hk, past + seq, D], queries the last seq positions (prefill, chunk, decode shapes)."""
+    b = Builder(f"attention_keys_{dtype}", {k: (1 if k != "past_seq" else 0, v) for k, v in KEYS_UPPER.items()})
+    hk = 2
+    total = S.add(S.sym("past_seq"), S.sym("seq"))
+    am = {t: b.input(f"am_{t}", t, ("batch", total), gen=left_padded_keys(t)) for t in ("int64", "int32", "bool")}
+    kv = {d: (b.input(f"k{d}", dtype, ("batch", hk, total, d)), b.input(f"v{d}", dtype, ("batch", hk, total, d)))
+          for d in (64, 128)}
+    q = lambda d, g: b.input(f"q{d}_g{g}_{b.n}", dtype, ("batch", g * hk, "seq", d))  # noqa: E731
+    keys = lambda causal, window, fill: {"key_mask": 1, "causal": causal, "window": window,  # noqa: E731
+                                         "mask_fill": fill}
+    # Llama-like: causal, float32 min fill, group 4, the [B, S, H*D] output
+    b.node("Attention", [q(64, 4), *kv[64], am["int64"]], {**keys(1, 0, F32_MIN), "out_bshd": 1})
+    # Mistral-like: causal + window 5, -inf fill (keys past a row's position skipped), group 1
+    b.node("Attention", [q(128, 1), *kv[128], am["int64"]], {**keys(1, 5, float("-inf")), "scale": 0.05})
+    # an fp16 export's fill, group 2, int32 mask
+    b.node("Attention", [q(64, 2), *kv[64], am["int32"]], keys(1, 0, -65504.0))
+    # encoder-like: padding only (causal 0), bool mask, -inf fill (all-hidden rows: 0)
+    b.node("Attention", [q(128, 4), *kv[128], am["bool"]], keys(0, 0, float("-inf")))
+    # bidirectional with a window and float32 min fill
+    b.node("Attention", [q(64, 1), *kv[64], am["int64"]], keys(0, 3, F32_MIN))
+    return b
+
+
+KEYS_PADDED = {"k64", "v64", "k128", "v128"}
+
+
 # values of build_attention_decode laid out as KV-cache views (rows at the maxima's strides)
 DECODE_PADDED = {"k64", "v64", "k128", "v128", "k256", "v256", "pk", "pv", "kn", "vn", "k3", "v3", "k_odd"}
 DECODE_TRANSPOSED = {"kt"}
@@ -568,6 +617,41 @@ def test_attention_decode_sequence_split():
     assert attention.fast_split(rows_up=4 * 4352, r=4, items_up=32 * 8 * 4352, d=128) == 1
     assert attention.fast_split(rows_up=4, r=4, items_up=32 * 8, d=128) == attention.FAST_MAX_SPLIT
     compile_or_skip(one.source)
+
+
+@pytest.mark.parametrize("path", ["fast", "rows"])
+def test_attention_key_mask_compiles(monkeypatch, path):
+    """key_mask=1 nodes (mask-as-lengths) generate the KEYS kernels on both paths, for prefill-sized
+    maxima and for decode (seq 1: the sequence split), fp32 and fp16, and compile for sm80 and sm90.
+    The attention_mask itself is the kernel's mask view: no [B, 1, S, T] tensor is read."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
+    kernel = "attention_decode" if path == "fast" else "attention_rows"
+    sources = []
+    for dtype in ("float32", "float16"):
+        b = build_attention_keys(dtype)
+        graph, plan, _ = planned(b, dtype, padded=KEYS_PADDED)
+        for upper in (KEYS_UPPER, {**KEYS_UPPER, "seq": 1}):
+            mod = generate_module({"k": (graph, plan)}, {"k": upper})
+            calls = [line for line in mod.source.splitlines() if f"  atlas::{kernel}<" in line]
+            assert len(calls) == 5 and all(line.endswith(", true>(args);") or
+                                           line.endswith(", true>(args, att_ws, att_cnt);") for line in calls)
+            assert mod.source.count("args.keys_fill = -INFINITY;") == 2
+            assert mod.source.count("args.keys_window = 5LL;") == 1
+            assert "atlas::View<long long, 4> mask;" in mod.source and "atlas::View<int, 4> mask;" in mod.source
+            sources.append(mod.source)
+    if path == "fast":
+        assert any(", 32, true>(args, att_ws, att_cnt);" in src for src in sources)  # decode: split
+    compile_or_skip(sources[1])
+    compile_or_skip(sources[3])
+
+
+def test_attention_key_mask_needs_attention_mask():
+    b = Builder("bad_keys", {"batch": (1, 2), "seq": (1, 4)})
+    q = b.input("q", "float32", ("batch", 2, "seq", 16))
+    k = b.input("k", "float32", ("batch", 2, "seq", 16))
+    m = b.input("m", "float32", ("batch", 1, "seq", "seq"))
+    with pytest.raises(Exception, match="key_mask"):
+        b.node("Attention", [q, k, k, m], {"key_mask": 1})
 
 
 @pytest.mark.parametrize("value", ["0", "33", "x", "-1"])

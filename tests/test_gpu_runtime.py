@@ -272,3 +272,29 @@ def test_programmatic_dependent_launch_keeps_the_tokens(name, build_dir, monkeyp
     assert model.graphs and all(g.programmatic > 0 for g in model.graphs.values())
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("batch,length", [(1, 17), (4, 17)])
+def test_greedy_with_mask_lengths_matches_onnxruntime(name, batch, length, build_dir, monkeypatch):
+    """ATLAS_MASK_LENGTHS=1 (mask-as-lengths, opt-in until this test passes on a GPU): the attention
+    kernels read attention_mask and apply causal / window themselves (no mask subgraph kernels); greedy
+    tokens and logits as onnxruntime's, batch 4 with left padding, 32 steps (mistral: past its window)."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_MASK_LENGTHS", "1")
+    path = f"{build_dir}/{name}-masklengths.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    applied = {p["name"]: p["applied"] for p in model.manifest.report["passes"]}["mask-as-lengths"]
+    assert sum(applied.values()) == 2 * model.manifest.kv_cache.layers  # prefill and decode, every layer
+    prompts, want_tokens, want_logits = stored_greedy(name, batch, length)
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    tol = TOL[entry_of(name)["dtype"]]
+    assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+    if got.tokens == want_tokens:
+        np.testing.assert_allclose(got.prefill_logits[:, -1].astype(np.float64), want_logits[0].astype(np.float64),
+                                   **tol)
+        for step, logits in enumerate(got.step_logits):
+            np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)

@@ -26,8 +26,11 @@ from test_codegen_matmul_attention import (
     DECODE_PADDED,
     DECODE_TRANSPOSED,
     DECODE_UPPER,
+    KEYS_PADDED,
+    KEYS_UPPER,
     build_attention,
     build_attention_decode,
+    build_attention_keys,
     build_kv,
     build_matmul,
     build_rotary,
@@ -170,3 +173,26 @@ def test_attention_decode(monkeypatch, path, dtype):
     for env in DECODE_ENVS:
         feeds = b.inputs(rng, env)
         check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=_decode_plan)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_key_mask(monkeypatch, path, dtype):
+    """key_mask=1 (mask-as-lengths, ATLAS_MASK_LENGTHS=1; not yet run on a GPU when written): the kernels
+    read attention_mask [B, T] and apply causal / window / the export's fill themselves
+    (build_attention_keys: int64 / int32 / bool masks, windows 5 and 3, fills float32 min, float16 min
+    and -inf, a fully hidden batch row, prefill / chunk / decode shapes). Generated for prefill maxima
+    and for decode (seq 1: the sequence split); same tolerances as test_attention (one fp16 rounding)."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
+    b = build_attention_keys(dtype)
+    graph = b.done()
+    rtol, atol = TOL["other"][dtype]
+    rng = np.random.default_rng(8)
+    plan_fn = functools.partial(plan_for, padded=KEYS_PADDED)
+    envs = [{"batch": 3, "seq": 9, "past_seq": 0}, {"batch": 2, "seq": 4, "past_seq": 20},
+            {"batch": 5, "seq": 1, "past_seq": 300}, {"batch": 1, "seq": 1, "past_seq": 0},
+            {"batch": 4, "seq": 1, "past_seq": 37}]
+    for env in envs:
+        for upper in ([KEYS_UPPER] + ([{**KEYS_UPPER, "seq": 1}] if env["seq"] == 1 else [])):
+            feeds = b.inputs(rng, env)
+            check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=plan_fn)
