@@ -21,6 +21,10 @@ Attention has two kernels, chosen at code generation by the environment variable
 Measured on the H200 (docs/perf.md v5, `python3 examples/attention_lab.py`): fast is 3.5-12x faster
 than rows at 256 and 4096 keys, batch 1 and 32.
 Any other value of ATLAS_ATTENTION_PATH is a CodegenError.
+Both kernels take a `KEYS` variant for key_mask=1 nodes (pass mask-as-lengths, ATLAS_MASK_LENGTHS=1):
+the mask input is attention_mask [B, T] (int64 / int32 / bool), viewed as [B, Hq, Sq, T] with stride 0
+on heads and queries, and the kernel applies causal / window and the export's fill itself
+(attention.cu key_bias); compile-checked, not yet run on a GPU.
 """
 
 from __future__ import annotations
