@@ -14,11 +14,14 @@ with float activations (the W4A16 / W8A16 decode on the same cache).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
+from atlasc.ir.ops.linear import REF_THREADS
 from atlasc.ir.ops.quant import dequant, q4_zero
 from atlasc.ir.program import Program
 
@@ -89,15 +92,16 @@ BLOCK_ELEMENTS = 1 << 24  # weight elements per block of the per-layer error (fl
 
 
 def _weight_blocks(program: Program, name: str, node):
-    """(layer, float rows, dequantized rows) of a quantized node, float32 [rows, K], block by block along
-    N, so a 1 GB LM head is never copied whole; a merged node's parts come in order under their own
-    layer names (the quantize report's)."""
+    """(layer, float rows, dequantized rows) makers of a quantized node: functions returning float32
+    [rows, K] blocks along N, so a 1 GB LM head is never copied whole; a merged node's parts come in
+    order under their own layer names (the quantize report's)."""
     w = program.float_weights[name]
     parts = w if isinstance(w, tuple) else ((name, w),)
     wq, scale = node.inputs[1].data, node.inputs[2].data
     zero_v = q4_zero(node)
     zero = None if zero_v is None else zero_v.data
-    offset = 0
+    group = node.attrs.get("group_size", 128)
+    offset, blocks = 0, []
     for layer, part in parts:
         data = part.data
         n, k = data.shape
@@ -105,10 +109,21 @@ def _weight_blocks(program: Program, name: str, node):
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             q0, q1 = offset + r0, offset + r1
-            deq = dequant(node.op, wq[q0:q1], scale[q0:q1], node.attrs.get("group_size", 128),
-                          None if zero is None else zero[q0:q1])
-            yield layer, np.asarray(data[r0:r1], np.float32), deq
+
+            def make(data=data, r0=r0, r1=r1, q0=q0, q1=q1):
+                deq = dequant(node.op, wq[q0:q1], scale[q0:q1], group, None if zero is None else zero[q0:q1])
+                return np.asarray(data[r0:r1], np.float32), deq
+
+            blocks.append((layer, make))
         offset += n
+    return blocks
+
+
+def _block_error(xs: np.ndarray, make) -> tuple[float, float]:
+    """(sum of (x W^T - x Wq^T)^2, sum of (x W^T)^2) over one block of a layer's rows."""
+    w, wq = make()
+    y = xs @ w.T
+    return float(np.sum(np.square(y - xs @ wq.T, dtype=np.float64))), float(np.sum(np.square(y, dtype=np.float64)))
 
 
 def _feeds(graph: Graph, ids: np.ndarray, past: int = 0) -> dict[str, np.ndarray]:
@@ -192,15 +207,17 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         kl += float(np.sum(p * (np.log(p + 1e-300) - np.log(q + 1e-300))))
         agree += int(np.sum(p.argmax(-1) == q.argmax(-1)))
         count += int(np.prod(p.shape[:-1]))
-        for name, x in probes:
-            node = quantized_nodes[name]
-            xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
-            for layer, w, wq in _weight_blocks(program, name, node):  # a block of output rows at a time
-                y = xs @ w.T
-                yq = xs @ wq.T
-                acc = sums.setdefault(layer, [0.0, 0.0])
-                acc[0] += float(np.sum(np.square(y - yq, dtype=np.float64)))
-                acc[1] += float(np.sum(np.square(y, dtype=np.float64)))
+        # a block of output rows at a time, REF_THREADS blocks at once (the dequantization dominates);
+        # summed in block order, so the report does not depend on the threads
+        xs = {name: f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1]) for name, x in probes}
+        jobs = [(layer, xs[name], make)
+                for name, _ in probes for layer, make in _weight_blocks(program, name, quantized_nodes[name])]
+        with ThreadPoolExecutor(REF_THREADS) as pool:
+            errors = list(pool.map(lambda job: _block_error(job[1], job[2]), jobs))
+        for (layer, _, _), (err, ref) in zip(jobs, errors):
+            acc = sums.setdefault(layer, [0.0, 0.0])
+            acc[0] += err
+            acc[1] += ref
     layers = {name: (float(np.sqrt(a / b)) if b > 0 else 0.0) for name, (a, b) in sums.items()}
     return {"prompts": int(ids.shape[0]), "tokens_per_prompt": int(ids.shape[1]),
             "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1),

@@ -7,6 +7,9 @@ float32, the bias is added in float32, and the result is rounded once.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from atlasc.errors import ShapeError
@@ -35,17 +38,29 @@ def _linear_infer(ins, attrs):
 
 
 REF_CHUNK_ELEMENTS = 1 << 24  # weight elements made float32 at a time by the references (an LM head is ~1 GB)
+# blocks of a big weight made float32 (and multiplied) at once: numpy releases the GIL in the conversion,
+# which at decode-sized x costs more than the product (an 8B compile's accuracy report: minutes)
+REF_THREADS = max(1, min(4, os.cpu_count() or 1))  # each holds a 64 MB float32 block and its temporaries
 
 
 def matmul_rows(x: np.ndarray, rows, n: int, k: int, bias) -> np.ndarray:
     """x @ W^T (+ bias) accumulated in float32, rounded once to x's dtype; W [N, K] is given as
-    `rows(r0, r1)`, its float32 rows r0..r1, and made a block of rows at a time (no whole float32 copy)."""
+    `rows(r0, r1)`, its float32 rows r0..r1, and made a block of rows at a time (no whole float32 copy;
+    up to REF_THREADS blocks at once, each output column computed by exactly one block)."""
     xf = x.astype(np.float32)
     y = np.empty(x.shape[:-1] + (n,), np.float32)
     step = max(1, REF_CHUNK_ELEMENTS // max(1, k))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        y[..., r0:r1] = np.matmul(xf, rows(r0, r1).T)
+    blocks = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+
+    def block(r: tuple[int, int]) -> None:
+        y[..., r[0]:r[1]] = np.matmul(xf, rows(*r).T)
+
+    if len(blocks) == 1 or REF_THREADS == 1:
+        for r in blocks:
+            block(r)
+    else:
+        with ThreadPoolExecutor(min(REF_THREADS, len(blocks))) as pool:
+            list(pool.map(block, blocks))
     if bias is not None:
         y = y + bias.astype(np.float32)
     return y.astype(x.dtype)
