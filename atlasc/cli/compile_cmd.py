@@ -73,9 +73,10 @@ def compile_command(
     gptq: Annotated[bool, typer.Option("--gptq", help="int4: round each layer by GPTQ on the float activations "
                                        "of the --calib prompts (error feedback through the calibration "
                                        "Hessian) instead of to nearest; encoder exports. Default off.")] = False,
-    calib: Annotated[Path | None, typer.Option("--calib", help="Quantized decoders: an .npz of calibration "
-                                               "token ids [prompts, length] (key input_ids) for the accuracy "
-                                               "report; random prompts when absent.")] = None,
+    calib: Annotated[Path | None, typer.Option("--calib", help="With --quant: an .npz of calibration token "
+                                               "ids [prompts, length] (key input_ids): decoders' accuracy "
+                                               "report (random prompts when absent) and --gptq's "
+                                               "activations.")] = None,
     prefill_logits: Annotated[str | None, typer.Option("--prefill-logits", help="Decoders: 'all' (logits of every "
                                                        "prompt position) or 'last' (only what the next token "
                                                        "needs: the LM head runs on one position). "
