@@ -4,7 +4,7 @@
     python examples/quant_lab.py --ms 1,4,8 --quant int4 --shapes "8B qkv,8B down"
     python examples/quant_lab.py --variant table,simt  # the tensor-core path vs the CUDA-core fallback
     python examples/quant_lab.py --variant table,a8    # float activations vs int8 ones (W4A8 / W8A8 dp4a, M <= 8)
-    python examples/quant_lab.py --split 4 --u 4       # force split-K ways / steps in flight (ATLAS_QUANT_*)
+    python examples/quant_lab.py --split 1,4,8 --u 2,4 # sweep forced split-K ways x steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
 
 For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8 /
@@ -83,6 +83,14 @@ def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: s
                                                     quant.U_ENV: u})
 
 
+def split_variant(name: str) -> tuple[str, str, str]:
+    """(path, split, u) of a variant name path[/sS][/uU] ("" where not forced)."""
+    path, *opts = name.split("/")
+    split = next((o[1:] for o in opts if o.startswith("s")), "")
+    u = next((o[1:] for o in opts if o.startswith("u")), "")
+    return path, split, u
+
+
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
     """kernel -> (registers, spill store bytes, spill load bytes): nvcc with the compiler's flags + -Xptxas -v."""
     with tempfile.TemporaryDirectory(prefix="atlasc-ptxas-") as tmp:
@@ -106,8 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default="1", help="comma-separated M values")
     ap.add_argument("--quant", default="int4,int8", help="comma-separated of int4 (g128), int8, fp8 (E4M3)")
     ap.add_argument("--variant", default="table", help=f"comma-separated paths of {', '.join(quant.PATHS)}")
-    ap.add_argument("--split", default="", help="force the split-K ways (1, 2, 4 or 8; default: quant.split_k)")
-    ap.add_argument("--u", default="", help="force the 1 KB steps in flight per warp (1 .. 8; default: quant.MMA_U)")
+    ap.add_argument("--split", default="", help="comma-separated split-K ways to force (1, 2, 4, 8; default: "
+                                                "quant.split_k); each becomes a variant name path/sS")
+    ap.add_argument("--u", default="", help="comma-separated 1 KB steps in flight per warp to force (1 .. 8; "
+                                            "default: quant.MMA_U); each becomes a variant name path/uU")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     args = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
@@ -121,15 +131,19 @@ def main(argv=None) -> int:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8'))})")
     if "a8" in variants and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
+    variants = tuple(v + (f"/s{sp}" if sp else "") + (f"/u{u}" if u else "") for v in variants
+                     for sp in (args.split.split(",") if args.split else [""])
+                     for u in (args.u.split(",") if args.u else [""]))
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
         for m in ms:
             for mode in modes:
                 for variant in variants:
-                    a8 = variant == "a8"
-                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else variant, args.split,
-                                                              args.u, "int8" if a8 else "")
+                    path, split, u = split_variant(variant)
+                    a8 = path == "a8"
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else path, split, u,
+                                                              "int8" if a8 else "")
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()
@@ -176,14 +190,14 @@ def main(argv=None) -> int:
                 gbs = (weight_bytes + (m * k + m * n) * 2) / (us * 1e-6) / 1e9
                 rows.append((name, f"{k}x{n}", m, f"{mode} {variant}", us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,
                              launch.grid[0], "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"))
-                print(f"  {name:11s} M={m:<3d} {mode} {variant:5s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "
+                print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "
                       f"{rows[-1][-1]}", flush=True)
                 for a in arenas:
                     a.free()
-    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'quant path':10s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
+    print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'quant path':15s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
           f"{'MB read':>8s} {'grid':>6s}  check")
     for name, kn, m, mode, us, gbs, pct, nbytes, grid, ok in rows:
-        print(f"{name:11s} {kn:>12s} {m:>3d} {mode:10s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {nbytes / 1e6:8.1f} "
+        print(f"{name:11s} {kn:>12s} {m:>3d} {mode:15s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {nbytes / 1e6:8.1f} "
               f"{grid:6d}  {ok}")
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
