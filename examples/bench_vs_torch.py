@@ -29,7 +29,8 @@ from build_llama import CONFIGS, write  # noqa: E402
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
                  quant: str = "none", pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
     """atlasc's bench rows (each with "engine"); pdl_ab: each artifact again with ATLAS_PDL=1; compile_ab:
-    the name of a 0/1 codegen switch (e.g. ATLAS_PREFETCH): two artifacts, compiled with it 0 and 1."""
+    a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g. ATLAS_PREFETCH) or NAME=a,b,...
+    (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
@@ -43,10 +44,11 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     print(f"[atlasc] built {onnx_path.name} in {time.perf_counter() - t:.1f} s", flush=True)
     dev = Device()
     rows = []
-    for switch in ("0", "1") if compile_ab else ("",):
-        label = f" {compile_ab}={switch}" if compile_ab else ""
+    switch_name, _, values = compile_ab.partition("=")
+    for switch in (values.split(",") if values else ("0", "1")) if compile_ab else ("",):
+        label = f" {switch_name}={switch}" if compile_ab else ""
         if compile_ab:
-            os.environ[compile_ab] = switch
+            os.environ[switch_name] = switch
         art_path = workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas"
         t = time.perf_counter()
         result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
@@ -121,9 +123,9 @@ def main() -> None:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--quant", default="none", choices=("none", "int8", "int4", "fp8"),
                     help="compile atlasc's artifact with --quant (the peers stay fp16)")
-    ap.add_argument("--compile-ab", default="", metavar="ATLAS_SWITCH",
-                    help="compile atlasc's artifact twice, with this 0/1 environment switch 0 then 1 (e.g. "
-                         "ATLAS_PREFETCH), and bench both")
+    ap.add_argument("--compile-ab", default="", metavar="ATLAS_SWITCH[=A,B]",
+                    help="compile atlasc's artifact once per value of this environment switch (0 then 1, or the "
+                         "values given, e.g. ATLAS_LINEAR_FT=1,auto) and bench each")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="bench atlasc's artifact twice: plain CUDA graphs, then ATLAS_PDL=1 (programmatic edges)")
     ap.add_argument("--workdir", type=Path, default=None,

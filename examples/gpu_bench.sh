@@ -7,7 +7,8 @@
 # largest batch, 256 keys; PROFILE_TOP rows, default 30). ROTARY_AB=1 then compiles and benches twice more
 # at batch 1, with ATLAS_ROTARY_EPILOGUE=0 and =1, each profiled in full (where the fused float16 QKV kernel
 # loses its time, docs/perf.md v8). AB=ATLAS_SWITCH compiles atlasc's artifact twice, with that 0/1 switch 0
-# and 1 (e.g. AB=ATLAS_PREFETCH), and benches both (with PDL_AB=1: each with plain and programmatic graphs).
+# and 1 (e.g. AB=ATLAS_PREFETCH), AB=ATLAS_SWITCH=a,b once per value (e.g. AB=ATLAS_LINEAR_FT=1,auto), and
+# benches each (with PDL_AB=1: each with plain and programmatic graphs).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -36,7 +37,10 @@ python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --promp
     tee "$out/bench_$config.log"
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
     art="$work/$config.atlas"
-    [ -n "${AB:-}" ] && art="$work/$config-${AB}1.atlas"  # with AB: the artifact compiled with the switch on
+    if [ -n "${AB:-}" ]; then  # with AB: the artifact compiled with the last value (the switch on)
+        ab_name="${AB%%=*}"; ab_values="${AB#*=}"; [ "$ab_values" = "$AB" ] && ab_values="0,1"
+        art="$work/$config-${ab_name}${ab_values##*,}.atlas"
+    fi
     for b in 1 "${batches##*,}"; do
         atlasc profile "$art" --batch "$b" --context 256 --top "${PROFILE_TOP:-30}" 2>&1 | \
             tee "$out/profile_${config}_b$b.log"
