@@ -14,14 +14,22 @@
 
 namespace atlas {
 
-// Programmatic dependent launch (sm90+), the first statement of every generated kernel: wait until the
-// grids this one depends on have completed and their writes are visible, then let the next kernel's
-// blocks be scheduled (they wait here in turn). A runtime that turns a graph's kernel-to-kernel edges
-// into programmatic ones (runtime/cudagraph.py, ATLAS_PDL=1) overlaps a kernel's launch with the tail of
-// the one before; with plain launches and edges both instructions return at once.
+// Programmatic dependent launch (sm90+). pdl_enter, the first statement of every generated kernel (after
+// its weight prefetches, if any): wait until the grids this one depends on have completed and their
+// writes are visible. pdl_leave, its last: let the next kernel's blocks be scheduled (a block that
+// returns early counts as having done so). Leaving at the end, not next to the wait, keeps the next
+// kernel's waiting blocks off the SMs while this kernel still has blocks to run (they would hold slots
+// its later waves need); they launch during this kernel's last blocks and wait in pdl_enter in turn.
+// A runtime that turns a graph's kernel-to-kernel edges into programmatic ones (runtime/cudagraph.py,
+// ATLAS_PDL=1) overlaps a kernel's launch with the tail of the one before; with plain launches and
+// edges both instructions return at once.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_leave() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -79,6 +79,7 @@ class KernelCode:
     preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
     scratch: int = 0  # bytes the kernel uses from ctx.scratch_address(0) on (left zeroed, see below)
     prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
+    choice: dict | None = None  # a per-kernel choice worth recording (the report's codegen `kernels`)
 
 
 @dataclass
@@ -213,6 +214,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
         raise CodegenError(f"no CUDA kernel for op(s): {', '.join(unsupported)}")
     scratch_offset = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
     scratch_bytes = 0
+    kernel_choices: dict[str, dict] = {}
     for entry, (graph, plan) in entries.items():
         launches[entry] = []
         for index, node in enumerate(graph.nodes):
@@ -230,6 +232,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                                 above(upper[entry].get(symbol, 0)))
             code = EMITTERS[node.op](ctx, node)
             scratch_bytes = max(scratch_bytes, code.scratch)
+            if code.choice:
+                kernel_choices[kernel] = code.choice
             text = _wrapper(ctx, node, code)
             parts.append(text)
             variants = []
@@ -251,6 +255,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                                           symbol if variants else "", tuple(variants)))
     scratch_bytes = align(scratch_bytes)
     choices = {**codegen_choices(), "batch_buckets": {e: [s, sorted(v)] for e, (s, v) in (buckets or {}).items()}}
+    if kernel_choices:
+        choices["kernels"] = kernel_choices
     return GeneratedModule("\n".join([prelude, *parts]) + "\n", launches, prelude, parts, scratch_offset,
                            scratch_bytes, scratch_offset + scratch_bytes, choices)
 
@@ -291,12 +297,14 @@ def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import attention, linear, quant
+    from atlasc.codegen import attention, flash_attention, linear, quant
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
-            "weight_prefetch": prefetch_enabled()}
+            "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
+            "weight_prefetch": prefetch_enabled(),
+            **flash_attention.record()}  # ATLAS_ATTENTION_PREFILL=fa2 only
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
@@ -312,5 +320,6 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
         "  (void)d;",
         *ctx.lines,
         code.body,
+        "  atlas::pdl_leave();",
         "}",
     ])

@@ -4,9 +4,10 @@ Load: verify the artifact, pick the cubin for this GPU's arch (a clear error nam
 artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
 free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
 arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
-device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% at batch 1, docs/perf.md v7) makes the
-captured graphs' kernel-to-kernel edges programmatic, so a kernel's blocks launch while the previous
-kernel drains (each kernel waits for its inputs in atlas::pdl_enter).
+device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% faster at batch 1 in docs/perf.md
+v7, 5% slower in v9) makes the captured graphs' kernel-to-kernel edges programmatic, so a kernel's
+blocks launch while the previous kernel drains (each kernel waits for its inputs in atlas::pdl_enter
+and lets the next one launch in atlas::pdl_leave, its last statement).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
 
     c = llama32.manifest.report["codegen"]
     assert c == {"linear_path": "table", "linear_ft": "1", "quant_path": "table", "attention_path": "fast",
-                 "attention_max_split": 32, "pdl_wait": True, "weight_prefetch": False,
+                 "attention_max_split": 32, "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
@@ -145,7 +145,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_LINEAR_FT", "auto")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "auto", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4, "pdl_wait": True,
-                                 "weight_prefetch": True}
+                                 "pdl_trigger": "end", "weight_prefetch": True}
 
 
 def test_every_kernel_starts_with_the_pdl_wait(llama32):
@@ -156,3 +156,5 @@ def test_every_kernel_starts_with_the_pdl_wait(llama32):
     defs = [i for i, line in enumerate(lines) if line.startswith('extern "C" __global__') and line.endswith("{")]
     assert len(defs) > 50
     assert all(lines[i + 1] == "  atlas::pdl_enter();" for i in defs)
+    ends = [lines.index("}", i) for i in defs]  # the wrapper's closing brace: the first bare one after it
+    assert all(lines[j - 1] == "  atlas::pdl_leave();" for j in ends)

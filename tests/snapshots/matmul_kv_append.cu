@@ -37,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_MatMul(unsigned char
   C.shape[1] = c_src.shape[1]; C.stride[1] = c_src.stride[1];
   atlas::View<__half, 2> bias; bias.p = nullptr;
   atlas::matmul_tiled<__half, 2, false, false>(A, B, C, bias, 1, 1);
+  atlas::pdl_leave();
 }
 
 // kvappend2: KVAppend -> kvappend2_out0: float16[batch, 2, past_seq + seq, 8]
@@ -65,4 +66,5 @@ extern "C" __global__ void __launch_bounds__(256) snap_0001_KVAppend(unsigned ch
   present.stride[1] = 128LL;
   present.stride[0] = 256LL;
   atlas::kv_append<__half>(x, present, (d[1]), 2LL, 16LL);
+  atlas::pdl_leave();
 }

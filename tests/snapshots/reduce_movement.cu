@@ -52,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(u
   atlas::View<float, 1> inv_k; inv_k.p = inv_all.p;
   inv_k.shape[0] = inv_all.shape[0]; inv_k.stride[0] = inv_all.stride[0];
   atlas::rd::norm_block<false, true, true, float>(xk, xr, yk, yr, scale, bias, mean_k, inv_k, 1e-05f);
+  atlas::pdl_leave();
 }
 
 // cat: Concat -> cat_out0: float16[b, n + 16]
@@ -84,4 +85,5 @@ extern "C" __global__ void __launch_bounds__(256) snap_0001_Concat(unsigned char
   { atlas::View<__half, 2> dst = y; dst.p += shift * y.stride[1];
     dst.shape[1] = in1.shape[1]; atlas::mv::copy(dst, in1);
     shift += in1.shape[1]; }
+  atlas::pdl_leave();
 }
