@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 
+from atlasc.codegen import flash_attention
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.ir import symbolic as S
@@ -335,16 +336,25 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
     mask_t = c_type(mask_v.dtype) if has_mask else "bool"
     causal = bool(attrs.get("is_causal", 0))
     flags = (mask_t, str(has_past).lower(), str(has_mask).lower(), str(causal).lower())
+    fa2_declined = None
+    if flash_attention.prefill_choice() == "fa2":
+        fa2_declined = flash_attention.fa2_decline(ctx, node)
+        if fa2_declined is None:
+            return flash_attention.emit_fa2(ctx, node, flags, acc, keys)
     if path == "fast" and fast_decline(ctx, node) is None:
         # the kernel may run attention_rows itself (K/V rows not 16-byte aligned): its shared memory too
         rows_smem = 4 * (((dk_up + 3) // 4) * 4 + FAST_WARPS * (dv_up + 2))
-        return _emit_fast(ctx, node, flags, acc, rows_smem, keys)
+        code = _emit_fast(ctx, node, flags, acc, rows_smem, keys)
+        if fa2_declined:
+            code.choice = {"attention": "fast", "fa2_declined": fa2_declined}
+        return code
     tmpl = (f"{t}, {mask_t}, {acc}, {str(has_past).lower()}, {str(has_mask).lower()}, "
             f"{str(causal).lower()}, {present}, {qk_mode}{', true' if keys else ''}")
     body = f"  atlas::attention_rows<{tmpl}>({args});"
     rows = ctx.numel_upper(y_v) // max(1, dv_up)
     smem = 4 * (((dk_up + 3) // 4) * 4 + (ATT_THREADS // 32) * (dv_up + 2))
-    return KernelCode(body, ctx.grid_for(rows, 1), (ATT_THREADS, 1, 1), smem)
+    choice = {"attention": "rows", "fa2_declined": fa2_declined} if fa2_declined else None
+    return KernelCode(body, ctx.grid_for(rows, 1), (ATT_THREADS, 1, 1), smem, choice=choice)
 
 
 @emitter("RotaryEmbedding")

@@ -27,6 +27,10 @@ from atlasc.codegen import linear  # noqa: E402, F401  (registers emitters; line
 
 TEMPLATES += ["linear"]
 
+from atlasc.codegen import flash_attention  # noqa: E402, F401  (attention.py calls it; its .cu uses linear.cu's lin_mma)
+
+TEMPLATES += ["flash_attention"]
+
 
 from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant.cu uses linear.cu)
 
