@@ -33,8 +33,11 @@
 // the reference gives (0 for an all -inf row, else the softmax over every key with its fill added):
 // if a warp has such a row and the mask form may hold finite fills, the block recomputes that warp's
 // rows over every key without skipping (a second pass).
-// Numerics: float32 scores and accumulation; exp2 by ex2.approx (about 2 ulp); P rounded to fp16 for
-// the tensor cores (relative error 2^-11 per weight, the same P in l); one rounding of Y.
+// Numerics: float32 scores and accumulation; exp2 by ex2.approx (about 2 ulp); scores in log2 units by
+// one FMA (dot * scale * log2 e + bias * log2 e), except in the second pass, whose rows sit near a finite
+// fill (-65504 + s): there the scores are rounded as the reference rounds them and s - max is taken
+// before the conversion (log2 units at that magnitude would move each weight by up to 0.5%); P rounded
+// to fp16 for the tensor cores (relative error 2^-11 per weight, the same P in l); one rounding of Y.
 namespace atlas {
 
 constexpr int FA2_BC = 64;               // keys per tile (flash_attention.py FA2_BC)
@@ -99,9 +102,10 @@ __device__ __forceinline__ bool fa2_q_ok(const View<__half, 4>& q) {
 template <typename MT, int D, int NW, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, bool KEYS>
 __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a, __half* smem, long long b,
                                                    long long h, long long hk, long long row0, long long Sq,
-                                                   long long P, long long Skv, float sl2) {
+                                                   long long P, long long Skv, float scale) {
   constexpr int BC = FA2_BC, KS = D / 16, NT = D / 8, SN = BC / 8, LD = D + 8, TILE = BC * LD, CH = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const float sl2 = scale * FA2_LOG2E;
   const long long wrow = row0 + 16 * warp;  // this warp's first row; the lane's rows: wrow + g, wrow + g + 8
   // a finite fill may hide keys (mask tensor values, KEYS fill): then rows without a visible key need pass 2
   bool finite_form = false;
@@ -238,7 +242,10 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
             lin_mma(s[2 * n2], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb[0], kb[1]);
             lin_mma(s[2 * n2 + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb[2], kb[3]);
           }
-        // online softmax (log2 units), rows g (hr 0) and g + 8 (hr 1)
+        // online softmax, rows g (hr 0) and g + 8 (hr 1). Pass 0 in log2 units (one FMA per score); pass 2
+        // (rows without a visible key: scores near a finite fill such as -65504) in natural units rounded
+        // as the reference rounds them (raw = dot * scale, then + bias), converted after the max is taken
+        const float em = pass == 0 ? 1.f : FA2_LOG2E;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           float mx = -INFINITY;
@@ -246,14 +253,15 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
           for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-              s[nt][e] = fmaf(s[nt][e], sl2, bias_at(nt, e) * FA2_LOG2E);
+              s[nt][e] = pass == 0 ? fmaf(s[nt][e], sl2, bias_at(nt, e) * FA2_LOG2E)
+                                   : __fmul_rn(s[nt][e], scale) + bias_at(nt, e);
               mx = fmaxf(mx, s[nt][e]);
             }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float mn = fmaxf(m[hr], mx);
           const float mu = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet: p = 0
-          const float corr = fa2_exp2(m[hr] - mu);      // 0 when m was -inf
+          const float corr = fa2_exp2((m[hr] - mu) * em);  // 0 when m was -inf
           m[hr] = mn;
           l[hr] *= corr;
 #pragma unroll
@@ -264,7 +272,7 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
 #pragma unroll
           for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
-            for (int e = 2 * hr; e < 2 * hr + 2; ++e) s[nt][e] = fa2_exp2(s[nt][e] - mu);
+            for (int e = 2 * hr; e < 2 * hr + 2; ++e) s[nt][e] = fa2_exp2((s[nt][e] - mu) * em);
         }
         // O += P V: P's C fragments of key n-tiles 2 kt2, 2 kt2 + 1 are the A fragment of k-step kt2
 #pragma unroll
@@ -336,7 +344,7 @@ __device__ __forceinline__ void attention_fa2(const AttnArgs<__half, MT>& a) {
       const long long gi = item % group, tile = tiles - 1 - (item / group) % tiles;
       const long long hk = (item / (group * tiles)) % Hk, b = item / (group * tiles * Hk);
       attention_fa2_item<MT, D, NW, HAS_PAST, HAS_MASK, CAUSAL, KEYS>(a, smem, b, hk * group + gi, hk,
-                                                                       tile * 16 * NW, Sq, P, Skv, scale * FA2_LOG2E);
+                                                                       tile * 16 * NW, Sq, P, Skv, scale);
     }
     return;
   }

@@ -298,3 +298,31 @@ def test_greedy_with_mask_lengths_matches_onnxruntime(name, batch, length, build
                                    **tol)
         for step, logits in enumerate(got.step_logits):
             np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("mask_lengths", ["0", "1"], ids=["mask", "keys"])
+def test_greedy_with_fa2_prefill_matches_onnxruntime(name, mask_lengths, build_dir, monkeypatch):
+    """ATLAS_ATTENTION_PREFILL=fa2 (tensor-core prefill attention, opt-in until this test passes on a GPU):
+    the fp16 decoders' prefill Attention nodes run attention_fa2 (the report says so; fp32 ones decline
+    it and keep today's kernel), with the default pipeline's mask tensor and with mask-as-lengths (KEYS);
+    greedy tokens as onnxruntime's, batch 4 with left padding, prefill length 17, 32 steps."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "fa2")
+    monkeypatch.setenv("ATLAS_MASK_LENGTHS", mask_lengths)
+    path = f"{build_dir}/{name}-fa2-{mask_lengths}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    codegen = model.manifest.report["codegen"]
+    assert codegen["attention_prefill"] == "fa2"
+    fa2 = [k for k, c in codegen.get("kernels", {}).items() if c["attention"] == "fa2"]
+    layers = model.manifest.kv_cache.layers
+    if entry_of(name)["dtype"] == "fp16":
+        assert len(fa2) == layers and all(k.startswith("prefill_") for k in fa2), codegen.get("kernels")
+    else:
+        assert not fa2
+    prompts, want_tokens, want_logits = stored_greedy(name, 4, 17)
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])

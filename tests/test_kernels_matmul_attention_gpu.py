@@ -196,3 +196,27 @@ def test_attention_key_mask(monkeypatch, path, dtype):
         for upper in ([KEYS_UPPER] + ([{**KEYS_UPPER, "seq": 1}] if env["seq"] == 1 else [])):
             feeds = b.inputs(rng, env)
             check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=plan_fn)
+
+
+# (batch, query rows, past): prefill of 16, 100, 128 and 513 rows (one row past a 64-row tile multiple),
+# on an empty past and on one of 37 or 64 positions; the keys are past + seq (cache views, K/V padded)
+FA2_ENVS = [{"batch": 2, "seq": 16, "past_seq": 0}, {"batch": 1, "seq": 100, "past_seq": 37},
+            {"batch": 2, "seq": 128, "past_seq": 0}, {"batch": 2, "seq": 128, "past_seq": 64},
+            {"batch": 1, "seq": 513, "past_seq": 0}, {"batch": 2, "seq": 513, "past_seq": 64}]
+
+
+@pytest.mark.parametrize("warps", ["", "8"], ids=["auto", "w8"])
+def test_attention_fa2(monkeypatch, warps):
+    """ATLAS_ATTENTION_PREFILL=fa2 (not yet run on a GPU when written): attention_fa2 against the reference
+    on build_attention_prefill (head dims 16 / 64 / 128, GQA groups 1 / 2 / 4, the default pipeline's
+    additive mask with fp16-lowest and -inf fills and a bool one, all-hidden batch rows and query rows,
+    the causal attribute with past inputs, the KEYS form with causal + window 37, 3-D inputs; the four
+    nodes fa2 declines run today's kernels), with 4 warps (auto) and 8 per block. Tolerance as the
+    other fp16 attention tests: fa2 rounds P to fp16 (2^-11 relative per weight) and Y once, so an O(1)
+    output lands within one or two fp16 ulps (3e-3)."""
+    from test_flash_attention import PREFILL_PADDED, PREFILL_TRANSPOSED, build_attention_prefill
+
+    monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "fa2")
+    monkeypatch.setenv("ATLAS_ATTENTION_FA2_WARPS", warps)
+    b = build_attention_prefill("float16")
+    _run(b, FA2_ENVS, "float16", "other", 9, {"padded": PREFILL_PADDED, "transposed": PREFILL_TRANSPOSED})
