@@ -17,6 +17,20 @@ does (CUDA graph of launches rotating among enough arena copies, each with its o
 served from L2; median of replays).
 GB/s counts the bytes a decode step must read or write: K + V once (B * Hk * T * D * 2 * 2) + q + y;
 % is of 4.30 TB/s. The last table puts the paths side by side.
+
+Prefill mode (`--prefill`): the prefill Attention of a decoder at sequence length T (Sq = T keys, past 0):
+q [B, Hq, T, D], K/V cache views [B, Hk, T, D] (rows of MAX_SEQ positions), y [B, T, Hq * D], and the
+mask as the default pipeline gives it (`--mask tensor`: an additive fp16 [B, 1, T, T] with 0 on and
+below the diagonal and -65504 above it; `keys`: mask-as-lengths' attention_mask [B, T] of ones with
+causal=1 and fill -65504; `causal`: no mask, is_causal=1). Paths: fa2 (ATLAS_ATTENTION_PREFILL=fa2,
+warps auto), fa2w8 (8 warps, 128 rows per block), fast, rows. Checked once against numpy on two query
+heads (the first and the last; float32 reference; tolerance 2e-3 + 1e-2 * max |y|), timed as above.
+TFLOP/s counts the causal work: 4 * B * Hq * D * T * (T + 1) / 2 (two matrix products over the visible
+(query, key) pairs, 2 FLOP per multiply-add); % is of 790 TFLOP/s (the H200's measured dense fp16/bf16
+cuBLAS rate, KINDS.md).
+
+    python examples/attention_lab.py --prefill --seqs 512,2048,4096 --path fa2,fa2w8,fast
+    python examples/attention_lab.py --prefill --models 8B --seqs 4096 --mask keys --path fa2
 """
 
 from __future__ import annotations
@@ -70,6 +84,168 @@ def build(model: str, ctx: int, batch: int):
 
 
 LAB_PATHS = (*attention.PATHS, "nosplit")
+PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
+PREFILL_SEQS = (512, 2048, 4096)
+MASKS = ("tensor", "keys", "causal")
+MMA_PEAK = 790e12  # dense fp16 / bf16 FLOP/s measured on the H200 (cuBLAS, KINDS.md)
+F16_MIN = -65504.0
+
+
+def build_prefill(model: str, seq: int, batch: int, mask: str):
+    """(graph, plan, upper): the prefill Attention node at T = seq (past 0), K/V as cache views."""
+    hq, hk, d = MODELS[model]
+    g = Graph(f"prefill_{model}_t{seq}_b{batch}_{mask}")
+    g.symbols = {"batch": SymbolInfo(1, batch), "seq": SymbolInfo(1, seq)}
+    B, T = S.sym("batch"), S.sym("seq")
+    q = Value("q", "float16", (B, hq, T, d))
+    k = Value("k", "float16", (B, hk, T, d))
+    v = Value("v", "float16", (B, hk, T, d))
+    y = Value("y", "float16", (B, T, hq * d))
+    attrs = {"out_bshd": 1}
+    ins, sizes = [q, k, v], []
+    if mask == "tensor":
+        m = Value("mask", "float16", (B, 1, T, T))
+        ins.append(m)
+        sizes.append((m, batch * seq * seq * 2))
+    elif mask == "keys":
+        m = Value("mask", "int64", (B, T))
+        ins.append(m)
+        sizes.append((m, batch * seq * 8))
+        attrs.update({"key_mask": 1, "causal": 1, "mask_fill": F16_MIN})
+    else:
+        attrs["is_causal"] = 1
+    g.inputs = list(ins)
+    g.nodes = [Node("Attention", ins, [y], OPS["Attention"].fill_attrs(attrs), name="attention")]
+    g.outputs = [y]
+    plan = MemoryPlan(symbols=("batch", "seq"))
+    plan.dims_offset = 0
+    off = 256
+    cache = (hk * MAX_SEQ * d, MAX_SEQ * d, d, 1)
+    for value, nbytes, strides in [(q, batch * hq * seq * d * 2, None), (k, batch * hk * MAX_SEQ * d * 2, cache),
+                                   (v, batch * hk * MAX_SEQ * d * 2, cache),
+                                   *[(m, n, None) for m, n in sizes], (y, batch * hq * seq * d * 2, None)]:
+        plan.placements[value.name] = Placement("activations", off, nbytes, strides)
+        off = align(off + nbytes)
+    plan.arena_bytes = off
+    return g, plan, {"batch": batch, "seq": seq}
+
+
+def generate_prefill(model: str, seq: int, batch: int, mask: str, path: str):
+    env = {attention.SPLIT_ENV: "", "ATLAS_ATTENTION_PREFILL": "fa2" if path.startswith("fa2") else "",
+           "ATLAS_ATTENTION_FA2_WARPS": "8" if path == "fa2w8" else "",
+           attention.PATH_ENV: "rows" if path == "rows" else "fast"}
+    return generate_with_env(build_prefill(model, seq, batch, mask), env)
+
+
+def prefill_flops(model: str, seq: int, batch: int) -> float:
+    hq, _, d = MODELS[model]
+    return 4.0 * batch * hq * d * seq * (seq + 1) / 2
+
+
+def prefill_inputs(model: str, seq: int, batch: int, mask: str, rng):
+    """q, the caches [B, Hk, MAX_SEQ, D] (rows past seq zero), the mask array (None for causal)."""
+    hq, hk, d = MODELS[model]
+    q = rng.standard_normal((batch, hq, seq, d), dtype=np.float32).astype(np.float16)
+    ck = np.zeros((batch, hk, MAX_SEQ, d), np.float16)
+    cv = np.zeros((batch, hk, MAX_SEQ, d), np.float16)
+    ck[:, :, :seq] = rng.standard_normal((batch, hk, seq, d), dtype=np.float32).astype(np.float16)
+    cv[:, :, :seq] = rng.uniform(-1, 1, (batch, hk, seq, d)).astype(np.float16)
+    if mask == "tensor":
+        tri = np.where(np.arange(seq)[None, :] <= np.arange(seq)[:, None], 0.0, F16_MIN).astype(np.float16)
+        return q, ck, cv, np.ascontiguousarray(np.broadcast_to(tri, (batch, 1, seq, seq)))
+    if mask == "keys":
+        return q, ck, cv, np.ones((batch, seq), np.int64)
+    return q, ck, cv, None
+
+
+def prefill_reference(q, ck, cv, seq: int, heads) -> np.ndarray:
+    """y[:, :, h] for h in heads, float32: causal softmax(q k^T / sqrt(D)) v (every mask form is causal)."""
+    batch, hq, _, d = q.shape
+    group = hq // ck.shape[1]
+    tri = np.where(np.arange(seq)[None, :] <= np.arange(seq)[:, None], 0.0, -np.inf).astype(np.float32)
+    out = []
+    for h in heads:
+        k = ck[:, h // group, :seq].astype(np.float32)
+        v = cv[:, h // group, :seq].astype(np.float32)
+        s = np.einsum("bid,bjd->bij", q[:, h].astype(np.float32), k) / np.float32(np.sqrt(d)) + tri
+        s -= s.max(axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        out.append(np.einsum("bij,bjd->bid", p, v))
+    return np.stack(out, axis=1)  # [B, len(heads), T, D]
+
+
+def main_prefill(args, ap) -> int:
+    models = tuple(args.models.split(","))
+    seqs = tuple(int(x) for x in args.seqs.split(","))
+    batches = (1,) if args.batches is None else tuple(int(x) for x in args.batches.split(","))
+    paths = tuple(p for p in (args.path or "fa2,fa2w8,fast").split(",") if p)
+    bad = [p for p in paths if p not in PREFILL_PATHS] + [m for m in models if m not in MODELS]
+    bad += [str(t) for t in seqs if not 16 <= t <= MAX_SEQ] + ([args.mask] if args.mask not in MASKS else [])
+    if bad:
+        ap.error(f"unknown or out of range: {', '.join(bad)}")
+    from atlasc.runtime.device import Device, KernelTable
+
+    dev = Device()
+    t0 = time.perf_counter()
+    keys = [(m, t, b, p) for m in models for t in seqs for b in batches for p in paths]
+    mods = {key: generate_prefill(key[0], key[1], key[2], args.mask, key[3]) for key in keys}
+    with ThreadPoolExecutor(16) as pool:
+        cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
+                                         mods)))
+    print(f"# {dev.name} ({dev.arch}): {len(mods)} prefill kernels ({args.mask} mask) compiled in "
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
+    rng = np.random.default_rng(0)
+    rows, failed = [], False
+    for model in models:
+        hq, _, d = MODELS[model]
+        for seq in seqs:
+            for batch in batches:
+                q, ck, cv, mask = prefill_inputs(model, seq, batch, args.mask, rng)
+                heads = (0, hq - 1)
+                ref = prefill_reference(q, ck, cv, seq, heads)
+                for path in paths:
+                    g, plan, mod = mods[(model, seq, batch, path)]
+                    launch = mod.launches["run"][0]
+                    table = KernelTable(dev, dev.load_module(cubins[(model, seq, batch, path)]), [launch.kernel])
+                    nbytes = q.nbytes * 2 + 2 * batch * ck.shape[1] * seq * d * 2 + (0 if mask is None else mask.nbytes)
+                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(arena_count(nbytes))]
+                    at = {v.name: plan.placement(v).offset for v in g.inputs + g.outputs}
+                    for a in arenas:
+                        dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                        dev.upload(a, plan.dims_offset, np.array([batch, seq], np.int64))
+                        for name, arr in (("q", q), ("k", ck), ("v", cv), ("mask", mask)):
+                            if arr is not None:
+                                dev.upload(a, at[name], arr)
+                    dev.synchronize()
+
+                    def go(a):
+                        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+
+                    go(arenas[0])
+                    dev.synchronize()
+                    y = dev.download(arenas[0], at["y"], q.nbytes).view(np.float16).reshape(batch, seq, hq, d)
+                    y = y.astype(np.float32).transpose(0, 2, 1, 3)[:, list(heads)]
+                    err = float(np.max(np.abs(y - ref))) if np.all(np.isfinite(y)) else float("inf")
+                    scale = float(np.max(np.abs(ref)))
+                    ok = err <= 2e-3 + 1e-2 * scale
+                    failed |= not ok
+                    us = time_launches(dev, go, arenas)
+                    tflops = prefill_flops(model, seq, batch) / (us * 1e-6) / 1e12
+                    choice = mod.choices.get("kernels", {}).get(launch.kernel, {})
+                    tiles = f"{choice['br']}x{choice['bc']}" if choice.get("attention") == "fa2" else "-"
+                    rows.append((model, seq, batch, path, us, tflops, 100 * tflops * 1e12 / MMA_PEAK, tiles,
+                                 "ok" if ok else f"FAIL err {err:.3g} / max {scale:.3g}"))
+                    for a in arenas:
+                        a.free()
+                    print(f"  {model} T={seq:<5d} B={batch:<3d} {path:6s} {us:10.1f} us {tflops:7.1f} TFLOP/s "
+                          f"{rows[-1][6]:5.1f}%  {tiles:6s} {rows[-1][8]}", flush=True)
+    print(f"\n{'model':5s} {'T':>5s} {'B':>4s} {'path':6s} {'us':>10s} {'TFLOP/s':>8s} {'%790':>6s} "
+          f"{'tile':>6s}  check")
+    for model, seq, batch, path, us, tf, pct, tiles, ok in rows:
+        print(f"{model:5s} {seq:5d} {batch:4d} {path:6s} {us:10.1f} {tf:8.1f} {pct:5.1f}% {tiles:>6s}  {ok}")
+    print(f"# causal FLOPs 4 * B * Hq * D * T * (T + 1) / 2; total {time.perf_counter() - t0:.1f}s")
+    return 1 if failed else 0
 
 
 def generate(model: str, ctx: int, batch: int, path: str):
@@ -112,10 +288,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1B, context 256, batch 1")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated of 8B, 1B")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated contexts (keys)")
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
-    ap.add_argument("--path", default=",".join(LAB_PATHS),
-                    help=f"comma-separated Attention paths, of {', '.join(LAB_PATHS)}")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (decode: 1,32; prefill: 1)")
+    ap.add_argument("--path", default=None,
+                    help=f"comma-separated Attention paths, of {', '.join(LAB_PATHS)} (decode, default all) or "
+                         f"{', '.join(PREFILL_PATHS)} (--prefill, default fa2,fa2w8,fast)")
+    ap.add_argument("--prefill", action="store_true", help="time the prefill Attention (Sq = T) instead")
+    ap.add_argument("--seqs", default=",".join(map(str, PREFILL_SEQS)), help="--prefill: comma-separated T")
+    ap.add_argument("--mask", default="tensor", help=f"--prefill: the mask form, of {', '.join(MASKS)}")
     args = ap.parse_args(argv)
+    if args.prefill:
+        return main_prefill(args, ap)
+    args.batches = args.batches or ",".join(map(str, BATCHES))
+    args.path = args.path or ",".join(LAB_PATHS)
     models = ("1B",) if args.quick else tuple(args.models.split(","))
     contexts = (256,) if args.quick else tuple(int(x) for x in args.contexts.split(","))
     batches = (1,) if args.quick else tuple(int(x) for x in args.batches.split(","))

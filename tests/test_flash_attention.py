@@ -228,3 +228,31 @@ def test_fa2_compiles_for_older_archs(monkeypatch):
 def test_fa2_module_compiles(monkeypatch):
     monkeypatch.setenv(flash_attention.PREFILL_ENV, "fa2")
     compile_or_skip(generate_prefill()[3].source)
+
+
+def test_attention_lab_prefill_mode():
+    """examples/attention_lab.py --prefill without a GPU: its fa2 / fa2w8 paths are the compiler's
+    attention_fa2 (64 / 128 rows per block), its other paths are not, and its numpy reference (causal,
+    two heads) agrees with the reference interpreter for each mask form."""
+    import sys
+
+    from conftest import REPO
+
+    from atlasc.ir import interpret
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import attention_lab as lab
+
+    for path, br in (("fa2", 64), ("fa2w8", 128), ("fast", None), ("rows", None)):
+        for mask in lab.MASKS:
+            _, _, mod = lab.generate_prefill("1B", 512, 1, mask, path)
+            choice = mod.choices.get("kernels", {}).get(mod.launches["run"][0].kernel, {})
+            assert choice.get("br") == br, (path, mask, choice)
+    rng = np.random.default_rng(1)
+    for mask in lab.MASKS:
+        g, _, _ = lab.build_prefill("1B", 40, 2, mask)
+        q, ck, cv, m = lab.prefill_inputs("1B", 40, 2, mask, rng)
+        feeds = {"q": q, "k": ck[:, :, :40], "v": cv[:, :, :40], **({"mask": m} if m is not None else {})}
+        y = interpret(g, feeds)["y"].astype(np.float32).reshape(2, 40, 32, 64).transpose(0, 2, 1, 3)
+        np.testing.assert_allclose(y[:, [0, 31]], lab.prefill_reference(q, ck, cv, 40, (0, 31)), atol=1e-3)
+    assert lab.prefill_flops("8B", 4096, 1) == 4 * 32 * 128 * 4096 * 4097 / 2
