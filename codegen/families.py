@@ -31,6 +31,10 @@ from atlasc.codegen import flash_attention  # noqa: E402, F401  (attention.py ca
 
 TEMPLATES += ["flash_attention"]
 
+from atlasc.codegen import gemm  # noqa: E402, F401  (linear.py calls it; its .cu uses linear.cu and flash_attention.cu)
+
+TEMPLATES += ["gemm"]
+
 
 from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant.cu uses linear.cu)
 

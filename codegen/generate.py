@@ -297,14 +297,15 @@ def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import attention, flash_attention, linear, quant
+    from atlasc.codegen import attention, flash_attention, gemm, linear, quant
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "weight_prefetch": prefetch_enabled(),
-            **flash_attention.record()}  # ATLAS_ATTENTION_PREFILL=fa2 only
+            **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL=fa2 only
+            **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 
 
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:

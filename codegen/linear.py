@@ -9,7 +9,9 @@ a contiguous constant and the optional bias [N]. The kernel picks its path from 
   x rows and w, sm80+), the GEMV otherwise.
 - M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles, split-K across
   the block's warps when the tiles alone would not fill the GPU) when lin_mma_ok holds, else the
-  CUDA-core tiled path (matmul.cu).
+  CUDA-core tiled path (matmul.cu). With ATLAS_LINEAR_PREFILL=tc (gemm.py, off by default) the tensor-core
+  branch calls gemm.cu's linear_gemm_tc instead: 128 x 128 output tiles, x and w k tiles staged in shared
+  memory by cp.async (3 stages), ldmatrix fragments, gemm.gemm_smem() bytes of dynamic shared memory.
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
 its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
 MMA code at all.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 
+from atlasc.codegen import gemm
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
@@ -223,16 +226,17 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     runs = decode_choice(dt, k_static, w_v.shape[0], variants)
     mma_prefill = tiled and dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 \
         and path_choice() != "simt"
+    tc = mma_prefill and gemm.prefill_choice() == "tc"  # linear_gemm_tc instead of linear_mma_prefill
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"
+    rows = gemm.GEMM_BM if tc else MMA_M if mma_prefill else GEMV_MAX_M
     lines = [
         f"  const long long N = {n_c}, K = {k_c};",
         "  long long M = 1;",
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
-        f"  __shared__ long long lin_xoff[{MMA_M if mma_prefill else GEMV_MAX_M}], "
-        f"lin_yoff[{MMA_M if mma_prefill else GEMV_MAX_M}];",
+        f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
-    if runs or mma_prefill:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8 in the prefill)
-        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_prefill else 0)
+    if runs or (mma_prefill and not tc):  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
+        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_prefill and not tc else 0)
         lines.append(f"  __shared__ float lin_red[{red}];")
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
@@ -243,7 +247,10 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         lines.append(f"    const bool mma = atlas::lin_mma_ok<{t}, {r}>(x, w, K);")
     lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0])
     lines.append("  }")
-    if mma_prefill:
+    if tc:
+        lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
+                     f"atlas::linear_gemm_tc<{t}, {r}, {has_bias}>({args});")
+    elif mma_prefill:
         lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
                      f"atlas::linear_mma_prefill<{t}, {r}, {MMA_PREFILL_U}, {has_bias}>({args}, lin_red);")
     if tiled:
@@ -258,9 +265,11 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         for d in y_v.shape[:-2]:
             batch *= ctx.upper(d)
         blocks = max(blocks, min(STRIDE_GRID, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE)))
-    if mma_prefill:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
+    if tc:  # one block per 128 x 128 output tile at the largest M
+        blocks = max(blocks, min(STRIDE_GRID, gemm.gemm_tiles(m_upper, n_upper)))
+    elif mma_prefill:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
         tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
-    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), prefetch=prefetch)
+    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch)

@@ -7,20 +7,23 @@
     python examples/kernel_lab.py --ms 1,8 --variant table,norm,gated   # the fused decode projections
     python examples/kernel_lab.py --shapes "1B down,1B o" --ms 1 --variant mma --u 2,4,8   # loads in flight
     python examples/kernel_lab.py --ms 16,32 --variant table --ft 1,2,4,auto   # x shared by FT feature tiles
+    python examples/kernel_lab.py --ms 128,512,4096 --variant mma,tc --shapes "8B qkv,8B gate_up,8B down"
+                                                  # prefill: the MMA prefill vs the tiled GEMM (gemm.cu)
 
 For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the
 compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
-same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt" = the CUDA-core
-GEMV / tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by
-default, per linear.DECODE_PATH), compiles every kernel with nvcc in parallel, checks the output once
-against numpy (float32 accumulation; tolerance 2e-2 of max |y|), then times it with CUDA events around
-a captured CUDA graph of launches that rotate among copies of the arena (arena_count: enough copies that
-ROTATE_BYTES, over 3x the 50 MB L2, pass between two launches on the same copy, so that no launch
-finds its weights in L2, as in a decode step where the whole model passes between two uses of a
-layer), at least 30 launches, replayed 20 times after a warm-up: the median replay over the launch
-count is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
-TFLOP/s counts 2 * M * N * K. The last table puts the variants side by side per (shape, M) and names
-the fastest: what linear.DECODE_PATH should say for each M bucket.
+same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt" = the CUDA-core GEMV /
+tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by default, per
+linear.DECODE_PATH; "tc" = "table" with ATLAS_LINEAR_PREFILL=tc: gemm.cu's tiled tensor-core GEMM for M >
+32; every other variant runs with ATLAS_LINEAR_PREFILL unset), compiles every kernel with nvcc in
+parallel, checks the output once against numpy (float32 accumulation; tolerance 2e-2 of max |y|), then
+times it with CUDA events around a captured CUDA graph of launches that rotate among copies of the arena
+(arena_count: enough copies that ROTATE_BYTES, over 3x the 50 MB L2, pass between two launches on the
+same copy, so that no launch finds its weights in L2, as in a decode step where the whole model passes
+between two uses of a layer), at least 30 launches, replayed 20 times after a warm-up: the median replay
+over the launch count is the time per launch. GB/s counts weight + x + y bytes; % is of 4.30 TB/s;
+TFLOP/s counts 2 * M * N * K. The last table puts the variants side by side per (shape, M) and names the
+fastest: what linear.DECODE_PATH should say for each M bucket.
 
 Two more variants time the fused decode projections of fuse-linear-prologue (M <= 8) with the default
 path table: "norm" = NormLinear(a, b, g, w) (the residual add + RMSNorm staged in shared memory by
@@ -40,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from atlasc.codegen import generate_module, linear
+from atlasc.codegen import gemm, generate_module, linear
 from atlasc.codegen.nvcc import compile_cubins
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
@@ -58,6 +61,9 @@ SHAPES = {  # (K, N)
 MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
 FUSED = ("norm", "gated")  # fuse-linear-prologue's NormLinear, and with the SwiGLU epilogue
+# Linear variants: ATLAS_LINEAR_PATH values, and "tc" = the default table with ATLAS_LINEAR_PREFILL=tc (the
+# tiled tensor-core GEMM of gemm.cu for M > 32; the others run with ATLAS_LINEAR_PREFILL unset)
+LAB_VARIANTS = (*linear.PATHS, "tc")
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 ARENAS = 3  # the fewest arena copies a timing rotates among
 MAX_ARENAS = 256
@@ -136,9 +142,11 @@ def split_variant(name: str) -> tuple[str, str, str]:
 def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
     variant: its node with the default path table), ATLAS_LINEAR_U=u and ATLAS_LINEAR_FT=ft when given."""
-    env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {})
+    env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | {gemm.PREFILL_ENV: ""}
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
+    if variant == "tc":
+        return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: "table", gemm.PREFILL_ENV: "tc"})
     return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: variant})
 
 
@@ -183,7 +191,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--ms", default="", help="comma-separated M values (default: 1,2,4,8,16,32,128)")
     ap.add_argument("--variant", default=",".join(VARIANTS),
-                    help=f"comma-separated Linear paths to time, of {', '.join(linear.PATHS)}, or the fused "
+                    help=f"comma-separated Linear paths to time, of {', '.join(LAB_VARIANTS)}, or the fused "
                          f"decode projections {', '.join(FUSED)} (M <= 8; default: simt,mma)")
     ap.add_argument("--u", default="",
                     help="comma-separated MMA decode steps in flight per warp to compare (ATLAS_LINEAR_U; "
@@ -199,13 +207,13 @@ def main(argv=None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
-    bad = [v for v in variants if v not in linear.PATHS + FUSED]
+    bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
     if args.u:
         variants = tuple(f"{v}@{u}" for v in variants for u in args.u.split(","))
     if args.ft:
         variants = tuple(f"{v}#{ft}" for v in variants for ft in args.ft.split(","))
     if bad:
-        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(linear.PATHS + FUSED)})")
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(LAB_VARIANTS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
         ap.error("the fused variants (norm, gated) run at M <= 8 only")
     dev = Device()
