@@ -165,3 +165,14 @@ def test_run_every_case(cli, fixtures_dir, manifest, tmp_path, name):
         r = cli("run", fixtures_dir / f"{name}.onnx", "--inputs", case_path, "--out", out, "--quiet")
         assert r.code == 0, r
         _check_outputs(out, case_path)
+
+
+def test_inspect_names_the_opt_in_kernel_choices():
+    """`atlasc inspect` lists the ATLAS_* codegen switches an artifact was built with, and none at defaults."""
+    from atlasc.cli.artifact_cmd import _opt_ins
+
+    defaults = {"linear_path": "table", "linear_ft": "1", "weight_prefetch": False, "pdl_wait": True}
+    assert _opt_ins(defaults) == ""
+    assert _opt_ins({**defaults, "linear_ft": "auto", "weight_prefetch": True, "linear_prefill": "tc",
+                     "attention_prefill": "fa2"}) == \
+        "ATLAS_LINEAR_FT=auto, ATLAS_PREFETCH=1, ATLAS_LINEAR_PREFILL=tc, ATLAS_ATTENTION_PREFILL=fa2"

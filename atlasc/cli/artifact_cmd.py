@@ -14,6 +14,17 @@ from atlasc.cli import _bytes, _out, _quant_title
 from atlasc.errors import UsageError
 
 
+# codegen choices off by default (ATLAS_* switches): inspect names the ones an artifact was built with
+OPT_INS = (("linear_ft", "1", "ATLAS_LINEAR_FT"), ("weight_prefetch", False, "ATLAS_PREFETCH"),
+           ("linear_prefill", "", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "", "ATLAS_ATTENTION_PREFILL"))
+
+
+def _opt_ins(choices: dict) -> str:
+    """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default."""
+    return ", ".join(f"{env}={int(choices[key]) if isinstance(choices[key], bool) else choices[key]}"
+                     for key, default, env in OPT_INS if key in choices and choices[key] != default)
+
+
 def _dims(shape_json) -> str:
     from atlasc.ir import symbolic as S
 
@@ -61,6 +72,9 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
             out.print(f"kernel paths: linear={c['linear_path']}, quant={c['quant_path']}, "
                       f"attention={c['attention_path']} (split <= {c['attention_max_split']}); "
                       f"specialized kernels: {buckets or 'none'}")
+            opt_ins = _opt_ins(c)
+            if opt_ins:
+                out.print(f"opt-in kernel choices: {opt_ins}")
         for quant, d in m.report.get("decode_paths", {}).items():  # choose-decode-path's decision
             paths = set(d["paths"].values())
             text = paths.pop() if len(paths) == 1 else ", ".join(f"{b} {p}" for b, p in d["paths"].items())
