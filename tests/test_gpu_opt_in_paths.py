@@ -1,0 +1,79 @@
+"""End to end on the GPU (marker `gpu`) for the opt-in kernel paths that have not yet run on a GPU:
+mask-as-lengths (ATLAS_MASK_LENGTHS=1) and the FlashAttention-2 prefill (ATLAS_ATTENTION_PREFILL=fa2), every
+decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
+(pytest-xdist, one worker per file) compiles their 36 artifacts beside test_gpu_runtime.py's, not after them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlasc.artifact import open_artifact
+from atlasc.compiler import compile_model
+from atlasc.ir.program import CompileOptions
+from atlasc.runtime.generate import generate
+
+from conftest import FIXTURES
+from test_gpu_runtime import DECODERS, TOL, assert_same_greedy, device, entry_of, stored_greedy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("gpu-opt-in-artifacts"))
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("batch,length", [(1, 17), (4, 17)])
+def test_greedy_with_mask_lengths_matches_onnxruntime(name, batch, length, build_dir, monkeypatch):
+    """ATLAS_MASK_LENGTHS=1 (mask-as-lengths, opt-in until this test passes on a GPU): the attention
+    kernels read attention_mask and apply causal / window themselves (no mask subgraph kernels); greedy
+    tokens and logits as onnxruntime's, batch 4 with left padding, 32 steps (mistral: past its window)."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_MASK_LENGTHS", "1")
+    path = f"{build_dir}/{name}-masklengths.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    applied = {p["name"]: p["applied"] for p in model.manifest.report["passes"]}["mask-as-lengths"]
+    assert sum(applied.values()) == 2 * model.manifest.kv_cache.layers  # prefill and decode, every layer
+    prompts, want_tokens, want_logits = stored_greedy(name, batch, length)
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    tol = TOL[entry_of(name)["dtype"]]
+    assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+    if got.tokens == want_tokens:
+        np.testing.assert_allclose(got.prefill_logits[:, -1].astype(np.float64), want_logits[0].astype(np.float64),
+                                   **tol)
+        for step, logits in enumerate(got.step_logits):
+            np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("mask_lengths", ["0", "1"], ids=["mask", "keys"])
+def test_greedy_with_fa2_prefill_matches_onnxruntime(name, mask_lengths, build_dir, monkeypatch):
+    """ATLAS_ATTENTION_PREFILL=fa2 (tensor-core prefill attention, opt-in until this test passes on a GPU):
+    the fp16 decoders' prefill Attention nodes run attention_fa2 (the report says so; fp32 ones decline
+    it and keep today's kernel), with the default pipeline's mask tensor and with mask-as-lengths (KEYS);
+    greedy tokens as onnxruntime's, batch 4 with left padding, prefill length 17, 32 steps."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "fa2")
+    monkeypatch.setenv("ATLAS_MASK_LENGTHS", mask_lengths)
+    path = f"{build_dir}/{name}-fa2-{mask_lengths}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    codegen = model.manifest.report["codegen"]
+    assert codegen["attention_prefill"] == "fa2"
+    fa2 = [k for k, c in codegen.get("kernels", {}).items() if c["attention"] == "fa2"]
+    layers = model.manifest.kv_cache.layers
+    if entry_of(name)["dtype"] == "fp16":
+        assert len(fa2) == layers and all(k.startswith("prefill_") for k in fa2), codegen.get("kernels")
+    else:
+        assert not fa2
+    prompts, want_tokens, want_logits = stored_greedy(name, 4, 17)
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
