@@ -32,7 +32,7 @@ from atlasc.artifact import (
     write_artifact,
 )
 from atlasc.codegen import generate_module
-from atlasc.codegen.nvcc import compile_module
+from atlasc.codegen.nvcc import check_stopped, compile_module
 from atlasc.errors import ShapeError
 from atlasc.frontend import import_onnx
 from atlasc.ir import symbolic as S
@@ -89,7 +89,12 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     and a manifest that describes every launch; same inputs and options give a byte-identical file;
     on any error no file is left at out_path (an existing one is untouched).
     """
-    say = progress or (lambda stage, detail, done=None: None)
+    report_progress = progress or (lambda stage, detail, done=None: None)
+
+    def say(stage, detail, done=None):  # every stage and pass boundary: a terminated compile stops here
+        check_stopped()
+        report_progress(stage, detail, done)
+
     model_path, out_path = Path(model_path), Path(out_path)
     seconds: dict[str, float] = {}
     t = time.perf_counter()

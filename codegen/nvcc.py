@@ -194,13 +194,22 @@ _stopping = threading.Event()
 
 
 class CompileStopped(AtlasError):
-    """The compile was terminated while nvcc ran (stop_children)."""
+    """The compile was terminated (stop_children, from atlasc's SIGTERM handler): the exit status is a
+    terminated process's, whichever way the stop reaches the top (the handler's SystemExit can be lost
+    when the signal lands in a finalizer, whose exceptions Python only prints)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def check_stopped() -> None:
+    """CompileStopped once stop_children() has run (the compile driver calls it between stages and passes)."""
+    if _stopping.is_set():
+        raise CompileStopped("the compile was terminated")
 
 
 def _run_tool(cmd: list[str], cwd) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True) that stop_children() can end."""
-    if _stopping.is_set():
-        raise CompileStopped("the compile was terminated")
+    check_stopped()
     # its own process group (stop_children ends cicc / ptxas too) and its temporaries in cwd, a folder the
     # caller removes (nvcc leaves its tmpxft files behind when it is terminated)
     env = {**os.environ, "TMPDIR": str(cwd)}
@@ -215,8 +224,7 @@ def _run_tool(cmd: list[str], cwd) -> subprocess.CompletedProcess:
         finally:
             with _children_lock:
                 _children.discard(proc)
-    if _stopping.is_set():
-        raise CompileStopped("the compile was terminated")
+    check_stopped()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
