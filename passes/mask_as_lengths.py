@@ -45,7 +45,7 @@ from atlasc.ir.interpreter import interpret
 from atlasc.ir.ops.nn import key_mask_visible
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
-from atlasc.passes.simplify_decode_mask import MASK_INPUT, _slice
+from atlasc.passes.simplify_decode_mask import MASK_INPUT, mask_input, mask_slice
 
 ENV = "ATLAS_MASK_LENGTHS"
 RULE = "mask from attention_mask (causal + padding [+ window]) => Attention(attention_mask){key_mask}"
@@ -149,8 +149,8 @@ def _why_not(graph: Graph, roles: dict, bounds: dict, att: Node) -> str | tuple[
         return "is_causal or softcap set on the node"
     if any(o is not None and (graph.users(o) or any(o is g for g in graph.outputs)) for o in att.outputs[1:]):
         return "present or qk outputs are read"
-    am = next((v for v in graph.inputs if v.name == MASK_INPUT), None)
-    if am is None or am.dtype not in ("int64", "int32", "bool") or len(am.shape) != 2:
+    am = mask_input(graph)
+    if am is None:
         return f"no [batch, keys] {MASK_INPUT} input"
     q, k = att.inputs[0], att.inputs[1]
     rank3 = len(q.shape) == 3
@@ -160,11 +160,9 @@ def _why_not(graph: Graph, roles: dict, bounds: dict, att: Node) -> str | tuple[
     if S.dim(mask.shape[0]) != S.dim(am.shape[0]) or S.dim(mask.shape[3]) != S.dim(am.shape[1]) or \
             S.dim(t_dim) != S.dim(am.shape[1]) or S.dim(mask.shape[2]) != S.dim(sq_dim):
         return f"the mask's batch / queries / keys are not {MASK_INPUT}'s and the attention's"
-    nodes, reads = _slice(graph, mask)
-    if not nodes:
-        return "the mask is a graph input"
-    if reads != {MASK_INPUT}:
-        return f"the mask reads {', '.join(sorted(reads - {MASK_INPUT})) or 'no input'}"
+    nodes = mask_slice(graph, mask)
+    if isinstance(nodes, str):
+        return nodes
     found = _probe(graph, roles, bounds, am, nodes, mask, sq_dim)
     if isinstance(found, str):
         return found

@@ -53,6 +53,22 @@ def _slice(graph: Graph, target: Value) -> tuple[list[Node], set[str]]:
     return [n for n in graph.nodes if id(n) in keep], inputs
 
 
+def mask_input(graph: Graph) -> Value | None:
+    """The graph's attention_mask input when it is [batch, keys] of an integer or bool type, else None."""
+    am = next((v for v in graph.inputs if v.name == MASK_INPUT), None)
+    return am if am is not None and am.dtype in ("int64", "int32", "bool") and len(am.shape) == 2 else None
+
+
+def mask_slice(graph: Graph, mask: Value) -> list[Node] | str:
+    """The nodes (graph order) that compute mask from attention_mask alone, or why it is not so computed."""
+    nodes, reads = _slice(graph, mask)
+    if not nodes:
+        return "the mask is a graph input"
+    if reads != {MASK_INPUT}:
+        return f"the mask reads {', '.join(sorted(reads - {MASK_INPUT})) or 'no input'}"
+    return nodes
+
+
 def _fills(dtype: str) -> list:
     if dtype == "bool":
         return [None]
@@ -99,18 +115,16 @@ def _why_not(graph: Graph, att: Node) -> str | tuple[Value, object, list[Node]]:
         return "no mask"
     if att.attrs.get("key_mask"):
         return "mask-as-lengths made the Attention read attention_mask itself"
-    am = next((v for v in graph.inputs if v.name == MASK_INPUT), None)
-    if am is None or am.dtype not in ("int64", "int32", "bool") or len(am.shape) != 2:
+    am = mask_input(graph)
+    if am is None:
         return f"no [batch, keys] {MASK_INPUT} input"
     if len(mask.shape) != 4 or not all(S.dim(d) == S.dim(1) for d in mask.shape[1:3]):
         return "the mask is not [batch, 1, 1, keys]"
     if any(S.dim(a) != S.dim(b) for a, b in zip((mask.shape[0], mask.shape[3]), am.shape)):
         return f"the mask's batch and keys are not {MASK_INPUT}'s"
-    nodes, reads = _slice(graph, mask)
-    if not nodes:
-        return "the mask is a graph input"
-    if reads != {MASK_INPUT}:
-        return f"the mask reads {', '.join(sorted(reads - {MASK_INPUT})) or 'no input'}"
+    nodes = mask_slice(graph, mask)
+    if isinstance(nodes, str):
+        return nodes
     fill = _probe(graph, am, nodes, mask)
     if isinstance(fill, str):
         return fill
