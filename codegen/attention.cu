@@ -46,6 +46,18 @@ __device__ __forceinline__ float key_bias(const AttnArgs<T, MT>& a, long long mo
   return keep ? 0.f : a.keys_fill;
 }
 
+// the additive bias of key j for the query row whose mask offset is moff (at position pos): the KEYS form
+// (key_bias), or the mask tensor's value, keys past its last dim hidden
+template <bool KEYS, typename T, typename MT>
+__device__ __forceinline__ float row_key_bias(const AttnArgs<T, MT>& a, long long moff, long long j, long long pos) {
+  if constexpr (KEYS) {
+    return key_bias(a, moff, j, pos);
+  } else {
+    const View<MT, 4>& m = a.mask;
+    return j < m.shape[3] ? mask_bias(load(m.p + moff + j * m.stride[3])) : -INFINITY;
+  }
+}
+
 // PRESENT: bit 0 writes present_key, bit 1 present_value; QK_MODE: -1 none, else the qk output mode;
 // KEYS: the mask is attention_mask with causal / window applied here (key_bias)
 template <typename T, typename MT, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, int PRESENT, int QK_MODE,
@@ -103,14 +115,9 @@ __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
       raw = dot * scale;
       capped = a.softcap > 0.f ? a.softcap * tanhf(raw / a.softcap) : raw;
       float bias = 0.f;
-      if constexpr (HAS_MASK && KEYS) {
-        bias = key_bias(a, b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2], j, Skv - Sq + i);
-      } else if constexpr (HAS_MASK) {
-        const View<MT, 4>& m = a.mask;
-        bias = j < m.shape[3]
-                   ? mask_bias(load(m.p + b * m.stride[0] + h * m.stride[1] + i * m.stride[2] + j * m.stride[3]))
-                   : -INFINITY;
-      }
+      if constexpr (HAS_MASK)
+        bias = row_key_bias<KEYS>(a, b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2], j,
+                                  Skv - Sq + i);
       if constexpr (CAUSAL) {
         if (j > i + P) bias += -INFINITY;
       }
@@ -418,12 +425,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
         float s = -INFINITY;
         if (valid && j <= lim[r]) {
           float bias = 0.f;
-          if constexpr (HAS_MASK && KEYS) {
-            bias = key_bias(a, moff[r], j, kpos[r]);
-          } else if constexpr (HAS_MASK) {
-            const View<MT, 4>& m = a.mask;
-            bias = j < m.shape[3] ? mask_bias(load(m.p + moff[r] + j * m.stride[3])) : -INFINITY;
-          }
+          if constexpr (HAS_MASK) bias = row_key_bias<KEYS>(a, moff[r], j, kpos[r]);
           s = (dot0[r] + dot1[r]) * scale + bias;
         }
         const float m_new = fmaxf(m_run[r], warp_max(s));

@@ -1,5 +1,5 @@
 // FlashAttention-2-style prefill attention on tensor cores (see flash_attention.py; chosen with
-// ATLAS_ATTENTION_PREFILL=fa2). Uses AttnArgs / key_bias / attention_rows (attention.cu) and lin_mma
+// ATLAS_ATTENTION_PREFILL=fa2). Uses AttnArgs / row_key_bias / attention_rows (attention.cu) and lin_mma
 // (linear.cu: mma.sync m16n8k16, fp16 in, fp32 accumulate).
 //
 // Layout: Q, K, V, Y are the rank-4 Views [B, H, S, D] the other attention kernels get (K/V may be
@@ -197,12 +197,7 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
         const int hr = e >> 1, j = j0 + nt * 8 + 2 * c + (e & 1);
         if (j >= Skv) return -INFINITY;
         float bb = 0.f;
-        if constexpr (HAS_MASK && KEYS) {
-          bb = key_bias(a, moff[hr], j, pos[hr]);
-        } else if constexpr (HAS_MASK) {
-          const View<MT, 4>& mk = a.mask;
-          bb = j < mk.shape[3] ? mask_bias(load(mk.p + moff[hr] + j * mk.stride[3])) : -INFINITY;
-        }
+        if constexpr (HAS_MASK) bb = row_key_bias<KEYS>(a, moff[hr], j, pos[hr]);
         if (CAUSAL && j > wrow + g + 8 * hr + P) bb = -INFINITY;
         return bb;
       };
