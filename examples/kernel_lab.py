@@ -132,11 +132,22 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-def split_variant(name: str) -> tuple[str, str, str]:
-    """(path, u, ft) of a variant name path[@u][#ft] (--u / --ft values; "" when not given)."""
-    base, _, ft = name.partition("#")
-    path, _, u = base.partition("@")
-    return path, u, ft
+VARIANT_KEYS = ("ft", "u", "s")  # forced options in a variant name, after the path: /ftFT, /uU, /sS
+
+
+def with_options(variants, key: str, values: str) -> tuple[str, ...]:
+    """Each variant name once per comma-separated value, as name/<key><value> (unchanged when values is "")."""
+    return tuple(f"{v}/{key}{x}" for v in variants for x in values.split(",")) if values else tuple(variants)
+
+
+def split_variant(name: str) -> tuple[str, dict[str, str]]:
+    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS] (kernel_lab.py and quant_lab.py)."""
+    path, *opts = name.split("/")
+    found = {}
+    for opt in opts:
+        key = next(k for k in VARIANT_KEYS if opt.startswith(k))
+        found[key] = opt[len(key):]
+    return path, found
 
 
 def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
@@ -195,10 +206,10 @@ def main(argv=None) -> int:
                          f"decode projections {', '.join(FUSED)} (M <= 8; default: simt,mma)")
     ap.add_argument("--u", default="",
                     help="comma-separated MMA decode steps in flight per warp to compare (ATLAS_LINEAR_U; "
-                         "default: the table, linear.MMA_DECODE_U); each value becomes a variant name path@u")
+                         "default: the table, linear.MMA_DECODE_U); each value becomes a variant name path/uU")
     ap.add_argument("--ft", default="",
                     help="comma-separated MMA decode feature tiles per warp to compare (ATLAS_LINEAR_FT: 1, 2, 4, "
-                         "auto); each value becomes a variant name path#ft (M > 8: x fragments shared by FT tiles)")
+                         "auto); each value becomes a variant name path/ftFT (M > 8: x fragments shared by FT tiles)")
     args = ap.parse_args(argv)
     shapes = {"8B o": SHAPES["8B o"]} if args.quick else SHAPES
     if args.shapes:
@@ -208,10 +219,7 @@ def main(argv=None) -> int:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
-    if args.u:
-        variants = tuple(f"{v}@{u}" for v in variants for u in args.u.split(","))
-    if args.ft:
-        variants = tuple(f"{v}#{ft}" for v in variants for ft in args.ft.split(","))
+    variants = with_options(with_options(variants, "u", args.u), "ft", args.ft)
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(LAB_VARIANTS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
@@ -220,7 +228,10 @@ def main(argv=None) -> int:
     cuda = dev.cuda
     t0 = time.perf_counter()
     jobs = [(name, k, n, m, v) for name, (k, n) in shapes.items() for m in ms for v in variants]
-    mods = {(name, m, v): generate(k, n, m, *split_variant(v)) for name, k, n, m, v in jobs}
+    mods = {}
+    for name, k, n, m, v in jobs:
+        path, opts = split_variant(v)
+        mods[(name, m, v)] = generate(k, n, m, path, opts.get("u", ""), opts.get("ft", ""))
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))

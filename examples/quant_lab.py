@@ -34,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kernel_lab import PEAK, SHAPES, arena_count, check_output, generate_with_env, time_launches
+from kernel_lab import (PEAK, SHAPES, arena_count, check_output, generate_with_env, split_variant, time_launches,
+                        with_options)
 
 from atlasc.codegen import quant
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
@@ -83,14 +84,6 @@ def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: s
                                                     quant.U_ENV: u})
 
 
-def split_variant(name: str) -> tuple[str, str, str]:
-    """(path, split, u) of a variant name path[/sS][/uU] ("" where not forced)."""
-    path, *opts = name.split("/")
-    split = next((o[1:] for o in opts if o.startswith("s")), "")
-    u = next((o[1:] for o in opts if o.startswith("u")), "")
-    return path, split, u
-
-
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
     """kernel -> (registers, spill store bytes, spill load bytes): nvcc with the compiler's flags + -Xptxas -v."""
     with tempfile.TemporaryDirectory(prefix="atlasc-ptxas-") as tmp:
@@ -131,18 +124,17 @@ def main(argv=None) -> int:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8'))})")
     if "a8" in variants and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
-    variants = tuple(v + (f"/s{sp}" if sp else "") + (f"/u{u}" if u else "") for v in variants
-                     for sp in (args.split.split(",") if args.split else [""])
-                     for u in (args.u.split(",") if args.u else [""]))
+    variants = with_options(with_options(variants, "s", args.split), "u", args.u)
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
         for m in ms:
             for mode in modes:
                 for variant in variants:
-                    path, split, u = split_variant(variant)
+                    path, opts = split_variant(variant)
                     a8 = path == "a8"
-                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else path, split, u,
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else path,
+                                                              opts.get("s", ""), opts.get("u", ""),
                                                               "int8" if a8 else "")
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))

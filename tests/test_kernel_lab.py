@@ -42,7 +42,8 @@ def test_ft_variants_share_x_fragments(monkeypatch):
         _, _, mod = kernel_lab.generate(4096, 28672, 32, "table", "", ft)
         u = max(1, linear.MMA_DECODE_U[4] // int(ft))
         assert f"linear_mma_decode<__half, 2, 4, {u}, false{tile}>" in mod.source
-    assert kernel_lab.split_variant("mma@2#4") == ("mma", "2", "4")
+    assert kernel_lab.split_variant("mma/u2/ft4") == ("mma", {"u": "2", "ft": "4"})
+    assert kernel_lab.with_options(("mma",), "ft", "1,auto") == ("mma/ft1", "mma/ftauto")
     monkeypatch.setenv(linear.FT_ENV, "auto")
     assert [linear.decode_ft(j, n) for j, n in ((1, 28672), (2, 28672), (4, 28672), (4, 6144), (4, None))] == \
         [1, 2, 2, 1, 1]
