@@ -73,7 +73,7 @@ def _chunks(n: int, k: int):
 
 
 # threads quantizing row chunks of one weight at once (numpy releases the GIL in its loops): the int4
-# clipping search costs ~3x plain rounding; each thread holds 3 chunk-sized float32 arrays (48 MiB), so
+# clipping search tries 6 ratios per group; each thread holds 3 chunk-sized float32 arrays (48 MiB), so
 # 16 threads stay under 1 GB
 QUANT_THREADS = max(1, min(16, os.cpu_count() or 1))
 
