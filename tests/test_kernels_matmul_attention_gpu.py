@@ -195,7 +195,8 @@ def test_attention_key_mask(monkeypatch, path, dtype):
     for env in envs:
         for upper in ([KEYS_UPPER] + ([{**KEYS_UPPER, "seq": 1}] if env["seq"] == 1 else [])):
             feeds = b.inputs(rng, env)
-            check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=plan_fn)
+            check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=plan_fn,
+                                    symbols={"past_seq": env["past_seq"]})
 
 
 # (batch, query rows, past): prefill of 16, 100, 128 and 513 rows (one row past a 64-row tile multiple),
