@@ -255,6 +255,19 @@ def test_time_passes(gpt2, build):
         float(ln.split()[2])  # pass | ms | rewrites
 
 
+def test_progress_lines_when_stderr_is_not_a_terminal(gpt2, build):
+    """A redirected compile (CI log) still shows its progress: a timestamped line per stage and pass
+    on stderr (a rich bar would print nothing there); --json keeps stderr quiet."""
+    r = atlasc("compile", GPT2, "-o", build / "p.atlas", *GPT2_FLAGS)
+    assert r.returncode == 0, r
+    lines = r.stderr.splitlines()
+    for needle in ("] import: ", "] pass: canonicalize", "] pass: plan-memory", "] codegen: ", "] nvcc: sm80",
+                   "] write: "):
+        assert any(needle in ln for ln in lines), (needle, r.stderr)
+    assert all(ln.startswith("[") and " s] " in ln for ln in lines), r.stderr
+    assert "] pass: " not in gpt2[1].stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -127,14 +128,18 @@ def compile_command(
     options = CompileOptions(archs=parse_archs(arch), dtype=dtype, max_batch=max_batch, max_seq=max_seq,
                              fusion=fusion, verify=verify, prefill_logits=prefill_logits, **quant_opts)
 
+    console = _err()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=_err(), transient=True, disable=as_json) as progress:
+    with Progress(*columns, console=console, transient=True, disable=as_json or not console.is_terminal) as progress:
         task = progress.add_task("compiling", total=None)
+        log = None if as_json or console.is_terminal else _ProgressLines(console)
 
         def on_progress(stage: str, detail: str, done: tuple[int, int] | None = None) -> None:
             # a bar where the stage knows its size (quantizing weights), a pulsing one otherwise
             total, completed = (done[1], done[0]) if done else (None, 0)
             progress.update(task, description=f"{stage}: {detail}", total=total, completed=completed)
+            if log:
+                log.update(stage, detail, done)
 
         result = compile_model(model, output, options, dump_ir=dump_ir, progress=on_progress)
 
@@ -142,6 +147,23 @@ def compile_command(
         print(json.dumps(result.summary()))
         return
     _print_report(result, time_passes)
+
+
+class _ProgressLines:
+    """Progress when stderr is not a terminal (a CI log, a redirect): a bar would print nothing, so a
+    line with the elapsed seconds for every stage and pass, and at most one every 10 s while a stage
+    counts its work (quantizing weights: done / total)."""
+
+    def __init__(self, console) -> None:
+        self.console, self.start, self.last, self.last_at = console, time.perf_counter(), ("", ""), 0.0
+
+    def update(self, stage: str, detail: str, done: tuple[int, int] | None) -> None:
+        now = time.perf_counter()
+        if (stage, detail) == self.last or (done and stage == self.last[0] and now - self.last_at < 10.0):
+            return
+        self.last, self.last_at = (stage, detail), now
+        count = f" ({done[0]}/{done[1]})" if done else ""
+        self.console.print(f"[{now - self.start:7.1f} s] {stage}: {detail}{count}")
 
 
 def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | None, cfg: dict) -> dict:
