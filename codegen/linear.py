@@ -58,12 +58,16 @@ MMA_M1_MAX_N = 4096
 MMA_DECODE_U: dict[int, int] = {1: 4, 2: 4, 4: 4}
 MMA_PREFILL_U = 2
 # feature tiles of 16 per warp in the MMA decode (FT in linear.cu): FT tiles share each x fragment, so x
-# (at M = 32 twice the weight bytes per 16 features) is read from L2 FT times less. ATLAS_LINEAR_FT: "1"
-# (default: the GPU-validated kernel), "2", "4" or "auto" (FT_AUTO_MIN_BLOCKS below); opt-in until measured
+# (at M = 32 twice the weight bytes per 16 features) is read from L2 FT times less. ATLAS_LINEAR_FT: "auto"
+# (default, the rule below), "1", "2" or "4"
 FT_ENV = "ATLAS_LINEAR_FT"
-# auto: FT = 2 where that leaves at least 2 blocks per H200 SM (ptxas, sm90, M <= 32 kernel with every
-# variant: 128 registers at FT 1 and 2, 255 at FT 4, i.e. one block per SM)
+# auto: FT = 2 where that leaves at least 2 blocks per H200 SM, or (J = 4: 32-row x tiles) at least 1; else 1.
+# From the kernel lab on the H200 (docs/perf.md v10: `kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4`),
+# FT 2 was faster on every Llama-3-8B shape this picks it for (gate/up and LM head at M = 16 and 32, merged
+# QKV at 32) and slower on the two it leaves at 1 (QKV at 16, 192 blocks; down at 16 and 32, 128 blocks).
+# FT 4 never won (ptxas, sm90: 255 registers, one block per SM)
 FT_AUTO_MIN_BLOCKS = 264
+FT_AUTO_MIN_BLOCKS_J4 = 132
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
 PATHS = ("table", "simt", "mma")
@@ -100,14 +104,15 @@ def decode_u(j: int) -> int:
 
 
 def ft_choice() -> str:
-    """ATLAS_LINEAR_FT as given ("1" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(FT_ENV, "") or "1"
+    """ATLAS_LINEAR_FT as given ("auto" when unset): recorded in the artifact's codegen choices."""
+    return os.environ.get(FT_ENV, "") or "auto"
 
 
 def decode_ft(j: int, n_static) -> int:
     """Feature tiles per warp for the MMA decode run with J x-row tiles and N = n_static outputs
     (ATLAS_LINEAR_FT; CodegenError for an unknown value). auto: 1 for J = 1 (M <= 8: x is at most half the
-    weight bytes), else 2 where that gives >= FT_AUTO_MIN_BLOCKS blocks, else 1."""
+    weight bytes) and for unknown N; else 2 where that gives >= FT_AUTO_MIN_BLOCKS blocks (J = 4:
+    FT_AUTO_MIN_BLOCKS_J4), else 1."""
     mode = ft_choice()
     if mode not in ("1", "2", "4", "auto"):
         raise CodegenError(f"{FT_ENV}={mode!r} is not a feature-tile count (expected 1, 2, 4 or auto)")
@@ -115,7 +120,7 @@ def decode_ft(j: int, n_static) -> int:
         return int(mode)
     if j < 2 or not isinstance(n_static, int):
         return 1
-    return 2 if -(-n_static // 32) >= FT_AUTO_MIN_BLOCKS else 1
+    return 2 if -(-n_static // 32) >= (FT_AUTO_MIN_BLOCKS_J4 if j >= 4 else FT_AUTO_MIN_BLOCKS) else 1
 
 
 def path_choice() -> str:

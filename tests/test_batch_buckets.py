@@ -135,15 +135,15 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     from atlasc.codegen.generate import codegen_choices
 
     c = llama32.manifest.report["codegen"]
-    assert c == {"linear_path": "table", "linear_ft": "1", "quant_path": "table", "attention_path": "fast",
+    assert c == {"linear_path": "table", "linear_ft": "auto", "quant_path": "table", "attention_path": "fast",
                  "attention_max_split": 32, "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
     monkeypatch.setenv("ATLAS_QUANT_PATH", "simt")
     monkeypatch.setenv("ATLAS_PREFETCH", "1")
-    monkeypatch.setenv("ATLAS_LINEAR_FT", "auto")
-    assert codegen_choices() == {"linear_path": "table", "linear_ft": "auto", "quant_path": "simt",
+    monkeypatch.setenv("ATLAS_LINEAR_FT", "2")
+    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4, "pdl_wait": True,
                                  "pdl_trigger": "end", "weight_prefetch": True}
 

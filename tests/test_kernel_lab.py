@@ -44,9 +44,12 @@ def test_ft_variants_share_x_fragments(monkeypatch):
         assert f"linear_mma_decode<__half, 2, 4, {u}, false{tile}>" in mod.source
     assert kernel_lab.split_variant("mma/u2/ft4") == ("mma", {"u": "2", "ft": "4"})
     assert kernel_lab.with_options(("mma",), "ft", "1,auto") == ("mma/ft1", "mma/ftauto")
-    monkeypatch.setenv(linear.FT_ENV, "auto")
-    assert [linear.decode_ft(j, n) for j, n in ((1, 28672), (2, 28672), (4, 28672), (4, 6144), (4, None))] == \
-        [1, 2, 2, 1, 1]
+    monkeypatch.delenv(linear.FT_ENV, raising=False)  # auto is the default
+    cases = ((1, 28672), (2, 28672), (4, 28672), (2, 6144), (4, 6144), (2, 4096), (4, 4096), (4, 128256),
+             (4, None))
+    assert [linear.decode_ft(j, n) for j, n in cases] == [1, 2, 2, 1, 2, 1, 1, 2, 1]
+    monkeypatch.setenv(linear.FT_ENV, "1")
+    assert {linear.decode_ft(j, n) for j, n in cases} == {1}
     monkeypatch.setenv(linear.FT_ENV, "3")
     with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_FT"):
         linear.decode_ft(4, 28672)

@@ -65,7 +65,7 @@ def test_linear_paths(path, monkeypatch):
 
 @pytest.mark.parametrize("ft", ["2", "4"])
 def test_linear_mma_feature_tiles(ft, monkeypatch):
-    """The MMA decode with FT feature tiles of 16 per warp (ATLAS_LINEAR_FT, opt-in) for every bucket:
+    """The MMA decode with FT feature tiles of 16 per warp (ATLAS_LINEAR_FT: 2 where auto picks it) for every bucket:
     N = 8 and 1000 leave the block's last tiles partial or empty, N = 4096 fills them."""
     monkeypatch.setenv(linear.PATH_ENV, "mma")
     monkeypatch.setenv(linear.FT_ENV, ft)

@@ -14,8 +14,8 @@ from atlasc.cli import _bytes, _out, _quant_title
 from atlasc.errors import UsageError
 
 
-# codegen choices off by default (ATLAS_* switches): inspect names the ones an artifact was built with
-OPT_INS = (("linear_ft", "1", "ATLAS_LINEAR_FT"), ("weight_prefetch", False, "ATLAS_PREFETCH"),
+# codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
+OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("weight_prefetch", False, "ATLAS_PREFETCH"),
            ("linear_prefill", "", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "", "ATLAS_ATTENTION_PREFILL"))
 
 
