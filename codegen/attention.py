@@ -21,7 +21,7 @@ Attention has two kernels, chosen at code generation by the environment variable
 Measured on the H200 (docs/perf.md v5, `python3 examples/attention_lab.py`): fast is 3.5-12x faster
 than rows at 256 and 4096 keys, batch 1 and 32.
 Any other value of ATLAS_ATTENTION_PATH is a CodegenError.
-Prefill: with ATLAS_ATTENTION_PREFILL=fa2 (off by default until GPU-validated) the prefill-sized fp16 nodes
+Prefill: with ATLAS_ATTENTION_PREFILL=fa2 (the default; =off turns it off) the prefill-sized fp16 nodes
 flash_attention.fa2_decline accepts run `attention_fa2` instead (flash_attention.py / .cu: FlashAttention-2
 on tensor cores); the others keep the kernel chosen above, the decline reason recorded in the report.
 Both kernels take a `KEYS` variant for key_mask=1 nodes (pass mask-as-lengths, ATLAS_MASK_LENGTHS=1):

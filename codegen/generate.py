@@ -304,7 +304,7 @@ def codegen_choices() -> dict:
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "weight_prefetch": prefetch_enabled(),
-            **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL=fa2 only
+            **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 
 

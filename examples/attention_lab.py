@@ -131,7 +131,7 @@ def build_prefill(model: str, seq: int, batch: int, mask: str):
 
 
 def generate_prefill(model: str, seq: int, batch: int, mask: str, path: str):
-    env = {attention.SPLIT_ENV: "", "ATLAS_ATTENTION_PREFILL": "fa2" if path.startswith("fa2") else "",
+    env = {attention.SPLIT_ENV: "", "ATLAS_ATTENTION_PREFILL": "fa2" if path.startswith("fa2") else "off",
            "ATLAS_ATTENTION_FA2_WARPS": "8" if path == "fa2w8" else "",
            attention.PATH_ENV: "rows" if path == "rows" else "fast"}
     return generate_with_env(build_prefill(model, seq, batch, mask), env)

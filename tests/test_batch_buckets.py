@@ -134,18 +134,23 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     override is recorded as such."""
     from atlasc.codegen.generate import codegen_choices
 
-    c = llama32.manifest.report["codegen"]
+    c = dict(llama32.manifest.report["codegen"])
+    kernels = c.pop("kernels")  # float32: every Attention keeps today's kernel, fa2's decline recorded
+    assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
+                           for k in kernels.values())
     assert c == {"linear_path": "table", "linear_ft": "auto", "quant_path": "table", "attention_path": "fast",
                  "attention_max_split": 32, "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
+                 "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
     monkeypatch.setenv("ATLAS_QUANT_PATH", "simt")
     monkeypatch.setenv("ATLAS_PREFETCH", "1")
     monkeypatch.setenv("ATLAS_LINEAR_FT", "2")
+    monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "off")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4, "pdl_wait": True,
-                                 "pdl_trigger": "end", "weight_prefetch": True}
+                                 "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off"}
 
 
 def test_every_kernel_starts_with_the_pdl_wait(llama32):

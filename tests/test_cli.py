@@ -171,8 +171,9 @@ def test_inspect_names_the_opt_in_kernel_choices():
     """`atlasc inspect` lists the ATLAS_* codegen switches an artifact was built with, and none at defaults."""
     from atlasc.cli.artifact_cmd import _opt_ins
 
-    defaults = {"linear_path": "table", "linear_ft": "auto", "weight_prefetch": False, "pdl_wait": True}
+    defaults = {"linear_path": "table", "linear_ft": "auto", "weight_prefetch": False, "pdl_wait": True,
+                "attention_prefill": "fa2"}
     assert _opt_ins(defaults) == ""
     assert _opt_ins({**defaults, "linear_ft": "2", "weight_prefetch": True, "linear_prefill": "tc",
-                     "attention_prefill": "fa2"}) == \
-        "ATLAS_LINEAR_FT=2, ATLAS_PREFETCH=1, ATLAS_LINEAR_PREFILL=tc, ATLAS_ATTENTION_PREFILL=fa2"
+                     "attention_prefill": "off"}) == \
+        "ATLAS_LINEAR_FT=2, ATLAS_PREFETCH=1, ATLAS_LINEAR_PREFILL=tc, ATLAS_ATTENTION_PREFILL=off"

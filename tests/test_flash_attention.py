@@ -115,15 +115,23 @@ def _calls(source: str, kernel: str) -> list[str]:
     return [line for line in source.splitlines() if line.startswith(f"  atlas::{kernel}<")]
 
 
-def test_fa2_is_off_by_default(monkeypatch):
-    """Unset (or empty): no attention_fa2 call, and the report's codegen choices are as before."""
+def test_fa2_is_the_default_and_off_turns_it_off(monkeypatch):
+    """Unset (or empty): fa2, as with ATLAS_ATTENTION_PREFILL=fa2. off: no attention_fa2 call, no per-kernel
+    attention report, and the choice recorded as off."""
     monkeypatch.delenv(flash_attention.PREFILL_ENV, raising=False)
+    monkeypatch.delenv(flash_attention.WARPS_ENV, raising=False)
     _, _, _, mod = generate_prefill()
-    assert not _calls(mod.source, "attention_fa2")
-    assert "attention_prefill" not in mod.choices and "kernels" not in mod.choices
-    assert "attention_prefill" not in codegen_choices()
-    monkeypatch.setenv(flash_attention.PREFILL_ENV, "")
+    assert _calls(mod.source, "attention_fa2")
+    assert codegen_choices()["attention_prefill"] == "fa2"
+    monkeypatch.setenv(flash_attention.PREFILL_ENV, "fa2")
     assert generate_prefill()[3].source == mod.source
+    monkeypatch.setenv(flash_attention.PREFILL_ENV, "off")
+    off = generate_prefill()[3]
+    assert not _calls(off.source, "attention_fa2") and "kernels" not in off.choices
+    assert codegen_choices()["attention_prefill"] == "off" and "attention_fa2" not in codegen_choices()
+    monkeypatch.setenv(flash_attention.PREFILL_ENV, "on")
+    with pytest.raises(CodegenError, match="expected fa2 or off"):
+        generate_prefill()
 
 
 def test_fa2_serves_supported_prefill_nodes(monkeypatch):

@@ -199,9 +199,11 @@ def test_attention_key_mask(monkeypatch, path, dtype):
                                     symbols={"past_seq": env["past_seq"]})
 
 
-# (batch, query rows, past): prefill of 16, 100, 128 and 513 rows (one row past a 64-row tile multiple),
-# on an empty past and on one of 37 or 64 positions; the keys are past + seq (cache views, K/V padded)
-FA2_ENVS = [{"batch": 2, "seq": 16, "past_seq": 0}, {"batch": 1, "seq": 100, "past_seq": 37},
+# (batch, query rows, past): prefill of 3 (a short prompt: fa2 is the default), 16, 100, 128 and 513
+# rows (one row past a 64-row tile multiple), on an empty past and on one of 5, 37 or 64 positions; the
+# keys are past + seq (cache views, K/V padded)
+FA2_ENVS = [{"batch": 2, "seq": 3, "past_seq": 5}, {"batch": 2, "seq": 16, "past_seq": 0},
+            {"batch": 1, "seq": 100, "past_seq": 37},
             {"batch": 2, "seq": 128, "past_seq": 0}, {"batch": 2, "seq": 128, "past_seq": 64},
             {"batch": 1, "seq": 513, "past_seq": 0}, {"batch": 2, "seq": 513, "past_seq": 64}]
 
