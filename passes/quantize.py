@@ -25,7 +25,8 @@ layers whose K the group size does not divide. A group size that divides no laye
 
 Also records `program.quantization`: per layer, the relative error ||x W^T - x Wq^T|| / ||x W^T|| on
 64 seeded standard-normal activation rows, and the weight bytes before / after. Quantization runs in
-row chunks (a few MB of float32 at a time), so memory stays bounded by one layer's output.
+row chunks (4 MiB of float32 each) on QUANT_THREADS threads, every step of a layer per chunk, so memory
+stays bounded by one layer's output and the codes, scales and error do not depend on the thread count.
 
 Pre-quantized exports (every mode, --quant none too): a MatMul whose weight is a DequantizeLinear of
 stored integers becomes a quantized layer with those integers, without requantizing:
@@ -46,6 +47,7 @@ nothing when options.quant == "none".
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -61,33 +63,63 @@ from atlasc.passes.rewrite import RewriteStats
 
 MODES = ("none", "int8", "int4", "fp8")
 FP8_MIN_ARCH = 89  # E4M3 conversion in hardware: Ada (sm89) and Hopper (sm90) on
-CHUNK_ELEMENTS = 1 << 22  # float32 elements per row chunk (16 MiB)
+CHUNK_ELEMENTS = 1 << 20  # weight elements per row chunk (4 MiB of float32): a few chunks per thread
+GPTQ_CHUNK_ELEMENTS = 1 << 22  # with --gptq: each chunk factorizes the K x K hessian again (passes/gptq.py)
+CHUNK_MIN_ROWS = 32  # a transposed float16 view is read 64 bytes (one cache line) per K index at least
 ERROR_ROWS = 64
 MIN_SCALE = np.float32(2.0**-14)  # smallest normal float16
 
 
-def _chunks(n: int, k: int):
-    rows = max(1, CHUNK_ELEMENTS // max(1, k))
+def _chunks(n: int, k: int, elements: int):
+    rows = max(CHUNK_MIN_ROWS, elements // max(1, k))
     for r0 in range(0, n, rows):
         yield r0, min(n, r0 + rows)
 
 
-# threads quantizing row chunks of one weight at once (numpy releases the GIL in its loops): the int4
-# clipping search tries 6 ratios per group; each thread holds 3 chunk-sized float32 arrays (48 MiB), so
-# 16 threads stay under 1 GB
-QUANT_THREADS = max(1, min(16, os.cpu_count() or 1))
+# threads quantizing row chunks of one weight at once: every step of a layer (the float32 read of its
+# transposed view, the clipping search, packing, dequantization and the error terms) runs per chunk, and
+# numpy releases the GIL in its loops; each thread holds a few chunk-sized float32 arrays (~20 MiB).
+# ATLAS_QUANT_THREADS=N overrides the default (the cores, at most 16)
+THREADS_ENV = "ATLAS_QUANT_THREADS"
+QUANT_THREADS = int(os.environ.get(THREADS_ENV, "").strip() or 0) or max(1, min(16, os.cpu_count() or 1))
+_BLAS: list = []  # threadpoolctl's controller, made on first use
 
 
-def _each_chunk(n: int, k: int, fn) -> None:
-    """fn(r0, r1) for every row chunk of an [n, k] weight, on up to QUANT_THREADS threads."""
-    chunks = list(_chunks(n, k))
-    if len(chunks) == 1 or QUANT_THREADS == 1:
-        for r0, r1 in chunks:
-            fn(r0, r1)
-        return
-    with ThreadPoolExecutor(QUANT_THREADS) as pool:
-        for _ in pool.map(lambda rr: fn(*rr), chunks):
-            pass
+def _one_blas_thread():
+    """A context in which BLAS (the error estimate's matmuls, GPTQ's factorizations) runs on the calling
+    thread only, so that the chunk threads are the only parallelism: OpenBLAS's own threads, woken for
+    each chunk's small matmuls, made _quantize_layer of a 14336 x 4096 int4 weight 3.6x slower (13x with
+    this chunk size) on the 2-core CPU machine while other jobs ran there (docs/perf.md, session 9).
+    Needs threadpoolctl (optional: without it BLAS keeps its threads)."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _BLAS.append(None)
+        else:
+            _BLAS.append(ThreadpoolController())
+    return contextlib.nullcontext() if _BLAS[0] is None else _BLAS[0].limit(limits=1, user_api="blas")
+
+
+def _each_chunk(n: int, k: int, fn, elements: int | None = None) -> list:
+    """[fn(r0, r1) for every row chunk (of `elements`, default CHUNK_ELEMENTS) of an [n, k] weight], in
+    chunk order, on up to QUANT_THREADS threads, BLAS on one thread each. Each chunk's work is
+    independent, so the results do not depend on the thread count."""
+    chunks = list(_chunks(n, k, elements or CHUNK_ELEMENTS))
+    threads = min(QUANT_THREADS, len(chunks))
+    with _one_blas_thread():
+        if threads <= 1:
+            return [fn(r0, r1) for r0, r1 in chunks]
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(lambda rr: fn(*rr), chunks))
+
+
+def _rows(w: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """Rows r0:r1 of w as float32, in w's memory order: a chunk of a transposed view (fuse-linear's W^T)
+    stays column-major, so the conversion reads memory in order and writes it in order. The clipping
+    search's per-group sums then run along rows; their float32 rounding, and so which ratio wins a tie to
+    the last bit, depends on that layout but not on the chunk size or the thread count."""
+    return np.asarray(w[r0:r1], np.float32)
 
 
 def _scale16(maxabs: np.ndarray, qmax: int) -> np.ndarray:
@@ -96,16 +128,22 @@ def _scale16(maxabs: np.ndarray, qmax: int) -> np.ndarray:
     return np.minimum(s, np.float32(65504.0)).astype(np.float16)
 
 
+def _int8_rows(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows [r, K] -> (int8 codes [r, K], float16 scales [r])."""
+    s = _scale16(np.abs(c).max(axis=1) if c.shape[1] else np.zeros(len(c), np.float32), 127)
+    return np.clip(np.rint(c / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8), s
+
+
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w [N, K] float -> (wq int8 [N, K], scale float16 [N]) with w ~= wq * scale[:, None]."""
     n, k = w.shape
     wq = np.empty((n, k), np.int8)
     scale = np.empty(n, np.float16)
-    for r0, r1 in _chunks(n, k):
-        c = np.asarray(w[r0:r1], np.float32)
-        s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), 127)
-        wq[r0:r1] = np.clip(np.rint(c / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
-        scale[r0:r1] = s
+
+    def chunk(r0: int, r1: int) -> None:
+        wq[r0:r1], scale[r0:r1] = _int8_rows(_rows(w, r0, r1))
+
+    _each_chunk(n, k, chunk)
     return wq, scale
 
 
@@ -124,17 +162,23 @@ def to_e4m3(v: np.ndarray) -> np.ndarray:
     return code | np.where(np.signbit(v), np.uint8(0x80), np.uint8(0))
 
 
+def _fp8_rows(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows [r, K] -> (E4M3 codes uint8 [r, K], float16 scales [r])."""
+    s = _scale16(np.abs(c).max(axis=1) if c.shape[1] else np.zeros(len(c), np.float32), E4M3_MAX)
+    return to_e4m3(c / s.astype(np.float32)[:, None]), s
+
+
 def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w [N, K] float -> (E4M3 codes uint8 [N, K], scale float16 [N]): s = max|w| / 448 per row, codes
     the round-to-nearest-even E4M3 of w / s (to_e4m3), clamped to +-448."""
     n, k = w.shape
     wq = np.empty((n, k), np.uint8)
     scale = np.empty(n, np.float16)
-    for r0, r1 in _chunks(n, k):
-        c = np.asarray(w[r0:r1], np.float32)
-        s = _scale16(np.abs(c).max(axis=1) if k else np.zeros(r1 - r0, np.float32), E4M3_MAX)
-        wq[r0:r1] = to_e4m3(c / s.astype(np.float32)[:, None])
-        scale[r0:r1] = s
+
+    def chunk(r0: int, r1: int) -> None:
+        wq[r0:r1], scale[r0:r1] = _fp8_rows(_rows(w, r0, r1))
+
+    _each_chunk(n, k, chunk)
     return wq, scale
 
 
@@ -144,6 +188,12 @@ def pack_int4(q: np.ndarray) -> np.ndarray:
     return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
 
 
+def _pack_codes(t: np.ndarray) -> np.ndarray:
+    """float32 [r, K] of integers in [0, 15] (consumed) -> uint8 [r, K/2], the bytes of pack_int4(t - 8)."""
+    u = t.astype(np.uint8)
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
 # int4 clipping search: each group's range is scaled by every ratio and the one with the smallest squared
 # weight error kept (1.0 first: never worse than plain rounding to the group's max). all-MiniLM-L6-v2 g128
 # min sentence cosine vs fp32 (CPU, docs/perf.md v8): symmetric 0.938 -> 0.953, zero points 0.950 -> 0.958;
@@ -151,43 +201,93 @@ def pack_int4(q: np.ndarray) -> np.ndarray:
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 
+def _check_group(k: int, group: int) -> None:
+    if group < 2 or group % 2 or k % group:
+        raise ValueError(f"group size {group} must be even and divide K = {k}")
+
+
+def _int4_rows(c: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows [r, K] -> (packed uint8 [r, K/2], float16 scales [r, K/group]): quantize_int4 of them."""
+    r, k = c.shape
+    c = c.reshape(r, k // group, group)
+    t = np.empty_like(c)
+    d = np.empty_like(c)
+    amax = np.abs(c, out=t).max(axis=2)
+    # the error of ratio r per group, without keeping its codes: t = w / s, sum (clip(rint(t)) - t)^2 * s^2
+    best_err, best_s = None, None
+    for ratio in CLIP_RATIOS:
+        s = _scale16(amax * np.float32(ratio), 7)
+        s32 = s.astype(np.float32)
+        np.divide(c, s32[..., None], out=t)
+        np.rint(t, out=d)
+        np.clip(d, -8, 7, out=d)
+        d -= t
+        err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
+        if best_err is None:
+            best_err, best_s = err, s
+        else:
+            better = err < best_err
+            best_err, best_s = np.where(better, err, best_err), np.where(better, s, best_s)
+    np.divide(c, best_s.astype(np.float32)[..., None], out=t)
+    np.clip(np.rint(t, out=t), -8, 7, out=t)
+    t += 8
+    return _pack_codes(t.reshape(r, k)), best_s
+
+
 def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """w [N, K] float -> (packed uint8 [N, K/2], scale float16 [N, K/group]); K % group == 0, group even.
     Per group s = float16(r * max|w| / 7) for the r in CLIP_RATIOS that minimizes the squared error of
     clip(rint(w / s), -8, 7) * s (so never more than with r = 1, where |dequant - w| <= s / 2)."""
     n, k = w.shape
-    if group < 2 or group % 2 or k % group:
-        raise ValueError(f"group size {group} must be even and divide K = {k}")
+    _check_group(k, group)
     packed = np.empty((n, k // 2), np.uint8)
     scale = np.empty((n, k // group), np.float16)
 
     def chunk(r0: int, r1: int) -> None:
-        c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
-        amax = np.abs(c).max(axis=2)
-        # the error of ratio r per group, without keeping its codes: t = w / s, sum (clip(rint(t)) - t)^2 * s^2
-        best_err, best_s = None, None
-        t = np.empty_like(c)
-        d = np.empty_like(c)
-        for r in CLIP_RATIOS:
-            s = _scale16(amax * np.float32(r), 7)
-            s32 = s.astype(np.float32)
-            np.divide(c, s32[..., None], out=t)
-            np.rint(t, out=d)
-            np.clip(d, -8, 7, out=d)
-            d -= t
-            err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
-            if best_err is None:
-                best_err, best_s = err, s
-            else:
-                better = err < best_err
-                best_err, best_s = np.where(better, err, best_err), np.where(better, s, best_s)
-        np.divide(c, best_s.astype(np.float32)[..., None], out=t)
-        q = np.clip(np.rint(t, out=t), -8, 7, out=t).astype(np.int8)
-        packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k))
-        scale[r0:r1] = best_s
+        packed[r0:r1], scale[r0:r1] = _int4_rows(_rows(w, r0, r1), group)
 
     _each_chunk(n, k, chunk)
     return packed, scale
+
+
+def _int4_asym_rows(c: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 rows [r, K] -> (packed uint8 [r, K/2], float16 scales, uint8 zeros [r, K/group]):
+    quantize_int4_asym of them."""
+    r, k = c.shape
+    c = c.reshape(r, k // group, group)
+    lo0, hi0 = np.minimum(c.min(axis=2), 0), np.maximum(c.max(axis=2), 0)
+
+    def scale_zero(ratio: float):
+        lo = lo0 * np.float32(ratio)
+        s = _scale16(hi0 * np.float32(ratio) - lo, 15)
+        return s, np.clip(np.rint(-lo / s.astype(np.float32)), 0, 15)
+
+    # the error of ratio r per group, without keeping its codes: t = w / s,
+    # sum (clip(rint(t) + z, 0, 15) - z - t)^2 * s^2
+    best_err, best_s, best_z = None, None, None
+    t = np.empty_like(c)
+    d = np.empty_like(c)
+    for ratio in CLIP_RATIOS:
+        s, z = scale_zero(ratio)
+        s32 = s.astype(np.float32)
+        np.divide(c, s32[..., None], out=t)
+        np.rint(t, out=d)
+        d += z[..., None]
+        np.clip(d, 0, 15, out=d)
+        d -= z[..., None]
+        d -= t
+        err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
+        if best_err is None:
+            best_err, best_s, best_z = err, s, z
+        else:
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
+    np.divide(c, best_s.astype(np.float32)[..., None], out=t)
+    np.rint(t, out=t)
+    t += best_z[..., None]
+    np.clip(t, 0, 15, out=t)
+    return _pack_codes(t.reshape(r, k)), best_s, best_z.astype(np.uint8)
 
 
 def quantize_int4_asym(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -198,48 +298,13 @@ def quantize_int4_asym(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarra
     w| <= s elementwise, s / 2 inside the range; the clamp at its ends costs at most another s / 2 from
     zero's rounding)."""
     n, k = w.shape
-    if group < 2 or group % 2 or k % group:
-        raise ValueError(f"group size {group} must be even and divide K = {k}")
+    _check_group(k, group)
     packed = np.empty((n, k // 2), np.uint8)
     scale = np.empty((n, k // group), np.float16)
     zero = np.empty((n, k // group), np.uint8)
 
     def chunk(r0: int, r1: int) -> None:
-        c = np.asarray(w[r0:r1], np.float32).reshape(r1 - r0, k // group, group)
-        lo0, hi0 = np.minimum(c.min(axis=2), 0), np.maximum(c.max(axis=2), 0)
-
-        def scale_zero(r: float):
-            lo = lo0 * np.float32(r)
-            s = _scale16(hi0 * np.float32(r) - lo, 15)
-            return s, np.clip(np.rint(-lo / s.astype(np.float32)), 0, 15)
-
-        # the error of ratio r per group, without keeping its codes: t = w / s,
-        # sum (clip(rint(t) + z, 0, 15) - z - t)^2 * s^2
-        best_err, best_s, best_z = None, None, None
-        t = np.empty_like(c)
-        d = np.empty_like(c)
-        for r in CLIP_RATIOS:
-            s, z = scale_zero(r)
-            s32 = s.astype(np.float32)
-            np.divide(c, s32[..., None], out=t)
-            np.rint(t, out=d)
-            d += z[..., None]
-            np.clip(d, 0, 15, out=d)
-            d -= z[..., None]
-            d -= t
-            err = np.einsum("rgk,rgk->rg", d, d) * (s32 * s32)
-            if best_err is None:
-                best_err, best_s, best_z = err, s, z
-            else:
-                better = err < best_err
-                best_err = np.where(better, err, best_err)
-                best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
-        np.divide(c, best_s.astype(np.float32)[..., None], out=t)
-        np.rint(t, out=t)
-        t += best_z[..., None]
-        q = np.clip(t, 0, 15, out=t).astype(np.int8)
-        packed[r0:r1] = pack_int4(q.reshape(r1 - r0, k) - 8)
-        scale[r0:r1], zero[r0:r1] = best_s, best_z.astype(np.uint8)
+        packed[r0:r1], scale[r0:r1], zero[r0:r1] = _int4_asym_rows(_rows(w, r0, r1), group)
 
     _each_chunk(n, k, chunk)
     return packed, scale, zero
@@ -262,7 +327,10 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=n
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
     """Quantize w chunk by chunk into arrays from new_array(shape, dtype) (Program.new_array: on disk for
     a compile): (codes, scales, int4 zero points or None, the relative error of x W^T on ERROR_ROWS
-    random rows x). int4 with a calibration hessian (--gptq): GPTQ rounding (passes/gptq.py)."""
+    random rows x). int4 with a calibration hessian (--gptq): GPTQ rounding (passes/gptq.py). Each chunk
+    (on QUANT_THREADS threads) is read, quantized, stored, dequantized from what was stored and adds its
+    terms of the error; the terms are summed in chunk order, so the result does not depend on the
+    thread count."""
     n, k = w.shape
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
     zero = None
@@ -271,35 +339,39 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=n
     elif mode == "fp8":
         wq, scale = new_array((n, k), np.uint8), new_array((n,), np.float16)
     else:
+        _check_group(k, group)
         wq, scale = new_array((n, k // 2), np.uint8), new_array((n, k // group), np.float16)
         if zero_points:
             zero = new_array((n, k // group), np.uint8)
-    num = den = 0.0
-    for r0, r1 in _chunks(n, k):
-        c = np.asarray(w[r0:r1], np.float32)
+
+    def chunk(r0: int, r1: int) -> tuple[float, float]:
+        c = _rows(w, r0, r1)
+        z = None
         if mode == "int8":
-            q, s = quantize_int8(c)
+            q, s = _int8_rows(c)
             deq = dequantize_int8(q, s)
         elif mode == "fp8":
-            q, s = quantize_fp8(c)
+            q, s = _fp8_rows(c)
             deq = dequant_f8(q, s)
-        elif hessian is not None:
-            codes, s, z = gptq_int4(c, hessian, group, zero is not None, CLIP_RATIOS, _scale16)
-            q = pack_int4(codes if z is None else codes.astype(np.int16) - 8)
+        else:
+            if hessian is not None:
+                codes, s, z = gptq_int4(c, hessian, group, zero is not None, CLIP_RATIOS, _scale16)
+                q = pack_int4(codes if z is None else codes.astype(np.int16) - 8)
+            elif zero is not None:
+                q, s, z = _int4_asym_rows(c, group)
+            else:
+                q, s = _int4_rows(c, group)
             if z is not None:
                 zero[r0:r1] = z
             deq = dequantize_int4(q, s, group, z)
-        elif zero is not None:
-            q, s, z = quantize_int4_asym(c, group)
-            zero[r0:r1] = z
-            deq = dequantize_int4(q, s, group, z)
-        else:
-            q, s = quantize_int4(c, group)
-            deq = dequantize_int4(q, s, group)
         wq[r0:r1], scale[r0:r1] = q, s
         y = x @ c.T
-        num += float(np.sum(np.square((y - x @ deq.T).astype(np.float64))))
-        den += float(np.sum(np.square(y.astype(np.float64))))
+        return (float(np.sum(np.square((y - x @ deq.T).astype(np.float64)))),
+                float(np.sum(np.square(y.astype(np.float64)))))
+
+    terms = _each_chunk(n, k, chunk, GPTQ_CHUNK_ELEMENTS if hessian is not None else None)
+    num = sum(t[0] for t in terms)
+    den = sum(t[1] for t in terms)
     return wq, scale, zero, float(np.sqrt(num / den)) if den > 0 else 0.0
 
 
