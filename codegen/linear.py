@@ -9,9 +9,10 @@ a contiguous constant and the optional bias [N]. The kernel picks its path from 
   x rows and w, sm80+), the GEMV otherwise.
 - M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles, split-K across
   the block's warps when the tiles alone would not fill the GPU) when lin_mma_ok holds, else the
-  CUDA-core tiled path (matmul.cu). With ATLAS_LINEAR_PREFILL=tc (gemm.py, off by default) the tensor-core
-  branch calls gemm.cu's linear_gemm_tc instead: 128 x 128 output tiles, x and w k tiles staged in shared
-  memory by cp.async (3 stages), ldmatrix fragments, gemm.gemm_smem() bytes of dynamic shared memory.
+  CUDA-core tiled path (matmul.cu). ATLAS_LINEAR_PREFILL (gemm.py; default auto) adds gemm.cu's
+  linear_gemm_tc before it, for calls with at least gemm.GEMM_TC_MIN_TILES output tiles (tc: for all):
+  128 x 128 output tiles, x and w k tiles staged in shared memory by cp.async (3 stages), ldmatrix
+  fragments, gemm.gemm_smem() bytes of dynamic shared memory.
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
 its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
 MMA code at all.
@@ -231,7 +232,9 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     runs = decode_choice(dt, k_static, w_v.shape[0], variants)
     mma_prefill = tiled and dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 \
         and path_choice() != "simt"
-    tc = mma_prefill and gemm.prefill_choice() == "tc"  # linear_gemm_tc instead of linear_mma_prefill
+    prefill = gemm.prefill_choice() if mma_prefill else "mma"
+    tc = prefill in ("tc", "auto")  # linear_gemm_tc (auto: by output tiles at run time) ...
+    mma_big = mma_prefill and prefill in ("mma", "auto")  # ... and / or linear_mma_prefill
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"
     rows = gemm.GEMM_BM if tc else MMA_M if mma_prefill else GEMV_MAX_M
     lines = [
@@ -240,8 +243,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
-    if runs or (mma_prefill and not tc):  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
-        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_prefill and not tc else 0)
+    if runs or mma_big:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
+        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_big else 0)
         lines.append(f"  __shared__ float lin_red[{red}];")
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
@@ -253,9 +256,11 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0])
     lines.append("  }")
     if tc:
-        lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
+        tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
+                 f"{gemm.GEMM_TC_MIN_TILES}" if mma_big else "")
+        lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K){tiles}) "
                      f"atlas::linear_gemm_tc<{t}, {r}, {has_bias}>({args});")
-    elif mma_prefill:
+    if mma_big:
         lines.append(f"  else if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) "
                      f"atlas::linear_mma_prefill<{t}, {r}, {MMA_PREFILL_U}, {has_bias}>({args}, lin_red);")
     if tiled:
@@ -272,7 +277,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         blocks = max(blocks, min(STRIDE_GRID, batch * -(-ctx.upper(y_v.shape[-2]) // TILE) * -(-n_upper // TILE)))
     if tc:  # one block per 128 x 128 output tile at the largest M
         blocks = max(blocks, min(STRIDE_GRID, gemm.gemm_tiles(m_upper, n_upper)))
-    elif mma_prefill:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
+    if mma_big:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
         tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)

@@ -14,8 +14,9 @@ For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K]
 compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
 same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt" = the CUDA-core GEMV /
 tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by default, per
-linear.DECODE_PATH; "tc" = "table" with ATLAS_LINEAR_PREFILL=tc: gemm.cu's tiled tensor-core GEMM for M >
-32; every other variant runs with ATLAS_LINEAR_PREFILL unset), compiles every kernel with nvcc in
+linear.DECODE_PATH, with ATLAS_LINEAR_PREFILL's default auto at M > 32; "tc" = "table" with
+ATLAS_LINEAR_PREFILL=tc: gemm.cu's tiled tensor-core GEMM for every M > 32; "mma" runs with
+ATLAS_LINEAR_PREFILL=mma: the MMA prefill for every M > 32), compiles every kernel with nvcc in
 parallel, checks the output once against numpy (float32 accumulation; tolerance 2e-2 of max |y|), then
 times it with CUDA events around a captured CUDA graph of launches that rotate among copies of the arena
 (arena_count: enough copies that ROTATE_BYTES, over 3x the 50 MB L2, pass between two launches on the
@@ -62,7 +63,7 @@ MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
 FUSED = ("norm", "gated")  # fuse-linear-prologue's NormLinear, and with the SwiGLU epilogue
 # Linear variants: ATLAS_LINEAR_PATH values, and "tc" = the default table with ATLAS_LINEAR_PREFILL=tc (the
-# tiled tensor-core GEMM of gemm.cu for M > 32; the others run with ATLAS_LINEAR_PREFILL unset)
+# tiled tensor-core GEMM of gemm.cu for M > 32; "mma" with ATLAS_LINEAR_PREFILL=mma, the others unset: auto)
 LAB_VARIANTS = (*linear.PATHS, "tc")
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 ARENAS = 3  # the fewest arena copies a timing rotates among
@@ -153,7 +154,8 @@ def split_variant(name: str) -> tuple[str, dict[str, str]]:
 def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
     variant: its node with the default path table), ATLAS_LINEAR_U=u and ATLAS_LINEAR_FT=ft when given."""
-    env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | {gemm.PREFILL_ENV: ""}
+    env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | \
+        {gemm.PREFILL_ENV: "mma" if variant == "mma" else ""}  # at M > 32: mma the MMA prefill, others the default
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
     if variant == "tc":

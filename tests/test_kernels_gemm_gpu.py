@@ -33,3 +33,11 @@ def test_gemm_tc_small_k(monkeypatch):
     """K = 32: a single k tile (one real stage, two empty groups)."""
     monkeypatch.setenv(gemm.PREFILL_ENV, "tc")
     _run(build_linear("float16", 300, ks=(32, 64), ns=(8, 136)), [33, 129, 300], "float16", seed=22)
+
+
+def test_gemm_auto_linear(monkeypatch):
+    """ATLAS_LINEAR_PREFILL unset (auto, the default): the same graph at M from 33 to 1000, so N = 4096 runs
+    the MMA prefill at 1 x 32 tiles (M <= 128) and linear_gemm_tc from 3 x 32 (M = 257); N = 1000 (8
+    tiles wide) stays on the MMA prefill until M = 1000 (64 tiles: still below GEMM_TC_MIN_TILES)."""
+    monkeypatch.delenv(gemm.PREFILL_ENV, raising=False)
+    _run(build_linear("float16", 1000, ks=(64, 4096), ns=(8, 1000, 4096)), MS, "float16", seed=23)

@@ -16,7 +16,7 @@ from atlasc.errors import UsageError
 
 # codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
 OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("weight_prefetch", False, "ATLAS_PREFETCH"),
-           ("linear_prefill", "", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"))
+           ("linear_prefill", "auto", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"))
 
 
 def _opt_ins(choices: dict) -> str:
