@@ -11,13 +11,19 @@ optionally, `attention_mask`, `token_type_ids`, `position_ids`; missing ones are
 0..length-1), `max_batch` prompts at a time. For every candidate Linear it accumulates H = sum x x^T
 (float64 [K, K]) over the rows x it sees, padded positions (attention_mask 0) left out.
 
-Rounding (`gptq_int4`, GPTQ, Frantar et al. 2022): columns are quantized left to right; the rounding
+Rounding (`gptq_int4`, GPTQ, Frantar et al. 2022): columns are quantized one at a time; the rounding
 error of column i, divided by the i-th diagonal of the upper Cholesky factor U of (H + damp I)^-1, is
 subtracted from the columns not yet quantized, weighted by U[i, i+1:], which minimizes the layer's output
-error ||X W^T - X Wq^T|| on the calibration rows better than rounding each weight alone. A group's scale
-(and zero point) is fixed when the rounding reaches its first column, from the error-updated weights, with
-the CLIP_RATIOS search of plain rounding. damp = DAMP x mean(diag H): on all-MiniLM-L6-v2 a few hundred
-calibration tokens overfit with 1% (docs/perf.md); 10% generalizes better.
+error ||X W^T - X Wq^T|| on the calibration rows better than rounding each weight alone. The updates
+are applied lazily per BLOCK columns (the same arithmetic, one matrix product per block).
+Act order with static groups (ACT_ORDER, the default; "static_groups" in AutoGPTQ): every group's scale
+(and zero point) is fixed first, from the original weights of its contiguous K-range, with the
+CLIP_RATIOS search of plain rounding; then the columns are quantized in order of decreasing diag(H), so
+the large-activation columns are rounded while the most columns are left to absorb their error. The
+stored layout (groups of `group` consecutive k) is unchanged. Without act order a group's scale is
+fixed when the rounding reaches its first column, from the error-updated weights.
+damp = DAMP x mean(diag H): on all-MiniLM-L6-v2 a few hundred calibration tokens overfit with 1%
+(docs/perf.md); 10% generalizes better.
 
 Guarantees: codes in range, scales >= 2^-14 in float16 (quantize's _scale16), so |dequant| stays
 bounded as with plain rounding; a layer whose H is zero (never reached) is rounded plainly.
@@ -32,6 +38,8 @@ from atlasc.ir.graph import Graph, Node
 from atlasc.ir.interpreter import interpret
 
 DAMP = 0.1
+ACT_ORDER = True
+BLOCK = 128  # columns per lazy update (rounded to a multiple of the group without act order)
 FEED_NAMES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
@@ -116,7 +124,8 @@ def _round(w: np.ndarray, s: np.ndarray, z: np.ndarray | None) -> np.ndarray:
     return (np.clip(np.rint(w / s) + z, 0, 15) - z) * s
 
 
-def gptq_int4(w: np.ndarray, h: np.ndarray, group: int, asym: bool, ratios, scale16, damp: float = DAMP):
+def gptq_int4(w: np.ndarray, h: np.ndarray, group: int, asym: bool, ratios, scale16, damp: float = DAMP,
+              act_order: bool = ACT_ORDER):
     """w [N, K], h [K, K] -> (codes int8 [N, K] (asym: unsigned 0..15), scale float16 [N, K/group], zero
     uint8 [N, K/group] or None), rounded by GPTQ (see the module docstring)."""
     n, k = w.shape
@@ -126,18 +135,39 @@ def gptq_int4(w: np.ndarray, h: np.ndarray, group: int, asym: bool, ratios, scal
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     h += damp * float(np.mean(np.diag(h))) * np.eye(k)
-    u = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: (H + damp I)^-1 = U^T U
-    codes = np.empty((n, k), np.int8)
     scale = np.empty((n, k // group), np.float16)
     zero = np.empty((n, k // group), np.uint8) if asym else None
-    for g0 in range(0, k, group):
-        s, z = _group_scale(w[:, g0:g0 + group], asym, ratios, scale16)
-        scale[:, g0 // group] = s
-        if asym:
-            zero[:, g0 // group] = z
-        for i in range(g0, g0 + group):
-            q = np.clip(np.rint(w[:, i] / s) + (0 if z is None else z), 0 if asym else -8, 15 if asym else 7)
-            codes[:, i] = q
-            err = (w[:, i] - (q - (0 if z is None else z)) * s) / u[i, i]
-            w[:, i + 1:] -= np.outer(err, u[i, i + 1:])
+    if act_order:  # static groups: scales from the original weights, before any error feedback
+        for g0 in range(0, k, group):
+            s, z = _group_scale(w[:, g0:g0 + group], asym, ratios, scale16)
+            scale[:, g0 // group] = s
+            if asym:
+                zero[:, g0 // group] = z
+        perm = np.argsort(-np.diag(h), kind="stable")
+        block = BLOCK
+    else:
+        perm = np.arange(k)
+        block = group * max(1, BLOCK // group)  # a group's columns lie in one block
+    u = np.linalg.cholesky(np.linalg.inv(h[perm][:, perm])).T  # upper: (H + damp I)^-1 = U^T U
+    w = w[:, perm]
+    codes = np.empty((n, k), np.int8)
+    lo, hi = (0, 15) if asym else (-8, 7)
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        wb = w[:, b0:b1]  # a view: the in-block updates land in w
+        err = np.empty((n, b1 - b0))
+        for j in range(b1 - b0):
+            c = int(perm[b0 + j])
+            if not act_order and c % group == 0:
+                s, z = _group_scale(wb[:, j:j + group], asym, ratios, scale16)
+                scale[:, c // group] = s
+                if asym:
+                    zero[:, c // group] = z
+            s = scale[:, c // group].astype(np.float64)
+            z = 0.0 if zero is None else zero[:, c // group].astype(np.float64)
+            q = np.clip(np.rint(wb[:, j] / s) + z, lo, hi)
+            codes[:, c] = q
+            err[:, j] = (wb[:, j] - (q - z) * s) / u[b0 + j, b0 + j]
+            wb[:, j + 1:] -= np.outer(err[:, j], u[b0 + j, b0 + j + 1:b1])
+        w[:, b1:] -= err @ u[b0:b1, b1:]
     return codes, scale, zero
