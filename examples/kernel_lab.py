@@ -212,6 +212,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ft", default="",
                     help="comma-separated MMA decode feature tiles per warp to compare (ATLAS_LINEAR_FT: 1, 2, 4, "
                          "auto); each value becomes a variant name path/ftFT (M > 8: x fragments shared by FT tiles)")
+    ap.add_argument("--floor", action="store_true",
+                    help="then time a kernel that only streams each row's bytes, and an empty kernel "
+                         "(examples/lab_floor.py): what any kernel of that size pays in this harness")
     args = ap.parse_args(argv)
     shapes = {"8B o": SHAPES["8B o"]} if args.quick else SHAPES
     if args.shapes:
@@ -242,6 +245,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     failed = False
+    floor_bytes = set()
     for name, (k, n) in shapes.items():
         w = (rng.random((n, k), dtype=np.float32) * 2 - 1) * np.float32(1 / np.sqrt(k))
         w = w.astype(np.float16)
@@ -282,6 +286,7 @@ def main(argv=None) -> int:
                 tflops = 2 * m * n * k / (us * 1e-6) / 1e12
                 rows.append((name, f"{k}x{n}", m, variant, us, gbs, 100 * gbs * 1e9 / PEAK, tflops, launch.grid[0],
                              "ok" if ok else f"FAIL err {err:.3g} / max {scale:.3g}"))
+                floor_bytes.add(nbytes)
                 for a in arenas:
                     a.free()
                 print(f"  {name:11s} M={m:<3d} {variant:5s} {us:8.2f} us  {gbs:7.0f} GB/s  {rows[-1][6]:5.1f}%  "
@@ -298,6 +303,10 @@ def main(argv=None) -> int:
                 t = {r[3]: r[4] for r in rows if r[0] == name and r[2] == m}
                 print(f"{name:11s} {m:>4d} " + " ".join(f"{t[v]:10.2f}" for v in variants) +
                       f"  {min(t, key=t.get)}")
+    if args.floor:
+        from lab_floor import floor_rows, print_floor
+
+        print_floor(floor_rows(dev, sorted(floor_bytes)))
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
 

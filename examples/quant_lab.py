@@ -112,6 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--u", default="", help="comma-separated 1 KB steps in flight per warp to force (1 .. 8; "
                                             "default: quant.MMA_U); each becomes a variant name path/uU")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
+    ap.add_argument("--floor", action="store_true",
+                    help="then time a kernel that only streams each row's packed bytes + scales, and an empty "
+                         "kernel (examples/lab_floor.py): what any kernel of that size pays in this harness")
     args = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
     ms = tuple(int(m) for m in args.ms.split(","))
@@ -191,6 +194,10 @@ def main(argv=None) -> int:
     for name, kn, m, mode, us, gbs, pct, nbytes, grid, ok in rows:
         print(f"{name:11s} {kn:>12s} {m:>3d} {mode:15s} {us:9.2f} {gbs:7.0f} {pct:7.1f}% {nbytes / 1e6:8.1f} "
               f"{grid:6d}  {ok}")
+    if args.floor:
+        from lab_floor import floor_rows, print_floor
+
+        print_floor(floor_rows(dev, sorted({row[7] for row in rows})))
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
 

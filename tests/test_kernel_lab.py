@@ -94,3 +94,27 @@ def test_decode_grid_counts_only_the_paths_taken(monkeypatch):
     g, plan, upper = kernel_lab.build(4096, n, 32)
     (launch,) = generate_module({"run": (g, plan)}, {"run": upper}, buckets={"run": ("m", (1, 8))}).launches["run"]
     assert launch.grid[0] == n // 32 and {v.upto: v.grid[0] for v in launch.variants} == {1: n // 16, 8: n // 32}
+
+
+def test_floor_kernels_compile_and_the_labs_take_floor(capsys):
+    """lab_floor.cu (the labs' --floor: a kernel that only streams n bytes, and an empty one) compiles for
+    sm80 and sm90 with both entry points and no spills; both labs accept --floor."""
+    import subprocess
+
+    import lab_floor
+    import quant_lab
+    from atlasc.codegen.nvcc import flags, nvcc_path
+
+    source = lab_floor.SOURCE.read_text()
+    for arch in ("sm80", "sm90"):
+        r = subprocess.run([nvcc_path(), *flags(arch), "-Xptxas", "-v", "-cubin", "-o", "/dev/null", "-x", "cu",
+                            str(lab_floor.SOURCE)], capture_output=True, text=True, check=False)
+        assert r.returncode == 0, r.stderr
+        assert "Function properties for lab_read" in r.stderr and "Function properties for lab_empty" in r.stderr
+        assert "0 bytes spill stores" in r.stderr and not re.search(r"[1-9]\d* bytes spill stores", r.stderr)
+    assert "__ldcs" in source and lab_floor.DATA_OFFSET % 16 == 0
+    for lab in (kernel_lab, quant_lab):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            lab.main(["--help"])
+        assert e.value.code == 0 and "--floor" in capsys.readouterr().out
