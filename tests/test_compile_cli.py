@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,13 +55,17 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")  # atlasc compile's progress on a non-terminal stderr
+
+
 def one_error(r, *needles: str) -> str:
-    """Exit 2, exactly one `error:` line on stderr (a `hint:` line may follow), no traceback."""
+    """Exit 2, exactly one `error:` line on stderr (a `hint:` line may follow), no traceback; before it
+    only the progress lines a compile prints when stderr is not a terminal."""
     code = r.returncode if isinstance(r, subprocess.CompletedProcess) else r.code
     out, err = r.stdout, r.stderr
     assert code == 2, r
     assert "Traceback" not in out + err, r
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
     errors = [ln for ln in lines if ln.startswith("error:")]
     assert len(errors) == 1 and lines[0].startswith("error:"), r
     assert all(ln.startswith(("error:", "hint:")) for ln in lines), r

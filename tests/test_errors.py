@@ -4,6 +4,7 @@ of the interface. Models are built with onnx.helper (no torch)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -16,11 +17,15 @@ from onnx import TensorProto, helper
 from atlasc import errors
 
 
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")  # atlasc compile's progress on a non-terminal stderr
+
+
 def assert_one_error(r, *needles: str) -> str:
-    """The CLI failed the documented way; returns the error line."""
+    """The CLI failed the documented way (progress lines of a compile may come first); returns the
+    error line."""
     assert r.code == 2, r
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r
-    lines = r.stderr.strip().splitlines()
+    lines = [ln for ln in r.stderr.strip().splitlines() if not PROGRESS_LINE.match(ln)]
     assert lines and lines[0].startswith("error: "), r
     assert len(lines) <= 2 and all(line.startswith("hint: ") for line in lines[1:]), r
     for needle in needles:
