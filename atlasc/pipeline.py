@@ -76,7 +76,7 @@ PIPELINES: dict[str, list[str]] = {
         # before fuse-elementwise, which would absorb the scale and NaN-guard ops the pattern reads
         "fuse-attention",
         "fuse-rotary",
-        # opt-in (ATLAS_MASK_LENGTHS=1); before simplify-decode-mask, which then skips what it rewrote
+        # ATLAS_MASK_LENGTHS=0 turns it off; before simplify-decode-mask, which then skips what it rewrote
         "mask-as-lengths",
         "simplify-decode-mask",
         "dce",

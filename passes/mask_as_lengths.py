@@ -1,7 +1,9 @@
 """mask-as-lengths: the Attention reads attention_mask [B, T] and applies causal / window itself.
 
-OPT-IN, off until GPU-validated: runs only with ATLAS_MASK_LENGTHS=1 (default 0). The kernels' new
-path (codegen/attention.cu, `KEYS`) has been compile-checked, not yet run on a GPU.
+On by default; ATLAS_MASK_LENGTHS=0 turns it off. The kernels' path (codegen/attention.cu and
+flash_attention.cu, `KEYS`) passed its GPU tests on the H200 (docs/perf.md v10: kernel tests, and greedy
+tokens equal to onnxruntime end to end). Without it, prefill attention reads a materialized mask element
+by element (for each head: S x T values).
 
 Matches an Attention (every entry: prefill, decode, an encoder's forward) whose mask input (a
 materialized [B, 1, S, T] tensor, additive or bool) is computed from the graph input `attention_mask`
@@ -55,8 +57,8 @@ PROBES = ((3, 5, 4), (2, 6, 0), (2, 3, 9))
 
 
 def enabled() -> bool:
-    """ATLAS_MASK_LENGTHS (default 0); UsageError (exit 2) for a value other than 0 / 1."""
-    value = os.environ.get(ENV, "") or "0"
+    """ATLAS_MASK_LENGTHS (default 1); UsageError (exit 2) for a value other than 0 / 1."""
+    value = os.environ.get(ENV, "") or "1"
     if value not in ("0", "1"):
         raise UsageError(f"{ENV}={value!r} is not 0 or 1")
     return value == "1"
@@ -187,12 +189,12 @@ def rewrite_graph(graph: Graph, roles: dict, bounds: dict, stats: RewriteStats) 
 
 
 def mask_as_lengths(program: Program) -> tuple[Program, RewriteStats]:
-    """With ATLAS_MASK_LENGTHS=1, every entry's Attention reads attention_mask directly (fusion on)."""
+    """Unless ATLAS_MASK_LENGTHS=0, every entry's Attention reads attention_mask directly (fusion on)."""
     stats = RewriteStats()
     if not program.options.fusion:
         return program, stats
     if not enabled():
-        stats.declined[RULE] = f"{ENV} is not 1 (off until GPU-validated)"
+        stats.declined[RULE] = f"{ENV}=0"
         return program, stats
     for name, graph in program.entries.items():
         rewrite_graph(graph, program.roles, program.bounds.get(name, {}), stats)

@@ -1,9 +1,9 @@
-"""mask-as-lengths (ATLAS_MASK_LENGTHS=1): the Attention reads attention_mask [B, T] and applies causal /
-window itself. On every decoder fixture: prefill (empty and non-empty past) and decode compute the same
-outputs and cache on the reference as the default pipeline, bit for bit, on left-padded batches of fresh
-random tokens; fewer kernels per step; mistral's sliding window (8) is recognized; a mask with an extra
-term is declined with the reason; the llama and mistral artifacts compile with nvcc for sm80 / sm90 and
-their CPU-runtime greedy tokens equal onnxruntime's."""
+"""mask-as-lengths (on by default; ATLAS_MASK_LENGTHS=0 off): the Attention reads attention_mask [B, T]
+and applies causal / window itself. On every decoder fixture: prefill (empty and non-empty past) and
+decode compute the same outputs and cache on the reference as the pipeline without it, bit for bit, on
+left-padded batches of fresh random tokens; fewer kernels per step; mistral's sliding window (8) is
+recognized; a mask with an extra term is declined with the reason; the llama and mistral artifacts
+compile with nvcc for sm80 / sm90 and their CPU-runtime greedy tokens equal onnxruntime's."""
 
 from __future__ import annotations
 
@@ -117,13 +117,16 @@ def test_every_attention_reads_attention_mask_and_fewer_kernels_run(name):
     assert _kernels(base_p, "prefill") - _kernels(got_p, "prefill") >= 8
 
 
-def test_off_by_default_and_bad_values_rejected(monkeypatch):
+def test_on_by_default_off_with_0_and_bad_values_rejected(monkeypatch):
     from atlasc.errors import UsageError
+    from atlasc.passes.mask_as_lengths import enabled
 
     monkeypatch.delenv(ENV, raising=False)
+    assert enabled()
+    monkeypatch.setenv(ENV, "0")
     program = Program({"decode": Graph("decode")}, OPTIONS)
     _, stats = mask_as_lengths(program)
-    assert not stats.applied and "off until GPU-validated" in stats.declined[RULE]
+    assert not stats.applied and stats.declined[RULE] == f"{ENV}=0"
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(UsageError, match=ENV):
         mask_as_lengths(program)
