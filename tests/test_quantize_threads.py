@@ -25,6 +25,7 @@ def _layer(monkeypatch, w, mode, zero_points, threads, chunk=32 * 256, hessian=N
     monkeypatch.setattr(q, "QUANT_THREADS", threads)
     monkeypatch.setattr(q, "CHUNK_ELEMENTS", chunk)
     monkeypatch.setattr(q, "GPTQ_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(q, "CHUNK_MIN_ROWS", 1)
     return q._quantize_layer(w, mode, 32, seed=1, zero_points=zero_points, hessian=hessian)
 
 
@@ -72,6 +73,7 @@ def test_gptq_layer_is_the_same_on_one_and_several_threads(monkeypatch):
 def test_quantizers_are_the_same_on_one_and_several_threads(monkeypatch, fn):
     w = _weight(200, 256, True)
     monkeypatch.setattr(q, "CHUNK_ELEMENTS", 32 * 256)
+    monkeypatch.setattr(q, "CHUNK_MIN_ROWS", 1)
     args = (32,) if fn.startswith("quantize_int4") else ()
     monkeypatch.setattr(q, "QUANT_THREADS", 1)
     one = getattr(q, fn)(w, *args)
