@@ -141,6 +141,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     assert c == {"linear_path": "table", "linear_ft": "auto", "quant_path": "table", "attention_path": "fast",
                  "attention_max_split": 32, "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
+                 "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
@@ -148,9 +149,11 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_PREFETCH", "1")
     monkeypatch.setenv("ATLAS_LINEAR_FT", "2")
     monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "off")
+    monkeypatch.setenv("ATLAS_LINEAR_PREFILL", "mma")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4, "pdl_wait": True,
-                                 "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off"}
+                                 "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off",
+                                 "linear_prefill": "mma"}
 
 
 def test_every_kernel_starts_with_the_pdl_wait(llama32):
