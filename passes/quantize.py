@@ -92,7 +92,7 @@ def _one_blas_thread():
     thread only, so that the chunk threads are the only parallelism: OpenBLAS's own threads, woken for
     each chunk's small matmuls, made _quantize_layer of a 14336 x 4096 int4 weight 3.6x slower (13x with
     this chunk size) on the 2-core CPU machine while other jobs ran there (docs/perf.md, session 9).
-    Needs threadpoolctl (optional: without it BLAS keeps its threads)."""
+    threadpoolctl is a dependency; where it is missing (a --no-deps install) BLAS keeps its threads."""
     if not _BLAS:
         try:
             from threadpoolctl import ThreadpoolController

@@ -39,8 +39,9 @@ RULES: dict[str, Rule] = {
     "atlasc.errors": rule(set(), set()),
     "atlasc.ir": rule({"atlasc.errors"}, {"numpy"}),
     "atlasc.frontend": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "onnx", "onnx_graphsurgeon"}),
-    # yaml: choose-decode-path reads its measured table (passes/decode_paths.yaml)
-    "atlasc.passes": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "yaml"}),
+    # yaml: choose-decode-path reads its measured table (passes/decode_paths.yaml); threadpoolctl: quantize
+    # keeps BLAS on one thread inside its worker threads
+    "atlasc.passes": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "yaml", "threadpoolctl"}),
     "atlasc.codegen": rule({"atlasc.ir", "atlasc.artifact", "atlasc.errors"}, {"numpy"}),
     "atlasc.artifact": rule({"atlasc.errors"}, {"numpy", "yaml"}),
     "atlasc.runtime": rule({"atlasc.artifact", "atlasc.errors"}, {"numpy", "pycuda"}),
