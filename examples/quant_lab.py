@@ -6,6 +6,7 @@
     python examples/quant_lab.py --variant table,a8    # float activations vs int8 ones (W4A8 / W8A8 dp4a, M <= 8)
     python examples/quant_lab.py --split 1,4,8 --u 2,4 # sweep forced split-K ways x steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
+    python examples/quant_lab.py --variant table,norm,gated --quant int4 --shapes "8B gate_up"   # fused prologue cost
 
 For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8 /
 LinearF8 for --quant fp8) with
@@ -15,10 +16,11 @@ examples/kernel_lab.py does (CUDA graph of launches rotating among enough arena 
 served from L2, median of replays).
 GB/s counts the bytes a decode step must read: packed weights + scales (+ x and y); % is of 4.30 TB/s.
 --variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
-"simt" = the CUDA-core fallback only; "a8" = activations quantized per row to int8 in the kernel, dp4a in
-int32, W4A8 / W8A8 at decode: its timings are passes/decode_paths.yaml's table); --ptxas compiles the same
-kernels for the given archs with `-Xptxas -v` and prints registers and spill bytes per kernel instead (exit 1
-on any spill).
+"simt" = the CUDA-core fallback only); "norm" / "gated" = fuse-linear-prologue's NormLinearQ (residual add +
+RMSNorm staged by every block, b = 0 and g = 1; "gated" with the SwiGLU epilogue) on the table path; "a8" =
+activations quantized per row to int8 in the kernel, dp4a in int32, W4A8 / W8A8 at decode: its timings are
+passes/decode_paths.yaml's table. --ptxas compiles the same kernels for the given archs with `-Xptxas -v`
+and prints registers and spill bytes per kernel instead (exit 1 on any spill).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kernel_lab import (PEAK, SHAPES, arena_count, check_output, generate_with_env, split_variant, time_launches,
-                        with_options)
+from kernel_lab import (FUSED, PEAK, SHAPES, SWIGLU, arena_count, check_output, generate_with_env, reference,
+                        split_variant, time_launches, with_options)
 
 from atlasc.codegen import quant
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
@@ -49,27 +51,39 @@ from atlasc.runtime.device import Device, KernelTable
 GROUP = 128
 
 
-def build(k: int, n: int, m_max: int, mode: str, act: str = ""):
+def build(k: int, n: int, m_max: int, mode: str, act: str = "", kind: str = "linear"):
     """(graph, plan, upper) of LinearQ4/Q8(x[m, k], wq, scale) with 256-aligned buffers; act="int8" quantizes
-    x per row to int8 inside the kernel (W4A8 / W8A8, decode only)."""
-    g = Graph(f"q_{mode}_{k}x{n}_m{m_max}")
+    x per row to int8 inside the kernel (W4A8 / W8A8, decode only). kind "norm": NormLinearQ(x, b, g, wq,
+    scale) with the sum s as a second output (fuse-linear-prologue's residual add + RMSNorm); "gated": the
+    same with the SwiGLU epilogue, y [m, n / 2]."""
+    g = Graph(f"q_{mode}_{kind}_{k}x{n}_m{m_max}")
     g.symbols = {"m": SymbolInfo(1, m_max)}
     x = Value("x", "float16", (S.sym("m"), k))
     if mode == "int4":
         wq, scale = Value("wq", "uint8", (n, k // 2)), Value("scale", "float16", (n, k // GROUP))
-        node = Node("LinearQ4", [x, wq, scale], [], {"group_size": GROUP, "act": act})
+        op, attrs = "LinearQ4", {"group_size": GROUP, "act": act}
     else:  # int8, or fp8 (E4M3 codes: LinearF8, same bytes per weight)
         wq, scale = Value("wq", "uint8" if mode == "fp8" else "int8", (n, k)), Value("scale", "float16", (n,))
-        node = Node("LinearF8" if mode == "fp8" else "LinearQ8", [x, wq, scale], [],
-                    {} if mode == "fp8" else {"act": act})
-    y = Value("y", "float16", (S.sym("m"), n))
-    node.outputs = [y]
-    g.inputs, g.nodes, g.outputs = [x, wq, scale], [node], [y]
+        op, attrs = ("LinearF8", {}) if mode == "fp8" else ("LinearQ8", {"act": act})
+    n_out = n // 2 if kind == "gated" else n
+    y = Value("y", "float16", (S.sym("m"), n_out))
+    values = [x, wq, scale, y]
+    if kind == "linear":
+        g.inputs, g.nodes, g.outputs = [x, wq, scale], [Node(op, [x, wq, scale], [y], attrs)], [y]
+    else:
+        b, gamma, s = Value("b", "float16", x.shape), Value("g", "float16", (k,)), Value("s", "float16", x.shape)
+        fused = {"epsilon": 1e-5, "linear": op, "act": act, "group_size": GROUP} | \
+            ({"epilogue": SWIGLU, "gate_input": 0} if kind == "gated" else {})
+        g.inputs = [x, wq, scale, b, gamma]
+        g.nodes = [Node("NormLinearQ", [x, b, gamma, wq, scale], [y, s], fused)]
+        g.outputs = [y, s]
+        values += [b, gamma, s]
     plan = MemoryPlan(symbols=("m",))
     off = 256
     sizes = {"x": m_max * k * 2, "wq": n * k // (2 if mode == "int4" else 1),
-             "scale": n * (k // GROUP if mode == "int4" else 1) * 2, "y": m_max * n * 2}
-    for v in (x, wq, scale, y):
+             "scale": n * (k // GROUP if mode == "int4" else 1) * 2, "y": m_max * n_out * 2,
+             "b": m_max * k * 2, "g": k * 2, "s": m_max * k * 2}
+    for v in values:
         plan.placements[v.name] = Placement("activations", off, sizes[v.name])
         off = align(off + sizes[v.name])
     plan.arena_bytes = off
@@ -79,9 +93,11 @@ def build(k: int, n: int, m_max: int, mode: str, act: str = ""):
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
              act: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
-    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given)."""
-    return generate_with_env(build(k, n, m, mode, act), {quant.PATH_ENV: variant, quant.SPLIT_ENV: split,
-                                                    quant.U_ENV: u})
+    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given); variant "norm" / "gated": that fused kind with the
+    default path table."""
+    kind = variant if variant in FUSED else "linear"
+    return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
+                                                              quant.SPLIT_ENV: split, quant.U_ENV: u})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -122,9 +138,11 @@ def main(argv=None) -> int:
     if [q for q in modes if q not in ("int4", "int8", "fp8")]:
         ap.error(f"--quant takes int4, int8, fp8: {args.quant}")
     variants = tuple(v for v in args.variant.split(",") if v)
-    bad = [v for v in variants if v not in (*quant.PATHS, "a8")]
+    bad = [v for v in variants if v not in (*quant.PATHS, "a8", *FUSED)]
     if bad:
-        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8'))})")
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8', *FUSED))})")
+    if any(v in FUSED for v in variants) and max(ms) > 8:
+        ap.error("the fused variants (norm, gated) run at M <= 8 only")
     if "a8" in variants and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     variants = with_options(with_options(variants, "s", args.split), "u", args.u)
@@ -158,8 +176,9 @@ def main(argv=None) -> int:
             else:
                 wq, scale = quantize_int4(w, GROUP) if mode == "int4" else quantize_int8(w)
                 deq = dequantize_int4(wq, scale, GROUP) if mode == "int4" else dequantize_int8(wq, scale)
-            ref = x.astype(np.float32) @ deq.T
             for m, variant in ((m, v) for m in ms for v in variants):
+                path = split_variant(variant)[0]
+                ref = reference(x[:m], deq, path if path in FUSED else "linear")
                 g, plan, mod = mods[(name, m, mode, variant)]
                 module = dev.load_module(cubins[(name, m, mode, variant)])
                 launch = mod.launches["run"][0]
@@ -171,6 +190,9 @@ def main(argv=None) -> int:
                     dev.upload(a, plan.placement("x").offset, x[:m])
                     dev.upload(a, plan.placement("wq").offset, wq)
                     dev.upload(a, plan.placement("scale").offset, scale)
+                    if path in FUSED:  # b = 0, g = 1: x / rms(x) feeds the projection
+                        dev.upload(a, plan.placement("b").offset, np.zeros(m * k, np.float16))
+                        dev.upload(a, plan.placement("g").offset, np.ones(k, np.float16))
                 dev.synchronize()
 
                 def go(a):
@@ -178,11 +200,12 @@ def main(argv=None) -> int:
 
                 go(arenas[0])
                 dev.synchronize()
-                ok, err, top = check_output(dev, arenas[0], plan.placement("y").offset, ref[:m])
+                ok, err, top = check_output(dev, arenas[0], plan.placement("y").offset, ref)
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
                 weight_bytes = wq.nbytes + scale.nbytes
-                gbs = (weight_bytes + (m * k + m * n) * 2) / (us * 1e-6) / 1e9
+                io = m * k + m * ref.shape[1] + (2 * m * k if path in FUSED else 0)  # fused: + b read, s written
+                gbs = (weight_bytes + io * 2) / (us * 1e-6) / 1e9
                 rows.append((name, f"{k}x{n}", m, f"{mode} {variant}", us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,
                              launch.grid[0], "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"))
                 print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "

@@ -118,3 +118,28 @@ def test_floor_kernels_compile_and_the_labs_take_floor(capsys):
         with pytest.raises(SystemExit) as e:
             lab.main(["--help"])
         assert e.value.code == 0 and "--floor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["norm", "gated"])
+def test_quant_lab_fused_variants(kind):
+    """quant_lab --variant norm / gated: one NormLinearQ launch (int4 g128, the table path's tensor-core call,
+    gated: the SwiGLU epilogue) whose reference-interpreter output equals the lab's float32 reference within
+    the lab's tolerance (b = 0, g = 1, fresh random x and weights)."""
+    import quant_lab
+    from atlasc.ir import interpret
+    from atlasc.passes.quantize import dequantize_int4, quantize_int4
+
+    k, n, m = 256, 64, 3
+    g, plan, mod = quant_lab.generate(k, n, m, "int4", kind)
+    (launch,) = mod.launches["run"]
+    assert launch.op == "NormLinearQ" and "linear_quant_mma<" in mod.source
+    assert ("epilogue" in g.nodes[0].attrs) == (kind == "gated")
+    rng = np.random.default_rng()
+    w = ((rng.random((n, k), dtype=np.float32) * 2 - 1) / np.sqrt(k)).astype(np.float16)
+    x = (rng.random((m, k), dtype=np.float32) * 2 - 1).astype(np.float16)
+    wq, scale = quantize_int4(w, quant_lab.GROUP)
+    feed = {"x": x, "wq": wq, "scale": scale, "b": np.zeros((m, k), np.float16), "g": np.ones(k, np.float16)}
+    got = interpret(g, feed, symbols={"m": m})["y"].astype(np.float32)
+    want = kernel_lab.reference(x, dequantize_int4(wq, scale, quant_lab.GROUP), kind)
+    assert got.shape == want.shape == (m, n // 2 if kind == "gated" else n)
+    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
