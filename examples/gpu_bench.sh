@@ -28,6 +28,9 @@ if [ "${LABS:-1}" != 0 ]; then
     python3 examples/kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4 \
         --shapes "8B qkv,8B gate_up,8B down,8B lm_head,1B gate_up" 2>&1 | tee "$out/kernel_lab_ft.log"
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 --floor 2>&1 | tee "$out/quant_lab.log"
+    # the fused int4 projections (NormLinearQ: + RMSNorm prologue, + SwiGLU epilogue) against the plain one
+    python3 examples/quant_lab.py --ms 1,8 --quant int4 --variant table,norm,gated --shapes "8B qkv,8B gate_up" \
+        2>&1 | tee "$out/quant_lab_fused.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
     # prefill attention in the form compiled decoders take (mask-as-lengths' KEYS) and with the mask tensor
     python3 examples/attention_lab.py --prefill --seqs 512,4096 --path fa2 --mask keys 2>&1 | \
@@ -61,7 +64,7 @@ fi
 echo "== summary =="
 [ "${LABS:-1}" != 0 ] && tail -n 25 "$out/kernel_lab.log" && tail -n 12 "$out/kernel_lab_fused.log" && \
     tail -n 10 "$out/kernel_lab_u.log" && tail -n 32 "$out/kernel_lab_ft.log" && \
-    tail -n 22 "$out/quant_lab.log" && \
+    tail -n 22 "$out/quant_lab.log" && tail -n 13 "$out/quant_lab_fused.log" && \
     tail -n 20 "$out/attention_lab.log" && tail -n 6 "$out"/attention_prefill*.log
 tail -n 12 "$out/bench_$config.log"
 [ "${PROFILE:-0}" != 0 ] && head -n 16 "$out"/profile_"${config}"_b*.log
