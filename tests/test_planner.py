@@ -30,7 +30,7 @@ from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import itemsize
 from atlasc.ir.memory import ALIGNMENT, REGIONS, Placement, align
 from atlasc.ir.program import CompileOptions, Program
-from atlasc.pipeline import run_pipeline
+from atlasc.pipeline import PIPELINES, run_pipeline
 from atlasc.runtime.cpu import CpuModel
 
 from conftest import FIXTURES
@@ -107,10 +107,13 @@ def test_best_fit_reuses_dead_buffers():
 # plan_memory on the fixtures
 
 @functools.cache
-def planned(name: str, max_batch: int, max_seq: int) -> Program:
+def planned(name: str, max_batch: int, max_seq: int, mask_lengths: bool = True) -> Program:
+    """The fixture through the default pipeline (mask_lengths=False: without mask-as-lengths, so prefill
+    keeps its materialized [.., seq, past + seq] masks)."""
     graph = import_onnx(FIXTURES / f"{name}.onnx")
+    names = [n for n in PIPELINES["default"] if mask_lengths or n != "mask-as-lengths"]
     program, _ = run_pipeline(Program({"main": graph}, CompileOptions(max_batch=max_batch, max_seq=max_seq)),
-                              verify_each=True)
+                              names, verify_each=True)
     return program
 
 
@@ -245,7 +248,8 @@ def _feasible_max(d, upper: dict, past: str, seq: str, max_seq: int) -> int:
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("max_seq", [8, 32])
 def test_decoder_buffers_sized_for_past_plus_seq_at_most_max_seq(name, max_seq):
-    program = planned(name, 2, max_seq)
+    # without mask-as-lengths: its materialized masks are the [.., seq, past + seq] buffers checked here
+    program = planned(name, 2, max_seq, mask_lengths=False)
     past, seq = program.roles["past"], program.roles["seq"]
     checked = softmax = 0
     for entry, graph in program.entries.items():
