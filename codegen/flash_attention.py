@@ -5,7 +5,7 @@ prefill-sized Attention nodes (query rows up to at least FA2_MIN_ROWS) `attentio
 (mma.sync m16n8k16, sm80+; sm < 80 and layouts it cannot read run attention_rows at run time).
 `fa2_decline` names why a node keeps today's kernel: float32, softcap, present / qk outputs, a head dim
 other than 16, 32, 64, 128 (Dk == Dv), symbolic or uneven head counts, a non-unit head-dim stride, too
-few query rows. Measured on the H200 (docs/perf.md v10, `examples/attention_lab.py --prefill`): 6-9x
+few query rows. Measured on the H200 (docs/perf.md v10, `examples/attention_lab.py --prefill`): 5-9x
 faster than the default path at 512-4096 causal keys (32-59 TFLOP/s at D = 128), GPU-validated by
 tests/test_kernels_matmul_attention_gpu.py::test_attention_fa2 and tests/test_gpu_opt_in_paths.py.
 

@@ -65,7 +65,7 @@ FT_ENV = "ATLAS_LINEAR_FT"
 # auto: FT = 2 where that leaves at least 2 blocks per H200 SM, or (J = 4: 32-row x tiles) at least 1; else 1.
 # From the kernel lab on the H200 (docs/perf.md v10: `kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4`),
 # FT 2 was faster on every Llama-3-8B shape this picks it for (gate/up and LM head at M = 16 and 32, merged
-# QKV at 32) and slower on the two it leaves at 1 (QKV at 16, 192 blocks; down at 16 and 32, 128 blocks).
+# QKV at 32) and slower where it leaves 1 (QKV at 16, 192 blocks at FT 2; down at 16 and 32, 128 blocks).
 # FT 4 never won (ptxas, sm90: 255 registers, one block per SM)
 FT_AUTO_MIN_BLOCKS = 264
 FT_AUTO_MIN_BLOCKS_J4 = 132

@@ -3,8 +3,8 @@
 // Arena layout: n (long long) at offset 0, the bytes to read from offset 256, one int of output after them.
 #include <cuda_runtime.h>
 
-// every thread reads 16-byte pieces, 4 in flight, grid-stride; the xor of all of them goes to an output
-// only the impossible value reaches (so the loads stay, and nothing is written)
+// every thread reads 16-byte pieces, 4 in flight, grid-stride; the xor of them is stored only when it
+// equals an arbitrary constant (so the compiler keeps the loads; on zeroed data nothing is written)
 extern "C" __global__ void __launch_bounds__(256) lab_read(unsigned char* arena) {
   const long long n = *reinterpret_cast<const long long*>(arena) / 16;
   const uint4* p = reinterpret_cast<const uint4*>(arena + 256);

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "examples" / "fixtures"
+# a line of `atlasc compile`'s progress on a stderr that is not a terminal (atlasc/cli/compile_cmd.py)
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")
 
 
 @functools.cache

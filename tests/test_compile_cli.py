@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from onnx import TensorProto, helper
 from atlasc.artifact import open_artifact
 from atlasc.pipeline import PIPELINES
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, PROGRESS_LINE, REPO
 from ort_reference import ort_greedy
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("ATLAS_NVCC"),
@@ -53,9 +52,6 @@ def atlasc(*args, env: dict | None = None, cwd=None) -> subprocess.CompletedProc
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
-
-
-PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")  # atlasc compile's progress on a non-terminal stderr
 
 
 def one_error(r, *needles: str) -> str:

@@ -4,20 +4,16 @@ of the interface. Models are built with onnx.helper (no torch)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
 import numpy as np
 import onnx
 import pytest
-from conftest import REPO
+from conftest import PROGRESS_LINE, REPO
 from onnx import TensorProto, helper
 
 from atlasc import errors
-
-
-PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")  # atlasc compile's progress on a non-terminal stderr
 
 
 def assert_one_error(r, *needles: str) -> str:
