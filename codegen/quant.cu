@@ -190,13 +190,21 @@ __device__ __forceinline__ unsigned qlin_hi(unsigned a, unsigned b) { return __b
 // (k1, k5), (k2, k6), (k3, k7) of nibble - z, exact: (1024 + n) - (1024 + z) and (1024 + 16 n) / 16 -
 // (64 + z); sub2 / fma2 are the half2 constants (1024 + z, 1024 + z) and (-(64 + z), ...) of
 // qlin_zero_consts (symmetric: z = 8, 0x64086408 and 0xD480D480)
+// (a & MASK) | 0x64006400 in one LOP3: written as C, nvcc emits an AND and an OR (each LOP3 takes one
+// immediate), 4 extra instructions per 8 weights in the decode loop (docs/perf.md v11)
+template <unsigned MASK> __device__ __forceinline__ unsigned qlin_nibbles(unsigned a) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(0x64006400u));  // (a & b) | c
+  return r;
+}
+
 __device__ __forceinline__ void qlin_q4_pairs(unsigned u, unsigned (&p)[4], unsigned sub2 = 0x64086408u,
                                               unsigned fma2 = 0xD480D480u) {
   const unsigned v = u >> 8;
-  p[0] = qlin_hsub2((u & 0x000F000Fu) | 0x64006400u, sub2);
-  p[1] = qlin_hfma2((u & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, fma2);
-  p[2] = qlin_hsub2((v & 0x000F000Fu) | 0x64006400u, sub2);
-  p[3] = qlin_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, fma2);
+  p[0] = qlin_hsub2(qlin_nibbles<0x000F000Fu>(u), sub2);
+  p[1] = qlin_hfma2(qlin_nibbles<0x00F000F0u>(u), 0x2C002C00u, fma2);
+  p[2] = qlin_hsub2(qlin_nibbles<0x000F000Fu>(v), sub2);
+  p[3] = qlin_hfma2(qlin_nibbles<0x00F000F0u>(v), 0x2C002C00u, fma2);
 }
 
 // the half2 constants of qlin_q4_pairs for zero point z in [0, 15]: 1024 + z is 0x6400 + z in float16
@@ -396,6 +404,52 @@ __device__ __forceinline__ void qlin_gated_store(const float (&acc)[J][4], float
   }
 }
 
+// the plain (unpaired) store of linear_quant_mma: y[m, n] = acc (int8 / fp8: times scale[n]) + bias[n],
+// rounded once; S > 1 first sums the S partials of the item's F feature blocks through red (warp order)
+template <typename T, int R, int BITS, int J, int S, bool HAS_BIAS>
+__device__ __forceinline__ void qlin_plain_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
+                                                 const T* __restrict__ bias, long long bias_stride,
+                                                 const View<T, R>& y, long long yn, int nb0, int n0, int m0,
+                                                 int n_rows, int m_rows, int F) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  if constexpr (S == 1) {
+    if (n0 < n_rows) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = n0 + g + (q >= 2 ? 8 : 0);
+        if (n < n_rows) {
+          float mul = 1.f, b = 0.f;
+          if constexpr (BITS == 8) mul = __half2float(scale[n]);
+          if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int m = m0 + 8 * j + 2 * c + (q & 1);
+            if (m < m_rows) store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(acc[j][q], mul, b) : acc[j][q] + b);
+          }
+        }
+      }
+    }
+  } else {
+    // red[r][warp][lane], r = 4j + q: warps f * S .. f * S + S - 1 hold feature block f's partials
+    qlin_stash<J>(acc, red);
+    for (int slot = threadIdx.x; slot < F * 4 * J * 32; slot += QLIN_THREADS) {
+      const int f = slot / (4 * J * 32), r = (slot >> 5) % (4 * J), l = slot & 31, q = r & 3;
+      const int n = nb0 + 16 * f + (l >> 2) + (q >= 2 ? 8 : 0);
+      const int m = m0 + 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+      if (m < m_rows && n < n_rows) {
+        float sum = 0.f;
+#pragma unroll
+        for (int v = 0; v < S; ++v) sum += red[(r * QLIN_WARPS + f * S + v) * 32 + l];
+        float mul = 1.f, b = 0.f;
+        if constexpr (BITS == 8) mul = __half2float(scale[n]);
+        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+        store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(sum, mul, b) : sum + b);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next item
+  }
+}
+
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1).
 // XSMEM: x is in shared memory (qlin_ldx). Paired (EPI, see linear_gemv in linear.cu): an item's feature
 // blocks are 8 pairs p, A rows g = rows epi.row_a(p0 + g) and rows g + 8 = rows epi.row_b(p0 + g); each
@@ -502,42 +556,8 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
                                                    m_rows, F, epi);
       continue;
     }
-    if constexpr (S == 1) {
-      if (n0 < n_rows) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int n = n0 + g + (q >= 2 ? 8 : 0);
-          if (n < n_rows) {
-            float mul = 1.f, b = 0.f;
-            if constexpr (BITS == 8) mul = __half2float(scale[n]);
-            if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-              const int m = m0 + 8 * j + 2 * c + (q & 1);
-              if (m < m_rows) store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(acc[j][q], mul, b) : acc[j][q] + b);
-            }
-          }
-        }
-      }
-    } else {
-      // red[r][warp][lane], r = 4j + q: warps f * S .. f * S + S - 1 hold feature block f's partials
-      qlin_stash<J>(acc, red);
-      for (int slot = threadIdx.x; slot < F * 4 * J * 32; slot += QLIN_THREADS) {
-        const int f = slot / (4 * J * 32), r = (slot >> 5) % (4 * J), l = slot & 31, q = r & 3;
-        const int n = nb0 + 16 * f + (l >> 2) + (q >= 2 ? 8 : 0);
-        const int m = m0 + 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
-        if (m < m_rows && n < n_rows) {
-          float sum = 0.f;
-#pragma unroll
-          for (int v = 0; v < S; ++v) sum += red[(r * QLIN_WARPS + f * S + v) * 32 + l];
-          float mul = 1.f, b = 0.f;
-          if constexpr (BITS == 8) mul = __half2float(scale[n]);
-          if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
-          store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(sum, mul, b) : sum + b);
-        }
-      }
-      __syncthreads();  // red is rewritten by the next item
-    }
+    qlin_plain_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows,
+                                                 m_rows, F);
   }
 }
 
