@@ -164,6 +164,203 @@ __device__ __forceinline__ void linear_w4a8(const int* xw, const float* sx, cons
   }
 }
 
+// -- W4A8 on tensor cores (linear_w4a8_mma; sm80+, G % 128 == 0, K % 128 == 0, M <= 8) ---------------
+
+// rows m < M of x -> int8 in xw (NIBBLES order, as act8_quantize), sx[m] = amax / 127, and xs[m * K / 128 + t] =
+// the sum of x_q over k 128 t .. 128 t + 127. All 256 threads: 8-k chunks i = m * K / 8 + j spread over the
+// block (pass 1: |x| maxima, half-warp max then a shared atomicMax on the float bits, exact and order-free;
+// pass 2: quantize, write, the 16 chunks of a 128-k step summed by half-warp shuffles). smax: ACT8 max rows
+// ints. The values and sx are act8_quantize's (same w4a8_q). Ends with a barrier.
+template <typename T, int R>
+__device__ __forceinline__ void act8_quantize_block(const View<T, R>& x, long long M, long long K, int* xw, int* xs,
+                                                    float* sx, int* smax) {
+  const int lane = threadIdx.x & 31;
+  const long long xk = x.stride[R - 1], words = K / 8, total = M * words;  // total % 16 == 0 (K % 128 == 0)
+  if (threadIdx.x < M) smax[threadIdx.x] = 0;
+  __syncthreads();
+  auto load8 = [&](long long i, float (&v)[8]) {
+    const long long m = i / words, k = (i - m * words) * 8;
+    const T* p = x.p + qlin_row(x, m) + k * xk;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = float(p[e * xk]);
+  };
+  for (long long i0 = 0; i0 < total; i0 += blockDim.x) {
+    const long long i = i0 + threadIdx.x;
+    float a = 0.f;
+    if (i < total) {
+      float v[8];
+      load8(i, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+    }
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (i < total && (lane & 15) == 0) atomicMax(smax + i / words, __float_as_int(a));  // |x| >= 0: int order
+  }
+  __syncthreads();
+  for (long long i0 = 0; i0 < total; i0 += blockDim.x) {
+    const long long i = i0 + threadIdx.x;
+    int sum = 0;
+    if (i < total) {
+      const long long m = i / words;
+      const float amax = __int_as_float(smax[m]);
+      const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+      float v[8];
+      load8(i, v);
+      unsigned e = 0u, o = 0u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        e |= w4a8_q(v[2 * b], inv) << (8 * b);
+        o |= w4a8_q(v[2 * b + 1], inv) << (8 * b);
+      }
+      xw[2 * i] = int(e);  // row m's words start at m * K / 4 = 2 * m * words
+      xw[2 * i + 1] = int(o);
+      sum = __dp4a(int(e), 0x01010101, __dp4a(int(o), 0x01010101, 0));
+    }
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (i < total && (lane & 15) == 0) xs[i / 16] = sum;
+  }
+  if (threadIdx.x < M) sx[threadIdx.x] = __fdiv_rn(__int_as_float(smax[threadIdx.x]), 127.f);
+  __syncthreads();
+}
+
+// d += A * B for one m16n8k32 tile, A unsigned bytes (int4 codes 0..15), B signed bytes (x_q), int32
+__device__ __forceinline__ void w4a8_mma(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, int b0,
+                                         int b1) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// whether linear_w4a8_mma applies (block-uniform): sm80+, a 16-byte aligned wq, the rows of one block
+template <int G> __device__ __forceinline__ bool w4a8_mma_ok(const unsigned char* wq, long long M, long long K) {
+#if __CUDA_ARCH__ >= 800
+  return G % 128 == 0 && K % 128 == 0 && M <= 8 && M >= 1 && K < (1LL << 30) &&
+         reinterpret_cast<uintptr_t>(wq) % 16 == 0;
+#else
+  return false;
+#endif
+}
+
+// W4A8 decode on tensor cores. Items and warps as linear_quant_mma at J = 1 (an item: F = 8 / S blocks of 16
+// features, or of 8 pairs when paired; S ways of split-K, U 128-k steps in flight per warp). A step: lane
+// (g, c) streams 16 bytes of rows g and g + 8 (k 32c .. 32c+31 of the step); each of its 4 words w (k 8w ..
+// 8w+7 of the lane's 32) becomes two A registers per row, the even-k codes (u & 0x0F0F0F0F) and the odd-k
+// ones ((u >> 4) & 0x0F0F0F0F), and meets x words 2j and 2j + 1 (j the global 8-k word: act8 NIBBLES
+// order) of x row g as B: one m16n8k32 u8 x s8 product per word, exact in int32. Per step (inside one
+// group): float(dot - z * xs) * scale (z = 8 or the group's zero point), summed in float32; at the end times
+// sx of the column's x row, then the stores of linear_quant_mma (qlin_plain_store / qlin_gated_store: bias,
+// one rounding). The block first loads its first U steps, then runs pro() (a fused norm's staging, or
+// nothing) and quantizes x (act8_quantize_block), so the weight reads overlap both.
+template <typename T, int R, int G, int S, int U, bool HAS_BIAS, bool ZP, typename PRO, typename EPI = LinNoEpi>
+__device__ __forceinline__ void linear_w4a8_mma(const View<T, R>& x, PRO pro, int* xw, int* xs, float* sx, int* smax,
+                                                float* red, const unsigned char* __restrict__ wq,
+                                                const __half* __restrict__ scale, const T* __restrict__ bias,
+                                                long long bias_stride, const View<T, R>& y, long long M, long long N,
+                                                long long K, const unsigned char* __restrict__ zero = nullptr,
+                                                EPI epi = EPI()) {
+  constexpr bool GATED = lin_gated<EPI>();
+  constexpr int FB = GATED ? 8 : 16, F = QLIN_WARPS / S;
+  static_assert(G % 128 == 0, "W4A8 tensor cores: a 128-k step inside one group");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int fb = warp / S, ks = warp % S;
+  const int steps = int(K / 128), groups = int(K / G), n_rows = int(N), m_rows = int(M);
+  const long long row_bytes = K / 2, yn = y.stride[R - 1];
+  const int H = n_rows / 2, outs = GATED ? H : n_rows;
+  const long long items = ((outs + FB - 1) / FB + F - 1) / F;
+  const int mx = min(g, m_rows - 1);  // this lane's B column: x row g (rows >= M repeat the last, not stored)
+  uint4 wlo[U], whi[U];
+  __half slo[U], shi[U];
+  unsigned char zlo[U], zhi[U];
+  int r0 = 0, r1 = 0;
+  auto rows_of = [&](long long item) {
+    const int n0 = int(item) * (FB * F) + FB * fb;
+    r0 = GATED ? int(epi.row_a(min(n0 + g, H - 1), n_rows)) : min(n0 + g, n_rows - 1);
+    r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
+    return n0;
+  };
+  auto load = [&](int s) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int st = s + S * u;
+      wlo[u] = whi[u] = make_uint4(0u, 0u, 0u, 0u);
+      slo[u] = shi[u] = __ushort_as_half(0);
+      zlo[u] = zhi[u] = 8;
+      if (st < steps) {
+        wlo[u] = lin_ld_stream(wq + r0 * row_bytes + 16 * c + st * 64LL);
+        whi[u] = lin_ld_stream(wq + r1 * row_bytes + 16 * c + st * 64LL);
+        const int grp = st * 128 / G;
+        slo[u] = __ldg(scale + (long long)r0 * groups + grp);
+        shi[u] = __ldg(scale + (long long)r1 * groups + grp);
+        if constexpr (ZP) {
+          zlo[u] = __ldg(zero + (long long)r0 * groups + grp);
+          zhi[u] = __ldg(zero + (long long)r1 * groups + grp);
+        }
+      }
+    }
+  };
+  bool loaded = false;  // the first U steps of the block's first item, read before x is ready
+  if (blockIdx.x < items && rows_of(blockIdx.x) < outs) {
+    load(ks);
+    loaded = true;
+  }
+  pro();
+  act8_quantize_block<T, R>(x, M, K, xw, xs, sx, smax);
+  const int* xrow = xw + (long long)mx * (K / 4) + 8 * c;  // + 2 j for the step's words: j = 16 st + 4 c + w
+  // the step sums of x_q of this lane's C columns 2c, 2c + 1 (x rows, the last repeated past M)
+  const int* xs0 = xs + (long long)min(2 * c, m_rows - 1) * steps;
+  const int* xs1 = xs + (long long)min(2 * c + 1, m_rows - 1) * steps;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int n0 = rows_of(item), nb0 = int(item) * (FB * F);
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    if (n0 < outs) {  // warp-uniform
+      for (int s = ks; s < steps; s += S * U) {
+        if (!loaded) load(s);
+        loaded = false;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int st = s + S * u;
+          if (st >= steps) break;
+          int d[4] = {0, 0, 0, 0};
+          const unsigned ulo[4] = {wlo[u].x, wlo[u].y, wlo[u].z, wlo[u].w};
+          const unsigned uhi[4] = {whi[u].x, whi[u].y, whi[u].z, whi[u].w};
+          const int4 xa = *reinterpret_cast<const int4*>(xrow + 32 * st);
+          const int4 xb = *reinterpret_cast<const int4*>(xrow + 32 * st + 4);
+          const int xe[4] = {xa.x, xa.z, xb.x, xb.z}, xo[4] = {xa.y, xa.w, xb.y, xb.w};
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+            w4a8_mma(d, ulo[w] & 0x0F0F0F0Fu, uhi[w] & 0x0F0F0F0Fu, (ulo[w] >> 4) & 0x0F0F0F0Fu,
+                     (uhi[w] >> 4) & 0x0F0F0F0Fu, xe[w], xo[w]);
+          // C: d0, d1 = row g, columns 2c, 2c + 1; d2, d3 = row g + 8
+          const int s0 = xs0[st], s1 = xs1[st];
+          const float a = __half2float(slo[u]), b = __half2float(shi[u]);
+          acc[0][0] = fmaf(float(d[0] - int(zlo[u]) * s0), a, acc[0][0]);
+          acc[0][1] = fmaf(float(d[1] - int(zlo[u]) * s1), a, acc[0][1]);
+          acc[0][2] = fmaf(float(d[2] - int(zhi[u]) * s0), b, acc[0][2]);
+          acc[0][3] = fmaf(float(d[3] - int(zhi[u]) * s1), b, acc[0][3]);
+        }
+      }
+      const float x0 = sx[min(2 * c, m_rows - 1)], x1 = sx[min(2 * c + 1, m_rows - 1)];
+      acc[0][0] *= x0;
+      acc[0][1] *= x1;
+      acc[0][2] *= x0;
+      acc[0][3] *= x1;
+    }
+    loaded = false;  // also when the warp had no steps
+    if constexpr (GATED) {
+      qlin_gated_store<T, R, 4, 1, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, 0, H, m_rows, F,
+                                                epi);
+    } else {
+      qlin_plain_store<T, R, 4, 1, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, 0, n_rows,
+                                                m_rows, F);
+    }
+  }
+}
+
 // W8A8: a warp per output (paired: per pair); lane chunks c = 32 i + lane of 16 bytes (16 k), dp4a of the
 // int8 weights and x_q in int32 over the lane's chunks, the warp's lanes added (exact: |dot| <= K * 127^2
 // < 2^31 for K < 133144), then y = float32(float32(dot) * scale[n]) * s_x (+ bias), each step rounded to

@@ -6,16 +6,30 @@ passes/choose_decode_path.py at decode).
 The int8 rows take M x K bytes of dynamic shared memory after whatever the kernel already keeps there
 (the fused kernels' staged x); the GEMV is compiled for MT = 1, 2, 4, 8 up to the rows' upper bound
 and picked by M at run time. ACT8_U chunks of 16 bytes per lane are in flight (512 bytes per warp each).
-Measured on sm90 (docs/perf.md): slower than the float-activation kernels, so choose-decode-path's table
-leaves them off there; ATLAS_INT4_PATH=w4a8 / ATLAS_INT8_PATH=w8a8 force them.
+Measured on sm90 (docs/perf.md v5): the dp4a kernels are slower than the float-activation kernels, so
+choose-decode-path's table leaves them off there; ATLAS_INT4_PATH=w4a8 / ATLAS_INT8_PATH=w8a8 force them.
+
+W4A8 with groups of 128 (or a multiple) and K % 128 == 0 also gets the tensor-core kernel linear_w4a8_mma
+(int8 m16n8k32 products of the codes and x_q, split-K and steps in flight as quant.py's tensor-core path),
+taken at run time on sm80+ with a 16-byte aligned wq; it quantizes x with the whole block after reading
+its first weights, and runs a fused norm's staging (`pro`) there too. ATLAS_W4A8_PATH=dp4a leaves it out.
+Measured on the H200 at M = 1 (docs/perf.md v11): 1.6-2.1x faster than the dp4a kernel on the 8B shapes,
+and faster than the float-activation kernel on gate/up (23.2 vs 25.2 us) and the LM head (75.1 vs 87.2 us),
+slower on QKV, o and down; at M = 8 slower than float activations everywhere. decode_paths.yaml still
+holds the dp4a measurements (its 1B rows were not re-measured), so the table's choice is unchanged.
 """
 
 from __future__ import annotations
+
+import os
 
 from atlasc.codegen.generate import CodegenError
 from atlasc.ir.ops.quant import ACT8_MAX_M, act8_why_not
 
 ACT8_U = 2
+W4A8_PATH_ENV = "ATLAS_W4A8_PATH"
+W4A8_PATHS = ("mma", "dp4a")
+W4A8_STEP = 128  # k per step of linear_w4a8_mma (64 bytes of a packed row)
 
 
 def act8_smem(m_upper: int, k: int) -> int:
@@ -23,10 +37,26 @@ def act8_smem(m_upper: int, k: int) -> int:
     return -(-m_upper * k // 16) * 16
 
 
+def w4a8_path() -> str:
+    """ATLAS_W4A8_PATH (default "mma"); CodegenError for an unknown value."""
+    path = os.environ.get(W4A8_PATH_ENV, "") or W4A8_PATHS[0]
+    if path not in W4A8_PATHS:
+        raise CodegenError(f"{W4A8_PATH_ENV}={path!r} is not a W4A8 path (expected one of: {', '.join(W4A8_PATHS)})")
+    return path
+
+
+def w4a8_mma_applies(bits: int, group: int, k_static) -> bool:
+    """Whether act8_calls emits linear_w4a8_mma (int4, groups of a multiple of 128, static K % 128 == 0)."""
+    return (bits == 4 and group % W4A8_STEP == 0 and isinstance(k_static, int) and k_static % W4A8_STEP == 0
+            and w4a8_path() == "mma")
+
+
 def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_bias: str, k_static, m_upper: int,
-               x: str, dyn_offset: int, epi: str = "") -> list[str]:
-    """Statements quantizing the View `x` into lin_dyn + dyn_offset and running linear_w4a8 / linear_w8a8
-    (expects N, K, M, wq, wscale, wzero, bias, bias_stride, y and the unsigned char array lin_dyn declared)."""
+               x: str, dyn_offset: int, epi: str = "", pro: str = "", n_upper: int = 0) -> tuple[list[str], int]:
+    """(statements, blocks or 0): quantizing the View `x` into lin_dyn + dyn_offset and running linear_w4a8 /
+    linear_w8a8, after the statement `pro` (a fused norm's staging, or ""); where linear_w4a8_mma applies,
+    it first (blocks: its grid, from n_upper), the dp4a kernels the run-time fallback (expects N, K, M, wq,
+    wscale, wzero, bias, bias_stride, y and the unsigned char array lin_dyn declared)."""
     why = act8_why_not(bits, group, k_static, m_upper)
     if why:
         raise CodegenError(f"{name}: int8 activations: {why}")
@@ -35,8 +65,29 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
     lines = [
         f"  int* act8_x = reinterpret_cast<int*>(lin_dyn + {dyn_offset});",
         f"  __shared__ float act8_sx[{ACT8_MAX_M}];",
-        f"  atlas::act8_quantize<{t}, {r}, {str(bits == 4).lower()}>({x}, M, K, act8_x, act8_sx);",
     ]
+    blocks = 0
+    if w4a8_mma_applies(bits, group, k_static):
+        from atlasc.codegen import quant  # quant.py imports this module
+
+        steps = k_static // W4A8_STEP
+        split = quant.split_k(n_upper, steps)
+        outs = n_upper // 2 if epi else n_upper
+        feature_blocks = -(-outs // (8 if epi else 16))  # of 16 outputs, or 8 pairs
+        blocks = -(-feature_blocks // (quant.WARPS // split))
+        lines += [
+            f"  if (atlas::w4a8_mma_ok<{group}>(wq, M, K)) {{",
+            f"    __shared__ int act8_xs[{ACT8_MAX_M * steps}];",
+            f"    __shared__ int act8_max[{ACT8_MAX_M}];",
+            f"    __shared__ float act8_red[{1024 if split > 1 else 1}];",
+            f"    auto act8_pro = [&]() {{ {pro.strip()} }};",
+            f"    atlas::linear_w4a8_mma<{t}, {r}, {group}, {split}, {quant.steps_in_flight(4, 1)}, {has_bias}, "
+            f"{str(zp).lower()}>({x}, act8_pro, act8_x, act8_xs, act8_sx, act8_max, act8_red, wq, wscale, bias, "
+            f"bias_stride, y, M, N, K, {'wzero' if zp else 'nullptr'}{', ' + epi if epi else ''});",
+            "  } else {",
+        ]
+    body = ([pro] if pro else []) + \
+        [f"  atlas::act8_quantize<{t}, {r}, {str(bits == 4).lower()}>({x}, M, K, act8_x, act8_sx);"]
     variants = sorted({mt for mt in (1, 2, 4, 8) if mt < m_upper} | {min(8, 1 << (max(1, m_upper) - 1).bit_length())})
     for i, mt in enumerate(variants):
         cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
@@ -49,5 +100,7 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
             call = (f"atlas::linear_w8a8<{t}, {r}, {mt}, {ACT8_U}, {has_bias}>(act8_x, act8_sx, "
                     f"reinterpret_cast<const signed char*>(wq), wscale, bias, bias_stride, y, M, N, K"
                     f"{', ' + epi if epi else ''});")
-        lines.append(f"{prefix}{cond}{call}")
-    return lines
+        body.append(f"{prefix}{cond}{call}")
+    if blocks:
+        return lines + ["  " + b for b in body] + ["  }"], blocks
+    return lines + body, 0

@@ -195,14 +195,18 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     xv.append(f"  xv.shape[{r - 1}] = K; xv.stride[{r - 1}] = 1;")
     smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
     if node.attrs.get("act") == "int8":  # W4A8 / W8A8: the staged rows quantized again, to int8, after them
-        calls = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "xv", smem, epi)
-        blocks = -(-(n_upper // 2 if epi else n_upper) // WARPS)
+        # (the stage runs inside: W4A8 on tensor cores reads its first weights before it)
+        calls, blocks = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "xv", smem, epi,
+                                   pro=stage, n_upper=n_upper)
+        blocks = blocks or -(-(n_upper // 2 if epi else n_upper) // WARPS)
         smem += act8_smem(m_upper, k_static)
+        stages = []
     else:
         calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
                                     xsmem=True, epi=epi)
+        stages = [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
-            f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", stage, *xv, *calls]
+            f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
     grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))

@@ -166,8 +166,10 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     prefetch = weight_prefetch(ctx, *node.inputs[1:3], *node.inputs[4:5]) if m_upper <= GEMV_MAX_M else ""
     if node.attrs.get("act") == "int8":  # W4A8 / W8A8 (decode): x quantized per row in shared memory, dp4a
         lines.append("  extern __shared__ __align__(16) unsigned char lin_dyn[];")
-        lines += act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "x", 0)
-        return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, _ceil(n_upper, WARPS))), 1, 1), (THREADS, 1, 1),
+        calls, blocks = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "x", 0,
+                                   n_upper=n_upper)
+        grid = blocks or _ceil(n_upper, WARPS)
+        return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, grid)), 1, 1), (THREADS, 1, 1),
                           smem=act8_smem(m_upper, k_static), prefetch=prefetch)
     calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper)
     return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1),

@@ -54,6 +54,39 @@ def test_dp4a_emulation_equals_the_exact_group_dots(m, n, group, groups, zp, see
     assert np.abs(want).max() < 2**31  # int32 accumulation cannot overflow
 
 
+def emulate_w4a8_mma(xq: np.ndarray, packed: np.ndarray, group: int, zero: np.ndarray | None) -> np.ndarray:
+    """int64 [M, N, K/G] the way linear_w4a8_mma computes it: act8_quantize_block's step sums (8-k chunk
+    i = m * K/8 + j summed into xs[i // 16]), per 64-byte step and lane c the m16n8k32 products of each
+    word's even-k codes with x word 2j and odd-k codes with word 2j + 1, minus z times the step's xs, then
+    the steps of a group added (the kernel adds them in float32 after the scale)."""
+    m, k = xq.shape
+    n, steps = packed.shape[0], k // 128
+    xw = xq.view(np.uint8).reshape(m, k // 8, 8)
+    chunk_sums = xq.astype(np.int64).reshape(m * (k // 8), 8).sum(-1)
+    xs = chunk_sums.reshape(-1, 16).sum(-1).reshape(m, steps)  # xs[i // 16], row-major over (m, step)
+    words = packed.view(np.uint32).reshape(n, steps, 4, 4)  # step, lane c, word w
+    x_even = xw[:, :, 0::2].astype(np.int8).astype(np.int64).reshape(m, steps, 4, 4, 4)  # .., c, w, byte
+    x_odd = xw[:, :, 1::2].astype(np.int8).astype(np.int64).reshape(m, steps, 4, 4, 4)
+    lo = np.stack([(words >> (8 * b)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    hi = np.stack([(words >> (8 * b + 4)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    dots = np.einsum("mscwb,nscwb->mns", x_even, lo) + np.einsum("mscwb,nscwb->mns", x_odd, hi)
+    z = np.full((n, k // group), 8, np.int64) if zero is None else zero.astype(np.int64)
+    per_step = dots - np.repeat(z, group // 128, axis=1)[None] * xs[:, None, :]
+    return per_step.reshape(m, n, k // group, group // 128).sum(-1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 12), st.sampled_from([128, 256, 512]), st.integers(1, 3),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_w4a8_mma_emulation_equals_the_exact_group_dots(m, n, group, groups, zp, seed):
+    rng = np.random.default_rng(seed)
+    k = group * groups
+    xq = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    packed = rng.integers(0, 256, (n, k // 2)).astype(np.uint8)
+    zero = rng.integers(0, 16, (n, groups)).astype(np.uint8) if zp else None
+    np.testing.assert_array_equal(emulate_w4a8_mma(xq, packed, group, zero), w4a8_group_dots(xq, packed, group, zero))
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 300), st.floats(1e-3, 1e3), st.integers(0, 2**31 - 1))
 def test_activation_quantization(rows, k, spread, seed):
@@ -189,10 +222,34 @@ def test_act_int8_kernels_compile():
         mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, kv_spec(dtype, kv_offset, ROT_KV))
         assert mod.source.count("atlas::act8_quantize<") == len(graph.nodes)
         assert "atlas::linear_w4a8<" in mod.source and "atlas::linear_w8a8<" in mod.source
+        # the tensor-core W4A8 kernel (groups of 128: the plain LinearQ4 with zero points and the NormLinearQ),
+        # in the same kernel as its run-time fallback
+        assert mod.source.count("atlas::linear_w4a8_mma<") == 2
+        assert "atlas::linear_w4a8_mma<" + ("__half" if dtype == "float16" else "float") + ", 3, 128, " in mod.source
         ops = Counter(n.op for n in graph.nodes)
         assert ops["LinearQ4"] and ops["LinearQ8"] and ops["NormLinearQ"] == 2 and ops["NormLinearRotary"] == 2
-        cubins = compile_cubins(mod.source, ("sm75", "sm90") if dtype == "float16" else ("sm90",))
+        cubins = compile_cubins(mod.source, ("sm75", "sm80", "sm90") if dtype == "float16" else ("sm90",))
         assert all(cubins.values())
+
+
+def test_w4a8_path_switch(monkeypatch):
+    """linear_w4a8_mma is emitted for int4 groups of a multiple of 128 and static K % 128 == 0, not for
+    other groups, int8, or ATLAS_W4A8_PATH=dp4a; a bad value is a CodegenError naming the variable."""
+    from atlasc.codegen import act_int8
+    from atlasc.codegen.generate import CodegenError
+
+    monkeypatch.delenv(act_int8.W4A8_PATH_ENV, raising=False)
+    assert act_int8.w4a8_mma_applies(4, 128, 4096) and act_int8.w4a8_mma_applies(4, 256, 512)
+    assert not act_int8.w4a8_mma_applies(4, 64, 4096) and not act_int8.w4a8_mma_applies(4, 128, 4160)
+    assert not act_int8.w4a8_mma_applies(8, 0, 4096) and not act_int8.w4a8_mma_applies(4, 128, None)
+    lines, blocks = act_int8.act8_calls("n", "__half", 2, 4, 128, False, "false", 4096, 1, "x", 0, n_upper=6144)
+    assert blocks == 6144 // 16 and "atlas::linear_w4a8_mma<__half, 2, 128, 8, " in "\n".join(lines)  # split 8
+    monkeypatch.setenv(act_int8.W4A8_PATH_ENV, "dp4a")
+    lines, blocks = act_int8.act8_calls("n", "__half", 2, 4, 128, False, "false", 4096, 1, "x", 0, n_upper=6144)
+    assert blocks == 0 and "linear_w4a8_mma" not in "\n".join(lines) and "atlas::linear_w4a8<" in "\n".join(lines)
+    monkeypatch.setenv(act_int8.W4A8_PATH_ENV, "tc")
+    with pytest.raises(CodegenError, match=act_int8.W4A8_PATH_ENV):
+        act_int8.w4a8_mma_applies(4, 128, 4096)
 
 
 @pytest.mark.parametrize("quant,path", [("int4", "w4a8"), ("int8", "w8a8")])
