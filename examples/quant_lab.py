@@ -18,9 +18,11 @@ GB/s counts the bytes a decode step must read: packed weights + scales (+ x and 
 --variant sets ATLAS_QUANT_PATH while generating (codegen/quant.py: "table" = what the compiler emits,
 "simt" = the CUDA-core fallback only); "norm" / "gated" = fuse-linear-prologue's NormLinearQ (residual add +
 RMSNorm staged by every block, b = 0 and g = 1; "gated" with the SwiGLU epilogue) on the table path; "a8" =
-activations quantized per row to int8 in the kernel, dp4a in int32, W4A8 / W8A8 at decode: its timings are
-passes/decode_paths.yaml's table. --ptxas compiles the same kernels for the given archs with `-Xptxas -v`
-and prints registers and spill bytes per kernel instead (exit 1 on any spill).
+activations quantized per row to int8 in the kernel, W4A8 / W8A8 at decode (int4 g128: tensor cores; else
+dp4a): its timings are passes/decode_paths.yaml's table; "norm-a8" / "gated-a8": the fused kinds with int8
+activations (what a decode step runs when choose-decode-path takes W4A8 / W8A8). --ptxas compiles the same
+kernels for the given archs with `-Xptxas -v` and prints registers and spill bytes per kernel instead (exit
+1 on any spill).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: s
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
     ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given); variant "norm" / "gated": that fused kind with the
     default path table."""
-    kind = variant if variant in FUSED else "linear"
+    kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
     return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
                                                               quant.SPLIT_ENV: split, quant.U_ENV: u})
 
@@ -139,12 +141,13 @@ def main(argv=None) -> int:
     if [q for q in modes if q not in ("int4", "int8", "fp8")]:
         ap.error(f"--quant takes int4, int8, fp8: {args.quant}")
     variants = tuple(v for v in args.variant.split(",") if v)
-    bad = [v for v in variants if v not in (*quant.PATHS, "a8", *FUSED)]
+    known = (*quant.PATHS, "a8", *FUSED, *(f"{f}-a8" for f in FUSED))
+    bad = [v for v in variants if v not in known]
     if bad:
-        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join((*quant.PATHS, 'a8', *FUSED))})")
-    if any(v in FUSED for v in variants) and max(ms) > 8:
+        ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(known)})")
+    if any(v.removesuffix("-a8") in FUSED for v in variants) and max(ms) > 8:
         ap.error("the fused variants (norm, gated) run at M <= 8 only")
-    if "a8" in variants and (max(ms) > ACT8_MAX_M or "fp8" in modes):
+    if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     variants = with_options(with_options(variants, "s", args.split), "u", args.u)
     t0 = time.perf_counter()
@@ -154,10 +157,11 @@ def main(argv=None) -> int:
             for mode in modes:
                 for variant in variants:
                     path, opts = split_variant(variant)
-                    if path in FUSED and staging_bytes(m, k, "float16") > PROLOGUE_SMEM_BYTES:
+                    if path.removesuffix("-a8") in FUSED and staging_bytes(m, k, "float16") > PROLOGUE_SMEM_BYTES:
                         continue  # fuse-linear-prologue leaves such a norm unfused: nothing to time
-                    a8 = path == "a8"
-                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if a8 else path,
+                    a8 = path.endswith("a8")
+                    mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if path == "a8" else
+                                                              path.removesuffix("-a8"),
                                                               opts.get("s", ""), opts.get("u", ""),
                                                               "int8" if a8 else "")
     if args.ptxas:
@@ -184,7 +188,7 @@ def main(argv=None) -> int:
                     print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} skipped: staging x needs more than "
                           f"{PROLOGUE_SMEM_BYTES // 1024} KB of shared memory", flush=True)
                     continue
-                path = split_variant(variant)[0]
+                path = split_variant(variant)[0].removesuffix("-a8")
                 ref = reference(x[:m], deq, path if path in FUSED else "linear")
                 g, plan, mod = mods[(name, m, mode, variant)]
                 module = dev.load_module(cubins[(name, m, mode, variant)])
