@@ -30,6 +30,9 @@ ACT8_U = 2
 W4A8_PATH_ENV = "ATLAS_W4A8_PATH"
 W4A8_PATHS = ("mma", "dp4a")
 W4A8_STEP = 128  # k per step of linear_w4a8_mma (64 bytes of a packed row)
+# steps in flight per warp of linear_w4a8_mma (ATLAS_QUANT_U overrides): 4 was at least as fast as 3 on the 8B
+# decode shapes at M = 1 and 2-8% faster on QKV, o and down (docs/perf.md v11); 64 registers at 3
+W4A8_U = 4
 
 
 def act8_smem(m_upper: int, k: int) -> int:
@@ -43,6 +46,13 @@ def w4a8_path() -> str:
     if path not in W4A8_PATHS:
         raise CodegenError(f"{W4A8_PATH_ENV}={path!r} is not a W4A8 path (expected one of: {', '.join(W4A8_PATHS)})")
     return path
+
+
+def w4a8_steps() -> int:
+    """W4A8_U, or ATLAS_QUANT_U when set (quant.py's override of steps in flight, 1 .. 8)."""
+    from atlasc.codegen import quant  # quant.py imports this module
+
+    return quant.steps_in_flight(4, 1) if os.environ.get(quant.U_ENV) else W4A8_U
 
 
 def w4a8_mma_applies(bits: int, group: int, k_static) -> bool:
@@ -81,7 +91,7 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
             f"    __shared__ int act8_max[{ACT8_MAX_M}];",
             f"    __shared__ float act8_red[{1024 if split > 1 else 1}];",
             f"    auto act8_pro = [&]() {{ {pro.strip()} }};",
-            f"    atlas::linear_w4a8_mma<{t}, {r}, {group}, {split}, {quant.steps_in_flight(4, 1)}, {has_bias}, "
+            f"    atlas::linear_w4a8_mma<{t}, {r}, {group}, {split}, {w4a8_steps()}, {has_bias}, "
             f"{str(zp).lower()}>({x}, act8_pro, act8_x, act8_xs, act8_sx, act8_max, act8_red, wq, wscale, bias, "
             f"bias_stride, y, M, N, K, {'wzero' if zp else 'nullptr'}{', ' + epi if epi else ''});",
             "  } else {",

@@ -14,11 +14,14 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
 Each block first stages all of x (M x K values) in dynamic shared memory (the pass limits it to
 PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
 block, not once per warp and K step; the grid is capped (PROLOGUE_MAX_GRID) so that few blocks repeat
-the staging. The 16-byte path needs K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows
-of a, b and g; the MMA decode additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
+the staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs K % V == 0, an aligned
+weight and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode additionally float16, K % 32 == 0
+and sm80+. Otherwise the scalar GEMV runs.
 """
 
 from __future__ import annotations
+
+import os
 
 from atlasc.codegen.attention import bind_qkv_rotary
 from atlasc.codegen.cexpr import c_type, compute_type
@@ -35,6 +38,20 @@ from atlasc.ir.ops.fused import sliced_types, step_types
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
 
 PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
+# ATLAS_PROLOGUE_MAX_GRID=N replaces the cap, for A/B timing: a capped grid makes blocks loop over items, each
+# item's loads waiting behind the last (the plain int4 projection capped at 264 blocks lost 35%, docs/perf.md
+# v11), while every extra block stages x once more
+GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"
+
+
+def grid_cap() -> int:
+    """ATLAS_PROLOGUE_MAX_GRID, or PROLOGUE_MAX_GRID; CodegenError unless a positive integer."""
+    value = os.environ.get(GRID_ENV, "")
+    if not value:
+        return PROLOGUE_MAX_GRID
+    if not value.isdigit() or int(value) <= 0:
+        raise CodegenError(f"{GRID_ENV}={value!r} is not a block count (expected a positive integer)")
+    return int(value)
 
 
 def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:
@@ -93,7 +110,7 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs, w_v.shape[0], paired=bool(epi)),
-                 PROLOGUE_MAX_GRID)
+                 grid_cap())
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, w_v))
 
@@ -207,7 +224,7 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         stages = [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
-    grid = (max(1, min(MAX_GRID, blocks, PROLOGUE_MAX_GRID)), 1, 1)
+    grid = (max(1, min(MAX_GRID, blocks, grid_cap())), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))
 

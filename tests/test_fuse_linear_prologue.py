@@ -268,3 +268,19 @@ def test_rotary_epilogue_bad_value_is_a_usage_error(monkeypatch):
     monkeypatch.setenv(ROTARY_ENV, "yes")
     with pytest.raises(UsageError, match="ATLAS_ROTARY_EPILOGUE='yes'"):
         _before_after("llama", 4, "none", False)
+
+
+def test_prologue_grid_cap_switch(monkeypatch):
+    """ATLAS_PROLOGUE_MAX_GRID replaces the fused kernels' grid cap (default PROLOGUE_MAX_GRID); a value that
+    is not a positive integer is a CodegenError naming the variable."""
+    from atlasc.codegen import linear_prologue
+    from atlasc.codegen.generate import CodegenError
+
+    monkeypatch.delenv(linear_prologue.GRID_ENV, raising=False)
+    assert linear_prologue.grid_cap() == linear_prologue.PROLOGUE_MAX_GRID
+    monkeypatch.setenv(linear_prologue.GRID_ENV, "100000")
+    assert linear_prologue.grid_cap() == 100000
+    for bad in ("0", "-1", "many"):
+        monkeypatch.setenv(linear_prologue.GRID_ENV, bad)
+        with pytest.raises(CodegenError, match=linear_prologue.GRID_ENV):
+            linear_prologue.grid_cap()
