@@ -38,9 +38,8 @@ from atlasc.ir.ops.fused import sliced_types, step_types
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
 
 PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
-# ATLAS_PROLOGUE_MAX_GRID=N replaces the cap, for A/B timing: a capped grid makes blocks loop over items, each
-# item's loads waiting behind the last (the plain int4 projection capped at 264 blocks lost 35%, docs/perf.md
-# v11), while every extra block stages x once more
+# ATLAS_PROLOGUE_MAX_GRID=N replaces the cap, for A/B timing (not yet measured): a capped grid makes blocks loop
+# over items, each item's loads waiting behind the last, while every extra block stages x once more
 GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"
 
 
