@@ -52,6 +52,18 @@ def random_prompts(vocab: int, prompts: int = 2, length: int = 16, seed: int = 0
     return np.random.default_rng(seed).integers(0, vocab, size=(prompts, length)).astype(np.int64)
 
 
+RANDOM_TOKENS = 32  # tokens of the default (random) calibration prompts
+
+
+def default_prompts(vocab: int, max_batch: int, max_seq: int) -> np.ndarray:
+    """The calibration prompts when --calib is absent: RANDOM_TOKENS random tokens as 2 prompts of 16, or as
+    one prompt of 32 when --max-batch is 1 (seed 0; at most max_seq tokens each). The report runs the
+    prompts max_batch at a time, every chunk reading all the weights twice, so two prompts at --max-batch 1
+    doubled its cost (Llama-3.2-1B, 2 cores: 26.0 s against 14.9 s at --max-batch 2, docs/perf.md v11)."""
+    prompts = 2 if max_batch >= 2 else 1
+    return random_prompts(vocab, prompts=prompts, length=min(RANDOM_TOKENS // prompts, max_seq))
+
+
 def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[str, Value]]]:
     """A copy of graph with quantized layers back in float, returning each layer's input as an output.
     A merged layer (its float weights a tuple of parts) becomes one float Linear per part and a Concat,

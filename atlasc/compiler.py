@@ -167,13 +167,13 @@ def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:
-    from atlasc.accuracy import accuracy_report, decode_act_report, load_calibration, random_prompts
+    from atlasc.accuracy import accuracy_report, decode_act_report, default_prompts, load_calibration
 
     vocab = int(program.entries["prefill"].outputs[0].shape[-1])
     if options.calib:
         ids = load_calibration(options.calib, vocab, options.max_seq)
     else:
-        ids = random_prompts(vocab, prompts=2, length=min(16, options.max_seq))
+        ids = default_prompts(vocab, options.max_batch, options.max_seq)
     report = accuracy_report(program, ids)
     act = decode_act_report(program, ids)
     if act:

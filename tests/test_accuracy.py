@@ -68,3 +68,15 @@ def test_compile_with_calibration_reports_it(tmp_path):
     assert "top-1 agreement" in text and "KL" in text
     bad = subprocess.run(cmd[:-5] + ["--calib", str(calib)], capture_output=True, text=True, cwd=REPO, check=False)
     assert bad.returncode == 2 and "--calib only matters" in bad.stderr
+
+
+def test_default_prompts_fit_one_chunk_at_max_batch_one():
+    """Without --calib: 2 random prompts of 16 tokens, or 1 of 32 at --max-batch 1 (one pass of the
+    report over the weights instead of two), never more than --max-seq tokens; deterministic."""
+    from atlasc.accuracy import RANDOM_TOKENS, default_prompts
+
+    two, one = default_prompts(256, 8, 512), default_prompts(256, 1, 512)
+    assert two.shape == (2, RANDOM_TOKENS // 2) and one.shape == (1, RANDOM_TOKENS)
+    assert default_prompts(256, 1, 20).shape == (1, 20) and default_prompts(256, 2, 10).shape == (2, 10)
+    np.testing.assert_array_equal(two, default_prompts(256, 8, 512))
+    assert two.dtype == np.int64 and 0 <= two.min() and two.max() < 256
