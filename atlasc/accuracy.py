@@ -69,7 +69,7 @@ def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[st
     A merged layer (its float weights a tuple of parts) becomes one float Linear per part and a Concat,
     so the twin reads the original weights instead of a concatenated copy."""
     twin = graph.clone("float")
-    probes = []
+    probes = []  # (node name, its input x, its output x W^T + bias in the twin)
     nodes = []
     for node in twin.nodes:
         if node.op not in QUANTIZED or node.name not in float_weights:
@@ -78,15 +78,16 @@ def _float_twin(graph: Graph, float_weights: dict) -> tuple[Graph, list[tuple[st
         x = node.inputs[0]
         bias = node.inputs[3] if len(node.inputs) > 3 else None
         weights = float_weights[node.name]
-        if all(o is not x for o in twin.outputs):
-            twin.outputs.append(x)
-        probes.append((node.name, x))
+        y = node.outputs[0]
+        for v in (x, y):
+            if all(o is not v for o in twin.outputs):
+                twin.outputs.append(v)
+        probes.append((node.name, x, y))
         if not isinstance(weights, tuple):
             node.op, node.attrs = "Linear", {}
             node.inputs = [x, weights] + ([bias] if bias is not None else [])
             nodes.append(node)
             continue
-        y = node.outputs[0]
         outs, offset = [], 0
         for i, (_, w) in enumerate(weights):
             n = int(w.shape[0])
@@ -104,9 +105,9 @@ BLOCK_ELEMENTS = 1 << 24  # weight elements per block of the per-layer error (fl
 
 
 def _weight_blocks(program: Program, name: str, node):
-    """(layer, float rows, dequantized rows) makers of a quantized node: functions returning float32
-    [rows, K] blocks along N, so a 1 GB LM head is never copied whole; a merged node's parts come in
-    order under their own layer names (the quantize report's)."""
+    """(layer, first row, last row + 1, dequantized rows) of a quantized node: functions returning float32
+    [rows, K] blocks along N, so a 1 GB LM head is never dequantized whole; a merged node's parts come in
+    order under their own layer names (the quantize report's), rows counted over the merged weight."""
     w = program.float_weights[name]
     parts = w if isinstance(w, tuple) else ((name, w),)
     wq, scale = node.inputs[1].data, node.inputs[2].data
@@ -115,27 +116,23 @@ def _weight_blocks(program: Program, name: str, node):
     group = node.attrs.get("group_size", 128)
     offset, blocks = 0, []
     for layer, part in parts:
-        data = part.data
-        n, k = data.shape
+        n, k = part.shape
         step = max(1, BLOCK_ELEMENTS // max(1, k))
-        for r0 in range(0, n, step):
-            r1 = min(n, r0 + step)
-            q0, q1 = offset + r0, offset + r1
+        for r0 in range(offset, offset + n, step):
+            r1 = min(offset + n, r0 + step)
 
-            def make(data=data, r0=r0, r1=r1, q0=q0, q1=q1):
-                deq = dequant(node.op, wq[q0:q1], scale[q0:q1], group, None if zero is None else zero[q0:q1])
-                return np.asarray(data[r0:r1], np.float32), deq
+            def make(r0=r0, r1=r1):
+                return dequant(node.op, wq[r0:r1], scale[r0:r1], group, None if zero is None else zero[r0:r1])
 
-            blocks.append((layer, make))
+            blocks.append((layer, r0, r1, make))
         offset += n
     return blocks
 
 
-def _block_error(xs: np.ndarray, make) -> tuple[float, float]:
-    """(sum of (x W^T - x Wq^T)^2, sum of (x W^T)^2) over one block of a layer's rows."""
-    w, wq = make()
-    y = xs @ w.T
-    return float(np.sum(np.square(y - xs @ wq.T, dtype=np.float64))), float(np.sum(np.square(y, dtype=np.float64)))
+def _block_error(xs: np.ndarray, y: np.ndarray, make) -> tuple[float, float]:
+    """(sum of (y - x Wq^T)^2, sum of y^2) over one block of a layer's rows, y = x W^T (the float twin's)."""
+    return (float(np.sum(np.square(y - xs @ make().T, dtype=np.float64))),
+            float(np.sum(np.square(y, dtype=np.float64))))
 
 
 def _feeds(graph: Graph, ids: np.ndarray, past: int = 0) -> dict[str, np.ndarray]:
@@ -220,13 +217,19 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         agree += int(np.sum(p.argmax(-1) == q.argmax(-1)))
         count += int(np.prod(p.shape[:-1]))
         # a block of output rows at a time, REF_THREADS blocks at once (the dequantization dominates);
-        # summed in block order, so the report does not depend on the threads
-        xs = {name: f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1]) for name, x in probes}
-        jobs = [(layer, xs[name], make)
-                for name, _ in probes for layer, make in _weight_blocks(program, name, quantized_nodes[name])]
+        # summed in block order, so the report does not depend on the threads. x W^T is the twin's output
+        # (minus the bias), in the model's dtype: the float weights are not read a second time
+        jobs = []
+        for name, x, y in probes:
+            node = quantized_nodes[name]
+            xs = f_out[x.name].astype(np.float32).reshape(-1, x.shape[-1])
+            ys = f_out[y.name].astype(np.float32).reshape(-1, y.shape[-1])
+            if len(node.inputs) > 3 and node.inputs[3] is not None:
+                ys = ys - np.asarray(node.inputs[3].data, np.float32)
+            jobs += [(layer, xs, ys[:, r0:r1], make) for layer, r0, r1, make in _weight_blocks(program, name, node)]
         with ThreadPoolExecutor(REF_THREADS) as pool:
-            errors = list(pool.map(lambda job: _block_error(job[1], job[2]), jobs))
-        for (layer, _, _), (err, ref) in zip(jobs, errors):
+            errors = list(pool.map(lambda job: _block_error(job[1], job[2], job[3]), jobs))
+        for (layer, _, _, _), (err, ref) in zip(jobs, errors):
             acc = sums.setdefault(layer, [0.0, 0.0])
             acc[0] += err
             acc[1] += ref

@@ -80,3 +80,42 @@ def test_default_prompts_fit_one_chunk_at_max_batch_one():
     assert default_prompts(256, 1, 20).shape == (1, 20) and default_prompts(256, 2, 10).shape == (2, 10)
     np.testing.assert_array_equal(two, default_prompts(256, 8, 512))
     assert two.dtype == np.int64 and 0 <= two.min() and two.max() < 256
+
+
+@pytest.mark.parametrize("name,mode", [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4")])  # qwen2: QKV bias
+def test_layer_errors_equal_the_direct_formula(name, mode):
+    """Each layer's error reuses the float twin's output as x W^T: equal to computing
+    ||x W^T - x Wq^T|| / ||x W^T|| from the float weights (merged layers' parts, bias, the LM head) up to
+    the float32 fixtures' rounding of the twin's output."""
+    from atlasc.accuracy import QUANTIZED, _feeds, _float_twin
+    from atlasc.ir.ops.quant import dequant, q4_zero
+
+    program = quantized(name, mode)
+    ids = np.random.default_rng(3).integers(0, 256, size=(2, 9))
+    report = accuracy_report(program, ids)["layer_rel_error_on_calibration"]
+    graph = program.entries["prefill"]
+    twin, probes = _float_twin(graph, program.float_weights)
+    kv = program.kv_cache
+    from atlasc.ir.interpreter import interpret
+
+    out = interpret(twin, _feeds(twin, ids), state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))},
+                    symbols={program.roles["past"]: 0})
+    nodes = {n.name: n for n in graph.nodes if n.op in QUANTIZED}
+    checked = 0
+    for name, x, _ in probes:
+        node = nodes[name]
+        xs = out[x.name].astype(np.float64).reshape(-1, x.shape[-1])
+        zero = q4_zero(node)
+        wq = dequant(node.op, node.inputs[1].data, node.inputs[2].data, node.attrs.get("group_size", 128),
+                     None if zero is None else zero.data).astype(np.float64)
+        w = program.float_weights[name]
+        parts = w if isinstance(w, tuple) else ((name, w),)
+        offset = 0
+        for layer, part in parts:
+            n = part.shape[0]
+            y = xs @ np.asarray(part.data, np.float64).T
+            want = np.linalg.norm(y - xs @ wq[offset:offset + n].T) / np.linalg.norm(y)
+            assert report[layer] == pytest.approx(want, rel=1e-4), layer
+            offset += n
+            checked += 1
+    assert checked == len(report) and checked > 3
