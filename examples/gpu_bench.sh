@@ -28,9 +28,10 @@ if [ "${LABS:-1}" != 0 ]; then
     python3 examples/kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4 \
         --shapes "8B qkv,8B gate_up,8B down,8B lm_head,1B gate_up" 2>&1 | tee "$out/kernel_lab_ft.log"
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 --floor 2>&1 | tee "$out/quant_lab.log"
-    # the fused int4 projections (NormLinearQ: + RMSNorm prologue, + SwiGLU epilogue) against the plain one
-    python3 examples/quant_lab.py --ms 1,8 --quant int4 --variant table,norm,gated --shapes "8B qkv,8B gate_up" \
-        2>&1 | tee "$out/quant_lab_fused.log"
+    # the fused int4 projections (NormLinearQ: + RMSNorm prologue, + SwiGLU epilogue) against the plain one,
+    # each with float and int8 activations (W4A8 on tensor cores)
+    python3 examples/quant_lab.py --ms 1,8 --quant int4 --variant table,a8,norm,norm-a8,gated,gated-a8 \
+        --shapes "8B qkv,8B gate_up" 2>&1 | tee "$out/quant_lab_fused.log"
     python3 examples/attention_lab.py --contexts 256,4096 --batches 1,32 2>&1 | tee "$out/attention_lab.log"
     # prefill attention in the form compiled decoders take (mask-as-lengths' KEYS) and with the mask tensor
     python3 examples/attention_lab.py --prefill --seqs 512,4096 --path fa2 --mask keys 2>&1 | \
