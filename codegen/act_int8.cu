@@ -2,8 +2,10 @@
 // atlasc/ir/ops/quant.py): LinearQ4 / LinearQ8 with act = "int8". Every block first quantizes the M <= 8
 // rows of x to int8 in shared memory (act8_quantize: one warp per row), then a warp per output streams
 // that output's weight row and accumulates dp4a products in int32: per group for int4 (linear_w4a8),
-// over the whole row for int8 (linear_w8a8). Uses quant.cu (qlin_row, QLIN_WARPS) and linear.cu (the
-// paired epilogues, lin_round, warp_sum).
+// over the whole row for int8 (linear_w8a8). W4A8 with groups of 128k also has a tensor-core kernel
+// (linear_w4a8_mma, below: the block quantizes x itself after its first weight loads, then int8 mma.sync),
+// which act_int8.py emits first where it applies. Uses quant.cu (qlin_row, QLIN_WARPS, the stores of its
+// tensor-core path) and linear.cu (the paired epilogues, lin_round, warp_sum).
 
 namespace atlas {
 
