@@ -255,7 +255,7 @@ template <int G> __device__ __forceinline__ bool w4a8_mma_ok(const unsigned char
 // ones ((u >> 4) & 0x0F0F0F0F), and meets x words 2j and 2j + 1 (j the global 8-k word: act8 NIBBLES
 // order) of x row g as B: one m16n8k32 u8 x s8 product per word, exact in int32. Per step (inside one
 // group): float(dot - z * xs) * scale (z = 8 or the group's zero point), summed in float32; at the end times
-// sx of the column's x row, then the stores of linear_quant_mma (qlin_plain_store / qlin_gated_store: bias,
+// sx of the column's x row, then the stores of linear_quant_mma (qlin_store: bias,
 // one rounding). The block first loads its first U steps, then runs pro() (a fused norm's staging, or
 // nothing) and quantizes x (act8_quantize_block), so the weight reads overlap both.
 template <typename T, int R, int G, int S, int U, bool HAS_BIAS, bool ZP, typename PRO, typename EPI = LinNoEpi>
@@ -353,13 +353,7 @@ __device__ __forceinline__ void linear_w4a8_mma(const View<T, R>& x, PRO pro, in
       acc[0][3] *= x1;
     }
     loaded = false;  // also when the warp had no steps
-    if constexpr (GATED) {
-      qlin_gated_store<T, R, 4, 1, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, 0, H, m_rows, F,
-                                                epi);
-    } else {
-      qlin_plain_store<T, R, 4, 1, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, 0, n_rows,
-                                                m_rows, F);
-    }
+    qlin_store<T, R, 4, 1, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, 0, n_rows, m_rows, F, epi);
   }
 }
 

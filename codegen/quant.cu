@@ -450,6 +450,21 @@ __device__ __forceinline__ void qlin_plain_store(const float (&acc)[J][4], float
   }
 }
 
+// an item's stores: qlin_gated_store for a paired epilogue (n_rows / 2 pairs), else qlin_plain_store
+template <typename T, int R, int BITS, int J, int S, bool HAS_BIAS, typename EPI>
+__device__ __forceinline__ void qlin_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
+                                           const T* __restrict__ bias, long long bias_stride, const View<T, R>& y,
+                                           long long yn, int nb0, int n0, int m0, int n_rows, int m_rows, int F,
+                                           EPI epi) {
+  if constexpr (lin_gated<EPI>()) {
+    qlin_gated_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows / 2,
+                                                 m_rows, F, epi);
+  } else {
+    qlin_plain_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows,
+                                                 m_rows, F);
+  }
+}
+
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1).
 // XSMEM: x is in shared memory (qlin_ldx). Paired (EPI, see linear_gemv in linear.cu): an item's feature
 // blocks are 8 pairs p, A rows g = rows epi.row_a(p0 + g) and rows g + 8 = rows epi.row_b(p0 + g); each
@@ -551,13 +566,8 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       }
     }
     // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
-    if constexpr (GATED) {
-      qlin_gated_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, H,
-                                                   m_rows, F, epi);
-      continue;
-    }
-    qlin_plain_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows,
-                                                 m_rows, F);
+    qlin_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows, m_rows, F,
+                                           epi);
   }
 }
 

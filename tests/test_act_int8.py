@@ -18,6 +18,13 @@ from atlasc.ir.ops.quant import (dequant_q4, dequant_q8, quantize_rows_int8, w4a
 from atlasc.passes.quantize import quantize_int4, quantize_int8
 
 
+def nibble_bytes(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 [..., 4] low and high nibbles of each byte of the packed uint32 words (the even / odd k)."""
+    lo = np.stack([(words >> (8 * b)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    hi = np.stack([(words >> (8 * b + 4)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    return lo, hi
+
+
 def emulate_dp4a(xq: np.ndarray, packed: np.ndarray, group: int, zero: np.ndarray | None) -> np.ndarray:
     """int64 [M, N, K/G] the way linear_w4a8 computes it: x_q as int8 words (word 2j: the even k of weight
     word j, 2j + 1 the odd ones), each 16-byte chunk's 4 weight words split into low / high nibble bytes,
@@ -28,8 +35,7 @@ def emulate_dp4a(xq: np.ndarray, packed: np.ndarray, group: int, zero: np.ndarra
     words = packed.view(np.uint32).reshape(n, k // 8)  # little-endian: byte b of word j = packed[8j/2 + b]
     xb = xq.astype(np.int64).reshape(m, k // 8, 8)
     x_even, x_odd = xb[:, :, 0::2], xb[:, :, 1::2]  # the bytes of words 2j and 2j + 1
-    lo = np.stack([(words >> (8 * b)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
-    hi = np.stack([(words >> (8 * b + 4)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    lo, hi = nibble_bytes(words)
     dot_words = np.einsum("mjb,njb->mnj", x_even, lo) + np.einsum("mjb,njb->mnj", x_odd, hi)
     chunk_dot = dot_words.reshape(m, n, k // 32, 4).sum(-1)  # a lane's 4 words = 32 k
     chunk_xs = xb.reshape(m, k // 32, 32).sum(-1)
@@ -61,14 +67,11 @@ def emulate_w4a8_mma(xq: np.ndarray, packed: np.ndarray, group: int, zero: np.nd
     the steps of a group added (the kernel adds them in float32 after the scale)."""
     m, k = xq.shape
     n, steps = packed.shape[0], k // 128
-    xw = xq.view(np.uint8).reshape(m, k // 8, 8)
-    chunk_sums = xq.astype(np.int64).reshape(m * (k // 8), 8).sum(-1)
+    xb = xq.astype(np.int64).reshape(m, steps, 4, 4, 8)  # step, lane c, word w, k
+    chunk_sums = xb.reshape(m * (k // 8), 8).sum(-1)
     xs = chunk_sums.reshape(-1, 16).sum(-1).reshape(m, steps)  # xs[i // 16], row-major over (m, step)
-    words = packed.view(np.uint32).reshape(n, steps, 4, 4)  # step, lane c, word w
-    x_even = xw[:, :, 0::2].astype(np.int8).astype(np.int64).reshape(m, steps, 4, 4, 4)  # .., c, w, byte
-    x_odd = xw[:, :, 1::2].astype(np.int8).astype(np.int64).reshape(m, steps, 4, 4, 4)
-    lo = np.stack([(words >> (8 * b)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
-    hi = np.stack([(words >> (8 * b + 4)) & 0x0F for b in range(4)], axis=-1).astype(np.int64)
+    x_even, x_odd = xb[..., 0::2], xb[..., 1::2]  # x words 2j and 2j + 1
+    lo, hi = nibble_bytes(packed.view(np.uint32).reshape(n, steps, 4, 4))
     dots = np.einsum("mscwb,nscwb->mns", x_even, lo) + np.einsum("mscwb,nscwb->mns", x_odd, hi)
     z = np.full((n, k // group), 8, np.int64) if zero is None else zero.astype(np.int64)
     per_step = dots - np.repeat(z, group // 128, axis=1)[None] * xs[:, None, :]
@@ -222,12 +225,13 @@ def test_act_int8_kernels_compile():
         mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, kv_spec(dtype, kv_offset, ROT_KV))
         assert mod.source.count("atlas::act8_quantize<") == len(graph.nodes)
         assert "atlas::linear_w4a8<" in mod.source and "atlas::linear_w8a8<" in mod.source
-        # the tensor-core W4A8 kernel (groups of 128: the plain LinearQ4 with zero points and the NormLinearQ),
+        # the tensor-core W4A8 kernel (groups of 128: the plain LinearQ4 with zero points, the NormLinearQ and
+        # the last NormLinearRotary),
         # in the same kernel as its run-time fallback
-        assert mod.source.count("atlas::linear_w4a8_mma<") == 2
+        assert mod.source.count("atlas::linear_w4a8_mma<") == 3
         assert "atlas::linear_w4a8_mma<" + ("__half" if dtype == "float16" else "float") + ", 3, 128, " in mod.source
         ops = Counter(n.op for n in graph.nodes)
-        assert ops["LinearQ4"] and ops["LinearQ8"] and ops["NormLinearQ"] == 2 and ops["NormLinearRotary"] == 2
+        assert ops["LinearQ4"] and ops["LinearQ8"] and ops["NormLinearQ"] == 2 and ops["NormLinearRotary"] == 3
         cubins = compile_cubins(mod.source, ("sm75", "sm80", "sm90") if dtype == "float16" else ("sm90",))
         assert all(cubins.values())
 

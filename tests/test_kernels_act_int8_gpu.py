@@ -2,12 +2,13 @@
 against the reference.
 
 build_act8: plain LinearQ4 (groups of 32 and 128, with and without zero points and bias) and LinearQ8,
-NormLinearQ with the SwiGLU epilogue (int4 and int8), NormLinearRotary (the QKV projection with rotary +
-KV-cache append; int4 and int8), at rows 1 .. 8 (batch x seq). The integer parts are exact; W4A8's y
-differs from the reference only by float32 summation order before its rounding to the dtype, W8A8's not
-at all; so the tolerances are those of the other quantized kernels (float16 rtol 2e-2, atol 2e-3; float32
-rtol 1e-4, atol 1e-5: TOL in test_kernels_linear_prologue_gpu.py), and the x quantization itself is exact
-(a different 1 / amax would move many outputs).
+NormLinearQ with the SwiGLU epilogue (int4 and int8), NormLinearRotary (the QKV projection with rotary + KV-
+cache append; int4 groups of 64 and of 128, int8), at rows 1 .. 8 (batch x seq). The int4 nodes with groups of
+128 take the tensor-core W4A8 kernel (linear_w4a8_mma), the others the dp4a kernels. The integer parts are
+exact; W4A8's y differs from the reference only by float32 summation order before its rounding to the dtype,
+W8A8's not at all; so the tolerances are those of the other quantized kernels (float16 rtol 2e-2, atol 2e-3;
+float32 rtol 1e-4, atol 1e-5: TOL in test_kernels_linear_prologue_gpu.py), and the x quantization itself is
+exact (a different 1 / amax would move many outputs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from test_kernels_linear_prologue_gpu import SWIGLU, check_with_cache
 
 pytestmark = pytest.mark.gpu
 
-ROT_KV = {"layers": 2, "max_batch": 4, "kv_heads": 2, "max_seq": 16, "head_dim": 64}
+ROT_KV = {"layers": 3, "max_batch": 4, "kv_heads": 2, "max_seq": 16, "head_dim": 64}
 KV_SHAPE = (ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"], ROT_KV["head_dim"])
 
 
@@ -54,6 +55,8 @@ def build_act8(dtype: str, k: int = 1024) -> Builder:
     heads = {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "past": S.sym("past_seq")}
     b.node("NormLinearRotary", [x, None, g, cos, sin, *q4("c", n_qkv, 64)],
            norm | {"group_size": 64, "layer": 0} | heads, outputs=3)
+    # groups of 128: the tensor-core W4A8 kernel with the rotary epilogue
+    b.node("NormLinearRotary", [x, r, g, cos, sin, *q4("f", n_qkv, 128)], norm | {"layer": 2} | heads, outputs=4)
 
     def q8(name, n):
         return [b.input(f"{name}w", "int8", (n, k), gen=_codes(-127, 128, np.int8)),
