@@ -13,10 +13,10 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
 Each block first stages all of x (M x K values) in dynamic shared memory (the pass limits it to
 PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
-block, not once per warp and K step; the grid is capped (PROLOGUE_MAX_GRID) so that few blocks repeat
-the staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs K % V == 0, an aligned
-weight and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode additionally float16, K % 32 == 0
-and sm80+. Otherwise the scalar GEMV runs.
+block, not once per warp and K step; the grid is capped (grid_cap: by the rows and the kind of weights) so
+that few blocks repeat the staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs
+K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode
+additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
 """
 
 from __future__ import annotations
@@ -38,16 +38,28 @@ from atlasc.ir.ops.fused import sliced_types, step_types
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
 
 PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
-# ATLAS_PROLOGUE_MAX_GRID=N replaces the cap, for A/B timing (not yet measured): a capped grid makes blocks loop
-# over items, each item's loads waiting behind the last, while every extra block stages x once more
-GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"
+# A capped grid makes blocks loop over items, each item's loads waiting behind the last, while every extra
+# block stages x once more. Measured on the H200 at one row (docs/perf.md v12; quant_lab.py / kernel_lab.py
+# --ms 1 --variant norm,gated with ATLAS_PROLOGUE_MAX_GRID=264 against uncapped):
+# - quantized weights, float x: uncapped is faster (8B QKV 11.50 -> 9.58 us, gate/up norm 29.48 -> 25.59,
+#   gated 28.48 -> 28.82);
+# - float16 weights: uncapped is faster at 384 blocks (8B QKV 17.22 -> 16.34 us) and slower at 1024 / 1792
+#   (1B gate/up 18.94 -> 19.80, 8B gate/up 57.54 -> 60.41): FLOAT_MAX_GRID_ONE_ROW between them;
+# - int8 x (W4A8 / W8A8, each block also quantizes x): slower uncapped (8B gate/up 23.39 -> 28.22 us).
+# At 8 rows the cap wins (int4 8B gate/up 45.11 against 58.13 us uncapped).
+FLOAT_MAX_GRID_ONE_ROW = 2 * PROLOGUE_MAX_GRID
+GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"  # =N: the cap for every kernel and row count (A/B timing)
 
 
-def grid_cap() -> int:
-    """ATLAS_PROLOGUE_MAX_GRID, or PROLOGUE_MAX_GRID; CodegenError unless a positive integer."""
+def grid_cap(m_upper: int, weights: str = "quantized") -> int:
+    """The fused kernel's block cap for at most m_upper rows and its kind of weights ("quantized" with
+    float x, "float", "act8": int8 x): ATLAS_PROLOGUE_MAX_GRID when set, else PROLOGUE_MAX_GRID except at
+    one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW); CodegenError unless a positive integer."""
     value = os.environ.get(GRID_ENV, "")
     if not value:
-        return PROLOGUE_MAX_GRID
+        if m_upper > 1 or weights == "act8":
+            return PROLOGUE_MAX_GRID
+        return MAX_GRID if weights == "quantized" else FLOAT_MAX_GRID_ONE_ROW
     if not value.isdigit() or int(value) <= 0:
         raise CodegenError(f"{GRID_ENV}={value!r} is not a block count (expected a positive integer)")
     return int(value)
@@ -94,7 +106,7 @@ def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: 
 
 
 def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v: Value, smem: int,
-          stage: str, epi: str = "") -> KernelCode:
+          stage: str, m_upper: int, epi: str = "") -> KernelCode:
     """The kernel body after the declarations in ctx.lines (which define `vec`): `stage` (statements
     filling lin_xbuf, x in dynamic shared memory), the mma flag and the decode calls reading x from
     there; the launch geometry."""
@@ -109,7 +121,7 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs, w_v.shape[0], paired=bool(epi)),
-                 grid_cap())
+                 grid_cap(m_upper, "float"))
     return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, w_v))
 
@@ -180,7 +192,7 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.lines.append("  const bool vec = lin_svec && reinterpret_cast<uintptr_t>(w) % 16 == 0;")
     epi = _epilogue(ctx, node, kind, a_v.dtype)
     smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), a_v.dtype)
-    return _tail(ctx, t, r, variants, runs, has_bias, w_v, smem, stage, epi)
+    return _tail(ctx, t, r, variants, runs, has_bias, w_v, smem, stage, m_upper, epi)
 
 
 def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
@@ -223,7 +235,8 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         stages = [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
-    grid = (max(1, min(MAX_GRID, blocks, grid_cap())), 1, 1)
+    cap = grid_cap(m_upper, "act8" if node.attrs.get("act") == "int8" else "quantized")
+    grid = (max(1, min(MAX_GRID, blocks, cap)), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))
 
@@ -289,4 +302,4 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  const bool vec = K % atlas::LinVec<{t}>::N == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;",
     ]
     return _tail(ctx, t, r, variants, runs, has_bias, w_v, staging_bytes(m_upper, ctx.upper(x_v.shape[-1]), x_dtype),
-                 "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);")
+                 "  atlas::lin_stage(xs, M, K, lin_xbuf, vec);", m_upper)

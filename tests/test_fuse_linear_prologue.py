@@ -271,16 +271,23 @@ def test_rotary_epilogue_bad_value_is_a_usage_error(monkeypatch):
 
 
 def test_prologue_grid_cap_switch(monkeypatch):
-    """ATLAS_PROLOGUE_MAX_GRID replaces the fused kernels' grid cap (default PROLOGUE_MAX_GRID); a value that
-    is not a positive integer is a CodegenError naming the variable."""
+    """The fused kernels' grid cap: PROLOGUE_MAX_GRID above one row or with int8 x, at one row none for
+    quantized weights and FLOAT_MAX_GRID_ONE_ROW for float ones; ATLAS_PROLOGUE_MAX_GRID replaces it
+    everywhere; a value that is not a positive integer is a CodegenError naming it."""
     from atlasc.codegen import linear_prologue
     from atlasc.codegen.generate import CodegenError
 
+    from atlasc.codegen.generate import MAX_GRID
+
     monkeypatch.delenv(linear_prologue.GRID_ENV, raising=False)
-    assert linear_prologue.grid_cap() == linear_prologue.PROLOGUE_MAX_GRID
+    for weights in ("quantized", "float", "act8"):
+        assert linear_prologue.grid_cap(8, weights) == linear_prologue.PROLOGUE_MAX_GRID
+    assert linear_prologue.grid_cap(1, "quantized") == MAX_GRID  # one row: no cap
+    assert linear_prologue.grid_cap(1, "float") == linear_prologue.FLOAT_MAX_GRID_ONE_ROW
+    assert linear_prologue.grid_cap(1, "act8") == linear_prologue.PROLOGUE_MAX_GRID
     monkeypatch.setenv(linear_prologue.GRID_ENV, "100000")
-    assert linear_prologue.grid_cap() == 100000
+    assert linear_prologue.grid_cap(1, "act8") == linear_prologue.grid_cap(8, "float") == 100000
     for bad in ("0", "-1", "many"):
         monkeypatch.setenv(linear_prologue.GRID_ENV, bad)
         with pytest.raises(CodegenError, match=linear_prologue.GRID_ENV):
-            linear_prologue.grid_cap()
+            linear_prologue.grid_cap(1)
