@@ -109,12 +109,16 @@ class KernelTable:
                 raise KernelLaunchError(f"kernel {name} is missing from the cubin") from None
             f.prepare("P")
             self.funcs[name] = f
+        # static shared memory of each kernel: the 48 KB a launch gets without opting in counts it too
+        self.static_smem = {name: int(getattr(f, "shared_size_bytes", 0) or 0) for name, f in self.funcs.items()}
+        self.dynamic_opt_in: dict[str, int] = {}  # name -> dynamic bytes already allowed
 
     def launch(self, name: str, grid, block, smem: int, arena, stream=None, node: str = "") -> None:
         try:
-            if smem > 48 * 1024:
+            if smem + self.static_smem[name] > 48 * 1024 and self.dynamic_opt_in.get(name, 0) < smem:
                 self.funcs[name].set_attribute(
                     self.device.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                self.dynamic_opt_in[name] = smem
             self.funcs[name].prepared_async_call(tuple(grid), tuple(block), stream or self.device.stream,
                                                  np.uintp(int(arena)), shared_size=smem)
         except self.device.cuda.Error as e:

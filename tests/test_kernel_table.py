@@ -1,0 +1,52 @@
+"""runtime/device.KernelTable's shared-memory opt-in, on a fake module (no GPU): a launch whose dynamic
+plus static shared memory passes 48 KB must raise the kernel's dynamic limit first (the driver refuses
+the launch otherwise: quant_lab's norm-a8 down projection, 43008 dynamic + 8544 static bytes, did)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from atlasc.runtime.device import KernelTable
+
+
+class _Func:
+    def __init__(self, static: int):
+        self.shared_size_bytes = static
+        self.attributes: list[int] = []
+        self.calls = 0
+
+    def prepare(self, _):
+        pass
+
+    def set_attribute(self, _attr, value):
+        self.attributes.append(value)
+
+    def prepared_async_call(self, *_, **__):
+        self.calls += 1
+
+
+def _table(static: int):
+    func = _Func(static)
+    cuda = SimpleNamespace(LogicError=KeyError, Error=RuntimeError,
+                           function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8))
+    device = SimpleNamespace(cuda=cuda, stream=object())
+    return KernelTable(device, SimpleNamespace(get_function=lambda name: func), ["k"]), func
+
+
+def test_static_shared_memory_counts_toward_the_opt_in():
+    table, func = _table(static=8544)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 43008, 0)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 43008, 0)
+    assert func.attributes == [43008]  # raised once, before the first launch
+    assert func.calls == 2
+
+
+def test_no_opt_in_under_48_kb_and_a_larger_launch_raises_it_again():
+    table, func = _table(static=1024)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 40000, 0)
+    assert func.attributes == []
+    table.launch("k", (1, 1, 1), (256, 1, 1), 60000, 0)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 50000, 0)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 90000, 0)
+    assert func.attributes == [60000, 90000]
+
