@@ -8,6 +8,11 @@ examples/kernel_lab.py and examples/quant_lab.py prints this table for the byte 
 row's distance from 4.30 TB/s splits into what any kernel of that size pays and what the kernel loses.
 
     python examples/lab_floor.py --mb 8.7,13,30,60,270      # alone (GPU machine)
+    python examples/lab_floor.py --mb 30,60 --span-gb 6     # the same windows spread over one 6 GB allocation
+
+--span-gb S places the windows a timing rotates among in one allocation of S GB, evenly spaced (up to
+SPAN_WINDOWS of them), as a compiled model's weights lie in its arena: whether a footprint of gigabytes
+(address translation) costs bandwidth that the labs' small arenas do not see.
 """
 
 from __future__ import annotations
@@ -24,16 +29,30 @@ from atlasc.runtime.device import Device, KernelTable
 SOURCE = Path(__file__).with_name("lab_floor.cu")
 DATA_OFFSET = 256  # where lab_read's bytes start in the arena (n, a long long, at 0)
 LAUNCH_BLOCKS = 132 * 8  # 8 blocks per H200 SM
+SPAN_WINDOWS = 64  # windows of one --span-gb timing (rotated among like arena copies)
 
 
-def floor_rows(dev, sizes: list[int]) -> list[tuple[int, float, float, float]]:
-    """(bytes, lab_read us, its GB/s, lab_empty us) for each size, on dev."""
+def _windows(dev, nbytes: int, span: int) -> tuple[list, list]:
+    """(arena copies or window addresses, allocations to free): arena_count(nbytes) small arenas, or with
+    span > 0 up to SPAN_WINDOWS evenly spaced windows of one span-byte allocation."""
+    window = DATA_OFFSET + nbytes + 256
+    if span <= 0:
+        arenas = [dev.alloc_arena(window) for _ in range(arena_count(nbytes))]
+        return arenas, arenas
+    count = max(2, min(SPAN_WINDOWS, span // window))
+    big = dev.alloc_arena(count * window if span < count * window else span)
+    step = (span // count) // 256 * 256 if span >= count * window else window
+    return [int(big) + i * step for i in range(count)], [big]
+
+
+def floor_rows(dev, sizes: list[int], span: int = 0) -> list[tuple[int, float, float, float]]:
+    """(bytes, lab_read us, its GB/s, lab_empty us) for each size, on dev; span: see _windows."""
     module = dev.load_module(compile_cubins(SOURCE.read_text(), (dev.arch,))[dev.arch])
     table = KernelTable(dev, module, ["lab_read", "lab_empty"])
     rows = []
     for nbytes in sizes:
         nbytes = -(-nbytes // 16) * 16
-        arenas = [dev.alloc_arena(DATA_OFFSET + nbytes + 256) for _ in range(arena_count(nbytes))]
+        arenas, allocations = _windows(dev, nbytes, span)
         for a in arenas:
             dev.upload(a, 0, np.array([nbytes], np.int64))
             dev.upload(a, DATA_OFFSET, np.zeros(nbytes, np.uint8))
@@ -43,7 +62,7 @@ def floor_rows(dev, sizes: list[int]) -> list[tuple[int, float, float, float]]:
         empty_us = time_launches(dev, lambda a: table.launch("lab_empty", (LAUNCH_BLOCKS, 1, 1), (256, 1, 1), 0, a),
                                  arenas)
         rows.append((nbytes, read_us, nbytes / (read_us * 1e-6) / 1e9, empty_us))
-        for a in arenas:
+        for a in allocations:
             a.free()
     return rows
 
@@ -58,8 +77,10 @@ def print_floor(rows) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", default="8.7,13,30,60,270", help="comma-separated sizes in MB (1e6 bytes)")
+    ap.add_argument("--span-gb", type=float, default=0.0,
+                    help="spread the windows over one allocation of this many GB (default: small arena copies)")
     args = ap.parse_args(argv)
-    print_floor(floor_rows(Device(), [int(float(s) * 1e6) for s in args.mb.split(",")]))
+    print_floor(floor_rows(Device(), [int(float(s) * 1e6) for s in args.mb.split(",")], int(args.span_gb * 1e9)))
     return 0
 
 

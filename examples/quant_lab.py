@@ -131,6 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("--u", default="", help="comma-separated 1 KB steps in flight per warp to force (1 .. 8; "
                                             "default: quant.MMA_U); each becomes a variant name path/uU")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
+                         "model's per-layer kernels run: cold instruction caches, which one kernel repeated hides")
     ap.add_argument("--floor", action="store_true",
                     help="then time a kernel that only streams each row's packed bytes + scales, and an empty "
                          "kernel (examples/lab_floor.py): what any kernel of that size pays in this harness")
@@ -214,11 +217,15 @@ def main(argv=None) -> int:
                 ok, err, top = check_output(dev, arenas[0], plan.placement("y").offset, ref)
                 failed |= not ok
                 us = time_launches(dev, go, arenas)
+                copies_us = time_copies(dev, cubins[(name, m, mode, variant)], launch, arenas, args.copies)
                 weight_bytes = wq.nbytes + scale.nbytes
                 io = m * k + m * ref.shape[1] + (2 * m * k if path in FUSED else 0)  # fused: + b read, s written
                 gbs = (weight_bytes + io * 2) / (us * 1e-6) / 1e9
+                check = "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"
+                if copies_us:
+                    check += f"  x{args.copies} copies {copies_us:.2f} us"
                 rows.append((name, f"{k}x{n}", m, f"{mode} {variant}", us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,
-                             launch.grid[0], "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"))
+                             launch.grid[0], check))
                 print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "
                       f"{rows[-1][-1]}", flush=True)
                 for a in arenas:
@@ -234,6 +241,21 @@ def main(argv=None) -> int:
         print_floor(floor_rows(dev, sorted({row[7] for row in rows})))
     print(f"# total {time.perf_counter() - t0:.1f}s")
     return 1 if failed else 0
+
+
+def time_copies(dev, cubin: bytes, launch, arenas, copies: int) -> float | None:
+    """Median us per launch of `copies` separately loaded modules of one cubin, launched round-robin over
+    the arenas (None when copies <= 1): every launch runs code at a new address, as each layer's kernel of
+    a compiled model does."""
+    if copies <= 1:
+        return None
+    tables = [KernelTable(dev, dev.load_module(cubin), [launch.kernel]) for _ in range(copies)]
+    turn = iter(range(1 << 30))
+
+    def go(a):
+        tables[next(turn) % copies].launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+
+    return time_launches(dev, go, arenas)
 
 
 def ptxas_main(mods, archs) -> int:
