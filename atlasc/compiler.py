@@ -29,6 +29,7 @@ from atlasc.artifact import (
     ValueSpec,
     WeightSpec,
     WeightsImage,
+    cubin_member,
     write_artifact,
 )
 from atlasc.codegen import generate_module
@@ -139,7 +140,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     say("write", str(out_path))
     manifest, weights = build_manifest(program, module, model_path, options, report)
     members = {"kernels.cu": module.source.encode()}
-    members.update({f"cubin/{arch}.cubin": data for arch, data in cubins.items()})
+    members.update({cubin_member(arch, i): data for arch, parts in cubins.items() for i, data in enumerate(parts)})
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)

@@ -97,15 +97,22 @@ class Device:
 
 
 class KernelTable:
-    """The kernels of one module, prepared once (argument: the arena pointer)."""
+    """The kernels of a module, or of the modules of a chunked build (each name is looked up in each,
+    in order), prepared once (argument: the arena pointer)."""
 
     def __init__(self, device: Device, module, names: list[str]):
         self.device = device
+        modules = module if isinstance(module, (list, tuple)) else [module]
         self.funcs = {}
         for name in names:
-            try:
-                f = module.get_function(name)
-            except device.cuda.LogicError:
+            f = None
+            for mod in modules:
+                try:
+                    f = mod.get_function(name)
+                    break
+                except device.cuda.LogicError:
+                    continue
+            if f is None:
                 raise KernelLaunchError(f"kernel {name} is missing from the cubin") from None
             f.prepare("P")
             self.funcs[name] = f

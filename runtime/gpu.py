@@ -1,6 +1,6 @@
 """Run an artifact on an NVIDIA GPU: one arena, weights uploaded once, prepared launches, CUDA graphs.
 
-Load: verify the artifact, pick the cubin for this GPU's arch (a clear error names the arches the
+Load: verify the artifact, load the cubins for this GPU's arch (a clear error names the arches the
 artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
 free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
 arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
@@ -34,8 +34,8 @@ class GpuModel:
         self.dev = device or Device()
         m = artifact.manifest
         self.manifest = m
-        cubin = artifact.cubin(self.dev.arch)
-        self.module = self.dev.load_module(cubin)
+        # one module per cubin part (a chunked build has several; each kernel lives in one of them)
+        self.modules = [self.dev.load_module(cubin) for cubin in artifact.cubins(self.dev.arch)]
         self.arena = self.dev.alloc_arena(m.memory.arena_bytes)
         weights = artifact.weights_array()
         t = time.perf_counter()
@@ -54,7 +54,7 @@ class GpuModel:
         self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
-        self.kernels = KernelTable(self.dev, self.module, kernels)
+        self.kernels = KernelTable(self.dev, self.modules, kernels)
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
         # programmatic dependent launch inside the captured graphs: opt-in (ATLAS_PDL=1; measured 3% at batch

@@ -341,11 +341,26 @@ def test_missing_cubin_for_arch(artifact):
         "no cubin for sm_86 in this artifact (it has: sm80, sm90); recompile with --arch sm86")
 
 
+def test_cubin_parts_round_trip(tmp_path):
+    """A chunked build's cubins: cubin/<arch>.cubin, then .1, .2, ... parts; cubins() gives all in order,
+    cubin() the first, and other archs keep their one part."""
+    parts = [b"\x7fELF part %d" % i for i in range(3)]
+    members = {**MEMBERS, "cubin/sm90.cubin": parts[0], "cubin/sm90.1.cubin": parts[1], "cubin/sm90.2.cubin": parts[2]}
+    path = tmp_path / "parts.atlas"
+    write_artifact(path, make_manifest(), members, WEIGHTS)
+    with open_artifact(path) as a:
+        assert a.cubins("sm90") == parts
+        assert a.cubin("sm_90") == parts[0]
+        assert a.cubins("sm80") == [MEMBERS["cubin/sm80.cubin"]]
+
+
 def test_writer_refuses_inconsistent_members(tmp_path):
     m = make_manifest()
     for members, match in [({**MEMBERS, "../x": b""}, "escapes the archive"),
                            ({k: v for k, v in MEMBERS.items() if k != "cubin/sm80.cubin"}, "arch sm80"),
                            ({**MEMBERS, "cubin/sm86.cubin": b""}, "does not list"),
+                           ({**MEMBERS, "cubin/sm90.2.cubin": b""}, "part 1 of sm90 is missing"),
+                           ({**MEMBERS, "cubin/sm90.0.cubin": b""}, "cubins are named"),
                            ({**MEMBERS, "weights.bin": b""}, "the writer makes it")]:
         with pytest.raises(ArtifactError, match=match):
             write_artifact(tmp_path / "x.atlas", m, members, WEIGHTS)

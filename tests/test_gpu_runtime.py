@@ -272,3 +272,20 @@ def test_programmatic_dependent_launch_keeps_the_tokens(name, build_dir, monkeyp
     assert model.graphs and all(g.programmatic > 0 for g in model.graphs.values())
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
+
+
+def test_chunked_build_runs_on_the_gpu(build_dir, monkeypatch):
+    """A chunked build (ATLAS_NVCC_CHUNK=8: one cubin part per 8 kernels, loaded as separate modules): the
+    same greedy tokens as onnxruntime for batch 4, prefill length 17, 32 steps."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_NVCC_CHUNK", "8")
+    path = f"{build_dir}/llama-chunked.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    art = open_artifact(path)
+    assert len(art.cubins(device().arch)) > 4
+    prompts, want_tokens, want_logits = stored_greedy("llama", 4, 17)
+    model = GpuModel(art, device=device())
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of("llama")["dtype"]]["atol"])

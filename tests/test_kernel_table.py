@@ -50,3 +50,28 @@ def test_no_opt_in_under_48_kb_and_a_larger_launch_raises_it_again():
     table.launch("k", (1, 1, 1), (256, 1, 1), 90000, 0)
     assert func.attributes == [60000, 90000]
 
+
+def test_kernels_are_found_across_the_modules_of_a_chunked_build():
+    """A chunked build loads one module per cubin part: each kernel is looked up in each module in turn;
+    a kernel in none of them is a one-line KernelLaunchError naming it."""
+    import pytest
+
+    from atlasc.runtime.device import KernelLaunchError
+
+    funcs = {"a": _Func(0), "b": _Func(0)}
+
+    def module(*names):
+        def get(name):
+            if name not in names:
+                raise KeyError(name)
+            return funcs[name]
+        return SimpleNamespace(get_function=get)
+
+    cuda = SimpleNamespace(LogicError=KeyError, Error=RuntimeError,
+                           function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8))
+    device = SimpleNamespace(cuda=cuda, stream=object())
+    table = KernelTable(device, [module("a"), module("b")], ["a", "b"])
+    table.launch("b", (1, 1, 1), (32, 1, 1), 0, 0)
+    assert table.funcs == funcs and funcs["b"].calls == 1
+    with pytest.raises(KernelLaunchError, match="kernel c is missing"):
+        KernelTable(device, [module("a"), module("b")], ["a", "c"])

@@ -334,7 +334,7 @@ def test_check_plan_catches_a_value_overrunning_its_region():
 
 def _fake_cubins(module, archs, *, on_done=None):
     # the CPU executor never reads cubins: skip nvcc, this test is about the memory plan
-    return {arch: b"\x7fELF" + arch.encode() for arch in archs}
+    return {arch: [b"\x7fELF" + arch.encode()] for arch in archs}
 
 
 def _prefill_case():

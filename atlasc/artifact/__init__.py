@@ -25,11 +25,11 @@ from .manifest import (
     WeightSpec,
 )
 from .reader import Artifact, arch_name, open_artifact
-from .writer import WEIGHTS_ALIGNMENT, WeightsImage, manifest_bytes, write_artifact
+from .writer import WEIGHTS_ALIGNMENT, WeightsImage, cubin_member, manifest_bytes, write_artifact
 
 __all__ = [
     "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "WEIGHTS_ALIGNMENT",
     "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec",
     "RegionSpec", "VariantSpec", "SourceInfo", "SymbolSpec", "ValueSpec", "WeightSpec", "WeightsImage",
-    "arch_name", "manifest_bytes", "open_artifact", "write_artifact",
+    "arch_name", "cubin_member", "manifest_bytes", "open_artifact", "write_artifact",
 ]

@@ -25,7 +25,8 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
-FORMAT_VERSION = 3  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows
+FORMAT_VERSION = 4  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
+# 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink)
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -398,7 +399,7 @@ class Manifest(_Spec):
     atlasc_version: str = field(default_factory=_atlasc_version)
     source: SourceInfo
     options: Json  # compile options as given (free-form)
-    archs: tuple[str, ...]  # e.g. ("sm80", "sm90"): one cubin/<arch>.cubin member each
+    archs: tuple[str, ...]  # e.g. ("sm80", "sm90"): a cubin/<arch>.cubin member each (+ parts .1, .2, ...)
     symbols: tuple[SymbolSpec, ...]
     memory: MemorySpec
     kv_cache: KVCacheSpec | None

@@ -24,7 +24,7 @@ import numpy as np
 from atlasc.errors import ArtifactError
 
 from .manifest import Manifest
-from .writer import CHUNK, MANIFEST, SOURCE, WEIGHTS, check_member_name
+from .writer import CHUNK, CUBIN_RE, MANIFEST, SOURCE, WEIGHTS, check_member_name, cubin_member
 
 LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # signature ... name length, extra length (30 bytes)
 LOCAL_MAGIC = b"PK\x03\x04"
@@ -66,15 +66,22 @@ class Artifact:
         return data
 
     def cubin(self, arch: str) -> bytes:
-        """The cubin for `arch` ('sm90', 'sm_90' or '90')."""
+        """The (first) cubin for `arch` ('sm90', 'sm_90' or '90'); cubins() gives every part."""
+        return self.cubins(arch)[0]
+
+    def cubins(self, arch: str) -> list[bytes]:
+        """Every cubin for `arch`, in part order: one, or one per chunk of a chunked build (each loads as
+        its own module; together they hold every kernel)."""
         want = arch_name(arch)
-        name = f"cubin/{want}.cubin"
-        if name not in self._layout:
-            have = sorted(n[len("cubin/"):-len(".cubin")] for n in self._layout if n.startswith("cubin/"))
+        if cubin_member(want) not in self._layout:
+            have = sorted({m.group(1) for n in self._layout if (m := CUBIN_RE.fullmatch(n))})
             raise ArtifactError(
                 f"{self.path}: no cubin for sm_{want[2:]} in this artifact (it has: {', '.join(have) or 'none'}); "
                 f"recompile with --arch {want}")
-        return self.read_member(name)
+        parts = []
+        while cubin_member(want, len(parts)) in self._layout:
+            parts.append(self.read_member(cubin_member(want, len(parts))))
+        return parts
 
     def source(self) -> str:
         """The generated CUDA source (kernels.cu)."""

@@ -4,7 +4,8 @@ Layout, in this order (the order is fixed so the same inputs give a byte-identic
 
     manifest.json          sort_keys, indent=1, with the sha256 and size of every other member
     kernels.cu             the generated CUDA source
-    cubin/<arch>.cubin     one per target arch, sorted by arch
+    cubin/<arch>.cubin     per target arch, sorted by name: the module, or the first of a chunked build's
+    cubin/<arch>.<i>.cubin   modules (i = 1, 2, ...: cubin_member; the runtime loads them all)
     <other members>        e.g. report.json, sorted by name
     weights.bin            the weights image; its data starts at a multiple of WEIGHTS_ALIGNMENT
 
@@ -44,7 +45,12 @@ CHUNK = 16 << 20  # bytes hashed / written per step, so an 8 GB image is never c
 MANIFEST = "manifest.json"
 SOURCE = "kernels.cu"
 WEIGHTS = "weights.bin"
-CUBIN_RE = re.compile(r"cubin/(sm\d+[a-z]?)\.cubin")
+CUBIN_RE = re.compile(r"cubin/(sm\d+[a-z]?)(?:\.([1-9]\d*))?\.cubin")
+
+
+def cubin_member(arch: str, part: int = 0) -> str:
+    """The member name of part `part` of arch's cubins: cubin/<arch>.cubin, then cubin/<arch>.<part>.cubin."""
+    return f"cubin/{arch}.cubin" if part == 0 else f"cubin/{arch}.{part}.cubin"
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -145,13 +151,19 @@ def _member_order(members: dict[str, bytes], archs: tuple[str, ...]) -> list[str
         if name.startswith("cubin/"):
             m = CUBIN_RE.fullmatch(name)
             if not m:
-                raise ArtifactError(f"cannot write member {name!r}: cubins are named cubin/sm<NN>.cubin")
+                raise ArtifactError(f"cannot write member {name!r}: cubins are named cubin/sm<NN>.cubin "
+                                    "(and cubin/sm<NN>.<i>.cubin for the parts of a chunked build)")
             if m.group(1) not in archs:
                 raise ArtifactError(f"member {name} is for an arch the manifest does not list (archs: "
                                     f"{', '.join(archs) or 'none'})")
-    missing = [a for a in archs if f"cubin/{a}.cubin" not in members]
+    missing = [a for a in archs if cubin_member(a) not in members]
     if missing:
         raise ArtifactError(f"the manifest lists arch {missing[0]} but no member cubin/{missing[0]}.cubin was given")
+    for name in members:
+        m = CUBIN_RE.fullmatch(name)
+        if m and m.group(2) and cubin_member(m.group(1), int(m.group(2)) - 1) not in members:
+            raise ArtifactError(f"cannot write member {name!r}: part {int(m.group(2)) - 1} of {m.group(1)} is missing "
+                                "(parts are numbered without gaps)")
     cubins = sorted(n for n in members if n.startswith("cubin/"))
     others = sorted(n for n in members if n != SOURCE and not n.startswith("cubin/"))
     return ([SOURCE] if SOURCE in members else []) + cubins + others

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from atlasc.cli import _bytes, _out, _quant_title
 from atlasc.errors import UsageError
+from atlasc.artifact.writer import CUBIN_RE
 
 
 # codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
@@ -92,11 +93,13 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                             ", ".join(f"{k}={v}" for k, v in e.bindings.items()) or "-")
         out.print(entries)
         kernels = Table(title="kernels per arch", title_justify="left", show_edge=False)
-        for col in ("arch", "cubin bytes", "kernels"):
+        for col in ("arch", "cubins", "cubin bytes", "kernels"):
             kernels.add_column(col)
         total = sum(1 for e in m.entries.values() for n in e.nodes if n.kernel)
         for arch in m.archs:
-            kernels.add_row(arch, str(m.members[f"cubin/{arch}.cubin"].size), str(total))
+            parts = [spec.size for name, spec in m.members.items()
+                     if (c := CUBIN_RE.fullmatch(name)) and c.group(1) == arch]
+            kernels.add_row(arch, str(len(parts)), str(sum(parts)), str(total))
         out.print(kernels)
         mem = Table(title="memory plan", title_justify="left", show_edge=False)
         for col in ("region", "offset", "bytes"):
