@@ -33,6 +33,7 @@ from atlasc.artifact import (
     write_artifact,
 )
 from atlasc.codegen import generate_module
+from atlasc.codegen.generate import check_shared_memory
 from atlasc.codegen.nvcc import check_stopped, compile_module
 from atlasc.errors import ShapeError
 from atlasc.frontend import import_onnx
@@ -128,7 +129,8 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
     say("codegen", f"{kernels} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                             _kv_dict(program), decode_buckets(program))
+                             _kv_dict(program), decode_buckets(program), options.archs)
+    check_shared_memory(module, options.archs)
     seconds["codegen"] = time.perf_counter() - t
 
     t = time.perf_counter()

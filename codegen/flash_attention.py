@@ -12,7 +12,9 @@ tests/test_kernels_matmul_attention_gpu.py::test_attention_fa2 and tests/test_gp
 Tiles (recorded per kernel in the artifact's report, codegen `kernels`): BC = 64 keys per step, NW warps
 of 16 query rows each (BR = 16 NW rows per block): 4 for 64 rows or more, fewer for shorter maxima;
 ATLAS_ATTENTION_FA2_WARPS (1, 2, 4, 8) overrides for timing. The same tiles on every arch (mma.sync on
-sm80 and sm90 alike). Any other value of ATLAS_ATTENTION_PREFILL is a CodegenError.
+sm80 and sm90 alike), where they fit the shared memory of the compile's smallest arch (atlasc/ir/archs.py:
+D = 128 takes 68 KB, more than sm75's 64 KB per block, so an sm75 build keeps today's kernel). Any other
+value of ATLAS_ATTENTION_PREFILL is a CodegenError.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext
 from atlasc.ir import symbolic as S
+from atlasc.ir.archs import max_dynamic_smem
 from atlasc.ir.graph import Node, Value
 
 PREFILL_ENV = "ATLAS_ATTENTION_PREFILL"
@@ -116,6 +119,9 @@ def fa2_decline(ctx: KernelContext, node: Node) -> str | None:
     rows = ctx.upper(sq)
     if rows < FA2_MIN_ROWS:
         return f"{rows} query rows at most (prefill from {FA2_MIN_ROWS})"
+    smem, limit = fa2_smem(d, fa2_warps(rows)), max_dynamic_smem(ctx.archs)
+    if smem > limit:
+        return f"its tiles need {smem} bytes of shared memory, over the {limit} of the compile's smallest arch"
     for value in (q_v, k_v, v_v, pk_v, pv_v):
         if value is not None and not _unit_last_stride(ctx, value):
             return f"{value.name} has a non-unit stride along the head dim"

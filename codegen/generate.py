@@ -18,6 +18,7 @@ from atlasc.codegen.cexpr import c_dim, c_type
 from atlasc.ir.dtypes import itemsize
 from atlasc.errors import AtlasError
 from atlasc.ir import symbolic as S
+from atlasc.ir.archs import MAX_SMEM_PER_BLOCK
 from atlasc.ir.graph import Graph, Node, Value
 from atlasc.ir.memory import MemoryPlan, align
 
@@ -103,8 +104,10 @@ class KernelContext:
     """Per-node helpers for emitters: C expressions for dims and tensor views bound to the arena."""
 
     def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None,
-                 scratch_offset: int | None = None, lower: dict[str, int] | None = None):
+                 scratch_offset: int | None = None, lower: dict[str, int] | None = None,
+                 archs: tuple[str, ...] = ()):
         self.scratch_offset = align(plan.arena_bytes) if scratch_offset is None else scratch_offset
+        self.archs = archs  # the compile's target archs (() = unknown: the H200's limits)
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
@@ -193,12 +196,28 @@ def _load_families() -> list[str]:
     return [(HERE / f"{name}.cu").read_text() for name in families.TEMPLATES]
 
 
+def check_shared_memory(module: GeneratedModule, archs: tuple[str, ...]) -> None:
+    """CodegenError (one line) naming the first launch whose dynamic shared memory no block of one of
+    `archs` can have (atlasc/ir/archs.py MAX_SMEM_PER_BLOCK): the launch would fail on that GPU."""
+    for arch in archs:
+        most = MAX_SMEM_PER_BLOCK[arch]
+        for entry, launches in module.launches.items():
+            for launch in launches:
+                for kernel, smem in [(launch.kernel, launch.smem), *((v.kernel, v.smem) for v in launch.variants)]:
+                    if smem > most:
+                        raise CodegenError(f"{entry} node {launch.node} ({launch.op}, kernel {kernel}) needs {smem} "
+                                           f"bytes of shared memory per block; {arch} allows {most}",
+                                           hint=f"compile without {arch} in --arch")
+
+
 def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[str, dict[str, int]],
                     kv_cache: dict | None = None,
-                    buckets: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> GeneratedModule:
+                    buckets: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+                    archs: tuple[str, ...] = ()) -> GeneratedModule:
     """CUDA source for every node of every entry, and each entry's launch list in schedule order.
 
-    `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing).
+    `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing); `archs` the target
+    archs, whose per-block shared memory limits some emitters' tile choices respect.
     `buckets[entry] = (symbol, values)` also generates each node with the symbol's maximum set to each
     value below the entry's (e.g. the decode batch at 1 and 8 of 32): where that changes the kernel, a
     Variant with its own kernel; where only the grid changes, a Variant reusing the default kernel.
@@ -229,7 +248,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                 return {symbol: below[-1]} if below else {}
 
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
-                                above(upper[entry].get(symbol, 0)))
+                                above(upper[entry].get(symbol, 0)), archs)
             code = EMITTERS[node.op](ctx, node)
             scratch_bytes = max(scratch_bytes, code.scratch)
             if code.choice:
@@ -240,7 +259,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             for value in smaller:
                 name = f"{kernel}_{symbol}{value}"
                 vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset,
-                                     above(value))
+                                     above(value), archs)
                 vcode = EMITTERS[node.op](vctx, node)
                 scratch_bytes = max(scratch_bytes, vcode.scratch)
                 vtext = _wrapper(vctx, node, vcode)

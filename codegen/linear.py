@@ -12,7 +12,8 @@ a contiguous constant and the optional bias [N]. The kernel picks its path from 
   CUDA-core tiled path (matmul.cu). ATLAS_LINEAR_PREFILL (gemm.py; default auto) adds gemm.cu's
   linear_gemm_tc before it, for calls with at least gemm.GEMM_TC_MIN_TILES output tiles (tc: for all):
   128 x 128 output tiles, x and w k tiles staged in shared memory by cp.async (3 stages), ldmatrix
-  fragments, gemm.gemm_smem() bytes of dynamic shared memory.
+  fragments, gemm.gemm_smem() bytes of dynamic shared memory (60 KB: not in a compile for sm75, whose
+  64 KB per block leave too little beside the static arrays, atlasc/ir/archs.py).
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
 its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
 MMA code at all.
@@ -34,6 +35,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
+from atlasc.ir.archs import max_dynamic_smem
 from atlasc.ir.graph import Node
 
 THREADS = 256  # LIN_THREADS in linear.cu (also matmul_tiled's block)
@@ -233,6 +235,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     mma_prefill = tiled and dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 \
         and path_choice() != "simt"
     prefill = gemm.prefill_choice() if mma_prefill else "mma"
+    if gemm.gemm_smem() > max_dynamic_smem(ctx.archs):  # the tiled GEMM's stages do not fit the smallest arch
+        prefill = "mma"
     tc = prefill in ("tc", "auto")  # linear_gemm_tc (auto: by output tiles at run time) ...
     mma_big = mma_prefill and prefill in ("mma", "auto")  # ... and / or linear_mma_prefill
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"

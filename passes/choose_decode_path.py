@@ -32,7 +32,7 @@ import yaml
 
 from atlasc.errors import UsageError
 from atlasc.ir.graph import Graph, Node
-from atlasc.ir.ops.prologue import PROLOGUE_SMEM_BYTES, staging_bytes
+from atlasc.ir.ops.prologue import staging_bytes, staging_limit
 from atlasc.ir.ops.quant import act8_why_not
 from atlasc.passes.fuse_linear_prologue import rows_upper
 from atlasc.ir.program import Program
@@ -108,9 +108,10 @@ def _projection(node: Node) -> str | None:
 
 
 def choose_graph(graph: Graph, upper: dict[str, int], int8_buckets: dict[str, set[str]],
-                 stats: RewriteStats) -> None:
+                 stats: RewriteStats, archs: tuple[str, ...] = ()) -> None:
     """Mark graph's decode projections whose op has int8 activations chosen (op -> those buckets) for
-    every rows bucket the node runs in."""
+    every rows bucket the node runs in, where their shared memory fits the archs (staging_limit)."""
+    limit = staging_limit(archs)
     for node in graph.nodes:
         op = _projection(node)
         if op not in int8_buckets:
@@ -126,8 +127,8 @@ def choose_graph(graph: Graph, upper: dict[str, int], int8_buckets: dict[str, se
                 why = f"{', '.join(sorted(runs - int8_buckets[op]))} keeps float activations"
         if not why:  # every block keeps the int8 rows (and a fused norm's staged rows) in shared memory
             smem = rows * x.shape[-1] + (staging_bytes(rows, x.shape[-1], x.dtype) if node.op != op else 0)
-            if smem > PROLOGUE_SMEM_BYTES:
-                why = f"its rows need {smem // 1024} KB of shared memory (at most {PROLOGUE_SMEM_BYTES // 1024} KB)"
+            if smem > limit:
+                why = f"its rows need {smem // 1024} KB of shared memory (at most {limit // 1024} KB on these archs)"
         if why:
             stats.declined[f"{RULES[op]} at {node.name}"] = why
             continue
@@ -152,5 +153,5 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
             int8_buckets[op] = chosen
     if int8_buckets:
         for entry, graph in program.entries.items():
-            choose_graph(graph, program.bounds.get(entry, {}), int8_buckets, stats)
+            choose_graph(graph, program.bounds.get(entry, {}), int8_buckets, stats, program.options.archs)
     return program, stats

@@ -18,7 +18,8 @@ w[, bias]); the projection's output is never stored.
 after their slices, have x's shape: no broadcasting, and only for one row: ELEMENTWISE_MAX_M). The
 Linear kernel computes x itself (codegen/linear_prologue.py): every block stages all rows of x in shared
 memory, which costs little for a few rows and a lot for many: so decode only (PROLOGUE_MAX_M, and x
-must fit PROLOGUE_SMEM_BYTES), where the launch saved matters most. A
+must fit staging_limit: PROLOGUE_SMEM_BYTES, less on archs with less shared memory per block), where
+the launch saved matters most. A
 Llama decode layer becomes 5 kernels: NormLinearRotary (norm, Q/K/V, rotary, cache append), Attention,
 Linear (o), NormLinear (gate/up + SwiGLU), Linear (down).
 
@@ -36,7 +37,7 @@ import os
 from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
-from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, PROLOGUE_SMEM_BYTES, QUANTIZED, staging_bytes
+from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, QUANTIZED, staging_bytes, staging_limit
 from atlasc.ir.program import Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -108,7 +109,7 @@ def _why_not_elementwise(p: Node, x) -> str | None:
     return None
 
 
-def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> str | None:
+def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int], limit: int) -> str | None:
     x, w = lin.inputs[0], lin.inputs[1]
     if p is None or p.op not in RULES:
         return "the input is not a norm or an elementwise program"
@@ -123,8 +124,8 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int]) -> 
         return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
                 f"{PROLOGUE_MAX_M})")
     k = x.shape[-1]
-    if not isinstance(k, int) or staging_bytes(rows, k, x.dtype) > PROLOGUE_SMEM_BYTES:
-        return f"staging {rows} rows of x needs more than {PROLOGUE_SMEM_BYTES // 1024} KB of shared memory"
+    if not isinstance(k, int) or staging_bytes(rows, k, x.dtype) > limit:
+        return f"staging {rows} rows of x needs more than {limit // 1024} KB of shared memory (the archs' limit)"
     if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
         return "the Linear's input has other readers"
     if p.op in NORMS:
@@ -201,11 +202,12 @@ def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None, str | N
     return node, None, None
 
 
-def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats) -> None:
+def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats, archs: tuple[str, ...] = ()) -> None:
     producers = graph.producers()
+    limit = staging_limit(archs)
     for lin in [n for n in graph.nodes if n.op == "Linear" or n.op in QUANTIZED]:
         p = producers.get(id(lin.inputs[0]))
-        why = _why_not(graph, lin, p, upper)
+        why = _why_not(graph, lin, p, upper, limit)
         rule = RULES.get(p.op if p is not None else "", "Linear(producer(...)) => prologue")
         if why:
             stats.declined[f"{rule} at {lin.name}"] = why
@@ -229,5 +231,5 @@ def fuse_linear_prologue(program: Program) -> tuple[Program, RewriteStats]:
     stats = RewriteStats()
     if program.options.fusion:
         for entry, graph in program.entries.items():
-            fuse_graph(graph, program.bounds.get(entry, {}), stats)
+            fuse_graph(graph, program.bounds.get(entry, {}), stats, program.options.archs)
     return program, stats

@@ -264,3 +264,26 @@ def test_attention_lab_prefill_mode():
         y = interpret(g, feeds)["y"].astype(np.float32).reshape(2, 40, 32, 64).transpose(0, 2, 1, 3)
         np.testing.assert_allclose(y[:, [0, 31]], lab.prefill_reference(q, ck, cv, 40, (0, 31)), atol=1e-3)
     assert lab.prefill_flops("8B", 4096, 1) == 4 * 32 * 128 * 4096 * 4097 / 2
+
+
+def test_fa2_fits_the_smallest_arch(monkeypatch):
+    """A compile that targets sm75 (64 KB of shared memory per block) keeps today's kernel where fa2's
+    tiles need more than it allows beside the static arrays (head dim 128: 68 KB), not for head dim 64
+    (36 KB); the reason names the bytes. sm90 alone serves both."""
+    monkeypatch.delenv(flash_attention.PREFILL_ENV, raising=False)
+    monkeypatch.delenv(flash_attention.WARPS_ENV, raising=False)
+    b = build_attention_prefill("float16")
+    graph, plan, _ = planned(b, "float16", padded=PREFILL_PADDED, transposed=PREFILL_TRANSPOSED)
+    by_dim = {}
+    for node in graph.nodes:
+        why = flash_attention.fa2_decline(KernelContext(node, plan, b.upper, "k", None, archs=("sm90",)), node)
+        if why is None:
+            by_dim.setdefault(int(node.inputs[0].shape[-1]) // int(node.attrs.get("q_num_heads", 1) or 1)
+                              if len(node.inputs[0].shape) == 3 else int(node.inputs[0].shape[-1]), node)
+    assert {64, 128} <= set(by_dim)
+    old = KernelContext(by_dim[128], plan, b.upper, "k", None, archs=("sm75", "sm90"))
+    assert flash_attention.fa2_decline(old, by_dim[128]) == \
+        f"its tiles need {flash_attention.fa2_smem(128, 4)} bytes of shared memory, over the 49152 of the " \
+        "compile's smallest arch"
+    assert flash_attention.fa2_decline(KernelContext(by_dim[64], plan, b.upper, "k", None, archs=("sm75",)),
+                                       by_dim[64]) is None

@@ -291,3 +291,32 @@ def test_prologue_grid_cap_switch(monkeypatch):
         monkeypatch.setenv(linear_prologue.GRID_ENV, bad)
         with pytest.raises(CodegenError, match=linear_prologue.GRID_ENV):
             linear_prologue.grid_cap(1)
+
+
+@pytest.mark.parametrize("archs,fused", [(("sm90",), True), (("sm86", "sm90"), False), (("sm80",), True),
+                                         (("sm75",), False)])
+def test_staging_fits_the_smallest_arch(archs, fused):
+    """8 rows of K = 8192 in float16 stage 128 KB: fused for sm90 (227 KB per block) and sm80 (163 KB), not
+    in a compile that also targets sm86 (99 KB) or sm75 (64 KB), whose launch would fail."""
+    from atlasc.ir import symbolic as S
+    from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
+    from atlasc.ir.ops.prologue import staging_limit
+    from atlasc.passes.fuse_linear_prologue import fuse_linear_prologue
+
+    rng = np.random.default_rng(6)
+    k = 8192
+    g = Graph("main")
+    g.symbols = {"batch": SymbolInfo(1, 8)}
+    a = Value("a", "float16", (S.sym("batch"), k))
+    x, y = Value("x", "float16", a.shape), Value("y", "float16", (S.sym("batch"), 16))
+    scale = constant("g", rng.standard_normal(k).astype(np.float16))
+    g.inputs, g.outputs = [a], [y]
+    g.nodes = [Node("RMSNormalization", [a, scale], [x], {"epsilon": 1e-5}),
+               Node("Linear", [x, constant("w", rng.standard_normal((16, k)).astype(np.float16))], [y])]
+    program = Program({"main": g}, CompileOptions(archs=archs, max_batch=8))
+    program.bounds = {"main": {"batch": 8}}
+    program, stats = fuse_linear_prologue(program)
+    ops = [n.op for n in program.entries["main"].nodes]
+    assert (ops == ["NormLinear"]) == fused, (ops, stats.declined)
+    if not fused:
+        assert any(f"{staging_limit(archs) // 1024} KB" in why for why in stats.declined.values())

@@ -126,3 +126,32 @@ def test_tc_adds_no_spills(monkeypatch, tmp_path):
         assert tc <= set(spills)
         assert sum(spills[k] for k in tc) <= sum(before[k] for k in tc), arch
         assert all(spills[k] <= before[k] + 16 for k in tc), (arch, {k: (spills[k], before[k]) for k in tc})
+
+
+def test_tc_not_for_a_compile_that_targets_sm75(monkeypatch):
+    """Its 60 KB of stages do not fit sm75's 64 KB per block beside the static arrays: a compile for sm75
+    keeps the MMA prefill (no dynamic shared memory); sm80 / sm86 / sm90 keep linear_gemm_tc."""
+    from atlasc.codegen.generate import generate_module
+
+    monkeypatch.setenv(gemm.PREFILL_ENV, "tc")
+    g, plan, upper = kernel_lab.build(4096, 6144, 512)
+    for archs, tc in [(("sm80", "sm86", "sm90"), True), (("sm75", "sm90"), False)]:
+        mod = generate_module({"run": (g, plan)}, {"run": upper}, archs=archs)
+        assert (CALL in mod.source) == tc, archs
+        assert mod.launches["run"][0].smem == (gemm.gemm_smem() if tc else 0)
+
+
+def test_shared_memory_over_an_arch_limit_is_a_one_line_error():
+    """check_shared_memory: a launch asking for more shared memory than an arch's blocks can have names the
+    entry, node, kernel, bytes and arch (the launch would fail on that GPU); within every limit it passes."""
+    from atlasc.codegen.generate import GeneratedModule, Launch, Variant, check_shared_memory
+
+    big = Variant(1, "decode_0001_NormLinear_batch1", (1, 1, 1), (256, 1, 1), 120 * 1024)
+    mod = GeneratedModule("", {"decode": [Launch("n0", "Linear", "decode_0000_Linear", (1, 1, 1), (256, 1, 1), 0),
+                                          Launch("n1", "NormLinear", "decode_0001_NormLinear", (1, 1, 1),
+                                                 (256, 1, 1), 64 * 1024, "batch", (big,))]})
+    check_shared_memory(mod, ("sm80", "sm90"))
+    with pytest.raises(CodegenError, match="^decode node n1 .*decode_0001_NormLinear_batch1.* needs 122880 bytes "
+                                           "of shared memory per block; sm86 allows 101376$") as info:
+        check_shared_memory(mod, ("sm86", "sm90"))
+    assert "sm86" in info.value.hint and "\n" not in str(info.value)

@@ -25,6 +25,7 @@ passes/fuse_linear_prologue.py makes them; codegen/linear_prologue.py emits them
 from __future__ import annotations
 
 from atlasc.errors import ShapeError
+from atlasc.ir.archs import max_dynamic_smem
 from atlasc.ir.dtypes import itemsize
 from atlasc.ir.ops.registry import OPS, Attr, register
 
@@ -33,6 +34,13 @@ PROLOGUE_MAX_M = 8  # most rows (decode batch): each block stages all of x, whic
 # every block stages x (rows x K) in shared memory: at most this many bytes (an sm80+ block may have up to
 # 227 KB; the kernel's own arrays take a few KB)
 PROLOGUE_SMEM_BYTES = 200 * 1024
+
+
+def staging_limit(archs: tuple[str, ...]) -> int:
+    """Bytes a fused kernel's block may stage in a compile for `archs`: PROLOGUE_SMEM_BYTES, or less where
+    the smallest arch allows less shared memory per block (atlasc/ir/archs.py: sm86 / sm89 / sm120 99 KB,
+    sm80 163 KB, sm75 64 KB, less the kernels' static arrays)."""
+    return min(PROLOGUE_SMEM_BYTES, max_dynamic_smem(archs))
 
 
 def staging_bytes(rows: int, k: int, dtype: str) -> int:

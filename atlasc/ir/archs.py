@@ -1,0 +1,28 @@
+"""What each supported GPU arch allows one thread block, for passes and code generation alike.
+
+MAX_SMEM_PER_BLOCK: the most shared memory (static + dynamic) a block can opt into, per compute
+capability (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"). A launch
+asking for more fails on that GPU, so a compile for several archs must fit the smallest.
+"""
+
+from __future__ import annotations
+
+KB = 1024
+MAX_SMEM_PER_BLOCK = {
+    "sm75": 64 * KB,
+    "sm80": 163 * KB,
+    "sm86": 99 * KB,
+    "sm89": 99 * KB,
+    "sm90": 227 * KB,
+    "sm100": 227 * KB,
+    "sm120": 99 * KB,
+}
+# the generated kernels' own __shared__ arrays, kept free beside the dynamic bytes (ptxas: up to 8544
+# bytes, the fused W4A8 projection; docs/perf.md v12)
+STATIC_SMEM_RESERVE = 16 * KB
+
+
+def max_dynamic_smem(archs: tuple[str, ...]) -> int:
+    """The dynamic shared memory bytes a kernel may ask for in a compile for `archs`: the smallest
+    arch's block limit less STATIC_SMEM_RESERVE (the H200's when archs is empty)."""
+    return min(MAX_SMEM_PER_BLOCK[a] for a in (archs or ("sm90",))) - STATIC_SMEM_RESERVE
