@@ -289,3 +289,41 @@ def test_chunked_build_runs_on_the_gpu(build_dir, monkeypatch):
     got = generate(model, prompts, 32, keep_logits=True)
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of("llama")["dtype"]]["atol"])
+
+
+@pytest.mark.parametrize("path", ["w4a16", "w4a8"])
+def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
+    """A Llama of hidden size 128 (examples/build_llama.py, 2 layers, float16), int4 in groups of 128: every
+    projection's K is a multiple of 128, so decode runs the tensor-core int4 kernels with whole-group steps,
+    and with ATLAS_INT4_PATH=w4a8 the tensor-core W4A8 kernel (act_int8.cu linear_w4a8_mma: the fused
+    norms, SwiGLU and the rotary epilogue), which no fixture (hidden 64) reaches. The GPU gives the
+    reference runtime's greedy tokens and logits on the same artifact."""
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO
+
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import build_llama
+
+    onnx_path = Path(build_dir) / "llama-h128.onnx"
+    if not onnx_path.exists():
+        build_llama.write(build_llama.LlamaShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256,
+                                                 vocab=512), onnx_path, seed=3)
+    monkeypatch.setenv("ATLAS_INT4_PATH", path)
+    art_path = f"{build_dir}/llama-h128-int4-{path}.atlas"
+    compile_model(onnx_path, art_path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64,
+                                                      quant="int4", group_size=128))
+    source = open_artifact(art_path).source()
+    assert ("linear_w4a8_mma<" in source) == (path == "w4a8")
+    prompts = _prompts(3, 9, seed=17)
+    want = generate(CpuModel(open_artifact(art_path)), prompts, 12, keep_logits=True)
+    model = GpuModel(open_artifact(art_path), device=device())
+    got = generate(model, prompts, 12, keep_logits=True)
+    model.close()
+    tol = TOL["fp16"]
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
