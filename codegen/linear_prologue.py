@@ -11,12 +11,14 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
   device lambda `lin_epi` (fused.py's statements over the two halves rounded as the Linear stores them);
 - XFn for ElementwiseLinear: a device lambda evaluating the FusedElementwise program at (m, k) with
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
-Each block first stages all of x (M x K values) in dynamic shared memory (the pass limits it to
-PROLOGUE_SMEM_BYTES), then the decode loops read x from there (XSmem): x is computed once per
-block, not once per warp and K step; the grid is capped (grid_cap: by the rows and the kind of weights) so
-that few blocks repeat the staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs
-K % V == 0, an aligned weight and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode
-additionally float16, K % 32 == 0 and sm80+. Otherwise the scalar GEMV runs.
+Each block stages all of x (M x K values) in dynamic shared memory (the pass limits it to staging_limit
+of the archs), then the decode loops read x from there (XSmem): x is computed once per block, not once
+per warp and K step. Float projections stage first; quantized ones stage inside their kernel after each
+warp has issued its first weight loads (quant.cu's `pro`, act_int8.cu's likewise), so the reads overlap
+it. The grid is capped (grid_cap: by the rows and the kind of weights) so that few blocks repeat the
+staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs K % V == 0, an aligned weight
+and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode additionally float16, K % 32 == 0 and
+sm80+. Otherwise the scalar GEMV runs.
 """
 
 from __future__ import annotations
