@@ -6,10 +6,11 @@ weight. Reported: end-to-end KL divergence of the next-token distributions (floa
 over every position), top-1 agreement over every position, and per layer the relative error
 ||x W^T - x Wq^T|| / ||x W^T|| on the activations x that layer actually sees on those prompts.
 
-When decode projections take int8 activations (choose-decode-path: act = "int8"), whose error the
-prefill does not see, `decode_act_int8` adds one decode step per prompt after the (quantized) prefill of
-all but its last token: KL divergence and top-1 agreement of that step's logits against the same step
-with float activations (the W4A16 / W8A16 decode on the same cache).
+When decode projections take int8 activations (choose-decode-path: act = "int8", or "int8@1" for a step
+of one row, which the report then runs prompt by prompt), whose error the prefill does not see,
+`decode_act_int8` adds one decode step per prompt after the (quantized) prefill of all but its last token:
+KL divergence and top-1 agreement of that step's logits against the same step with float activations (the
+W4A16 / W8A16 decode on the same cache).
 """
 
 from __future__ import annotations
@@ -163,17 +164,19 @@ def decode_act_report(program: Program, ids: np.ndarray) -> dict:
     """The int8-activation decode step against the same step with float activations (see the module
     docstring); {} when no decode node has act = "int8"."""
     marked = [name for name in ("decode_small", "decode") if name in program.entries and
-              any(n.attrs.get("act") == "int8" for n in program.entries[name].nodes)]
+              any(n.attrs.get("act", "").startswith("int8") for n in program.entries[name].nodes)]
     if not marked or ids.shape[1] < 2:
         return {}
     name = marked[0]
     graph = program.entries[name]
     twin = graph.clone(f"{name}_float_act")
     for node in twin.nodes:
-        if node.attrs.get("act") == "int8":
+        if node.attrs.get("act", "").startswith("int8"):
             node.attrs["act"] = ""
     kv, past, batch = program.kv_cache, program.roles["past"], program.roles["batch"]
     rows = min(kv.max_batch, program.bounds[name].get(batch, kv.max_batch))
+    if any(n.attrs.get("act") == "int8@1" for n in graph.nodes):
+        rows = 1  # "int8@1": int8 activations only in a decode step of one row
     prefill = program.entries["prefill"]
     length = ids.shape[1]
     logits_name = graph.outputs[0].name

@@ -38,6 +38,7 @@ from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, staging_bytes
+from atlasc.ir.ops.quant import act_int8
 
 PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each one computes and stages all of x
 # A capped grid makes blocks loop over items, each item's loads waiting behind the last, while every extra
@@ -224,7 +225,8 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")
     xv.append(f"  xv.shape[{r - 1}] = K; xv.stride[{r - 1}] = 1;")
     smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
-    if node.attrs.get("act") == "int8":  # W4A8 / W8A8: the staged rows quantized again, to int8, after them
+    act8 = act_int8(node.attrs.get("act", ""), m_upper)
+    if act8:  # W4A8 / W8A8: the staged rows quantized again, to int8, after them
         # (the stage runs inside: W4A8 on tensor cores reads its first weights before it)
         calls, blocks = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "xv", smem, epi,
                                    pro=stage, n_upper=n_upper)
@@ -237,7 +239,7 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         stages = [f"  auto lin_pro = [&]() {{ {stage.strip()} }};"]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
-    cap = grid_cap(m_upper, "act8" if node.attrs.get("act") == "int8" else "quantized")
+    cap = grid_cap(m_upper, "act8" if act8 else "quantized")
     grid = (max(1, min(MAX_GRID, blocks, cap)), 1, 1)
     return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))

@@ -31,6 +31,7 @@ from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, Kernel
 from atlasc.codegen.linear import GEMV_MAX_M, bind_bias
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node
+from atlasc.ir.ops.quant import act_int8
 
 THREADS = 256  # QLIN_THREADS in quant.cu
 WARPS = THREADS // 32
@@ -168,7 +169,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         m_upper *= ctx.upper(d)
     lines = ["  long long M = 1;", *[f"  M *= x.shape[{i}];" for i in range(r - 1)]]
     prefetch = weight_prefetch(ctx, *node.inputs[1:3], *node.inputs[4:5]) if m_upper <= GEMV_MAX_M else ""
-    if node.attrs.get("act") == "int8":  # W4A8 / W8A8 (decode): x quantized per row in shared memory, dp4a
+    if act_int8(node.attrs.get("act", ""), m_upper):  # W4A8 / W8A8 (decode): x quantized per row to int8
         lines.append("  extern __shared__ __align__(16) unsigned char lin_dyn[];")
         calls, blocks = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "x", 0,
                                    n_upper=n_upper)

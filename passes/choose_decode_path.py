@@ -44,6 +44,12 @@ QUANT = {"LinearQ4": "int4", "LinearQ8": "int8"}  # the table's and the record's
 RULES = {"LinearQ4": "LinearQ4 (decode) => act int8 (W4A8, dp4a)",
          "LinearQ8": "LinearQ8 (decode) => act int8 (W8A8, dp4a)"}
 BUCKETS = ("rows 1", "rows 2..8")
+# ATLAS_INT4_PATH=w4a8-fused1 (opt-in, for A/B timing): int8 activations only in the rows-1 kernels of the
+# fused non-rotary int4 projections (NormLinearQ: gate/up + SwiGLU, the LM head; act = "int8@1"). The lab
+# (docs/perf.md v12, M = 1) has them faster with int8 x (8B gate/up 23.39 against 28.48 us, LM head 77.84
+# against 83.14), the other projections and 8 rows slower; not yet measured end to end.
+FUSED_ROWS1 = "w4a8-fused1"
+FUSED_ROWS1_RULE = "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)"
 TABLE = Path(__file__).with_name("decode_paths.yaml")
 
 
@@ -73,6 +79,7 @@ def table_problems(table: dict) -> list[str]:
 def env_choice(op: str) -> str | None:
     """ATLAS_INT4_PATH / ATLAS_INT8_PATH when set (None otherwise); UsageError for an unknown value."""
     env, values = PATHS[op]
+    values = (*values, FUSED_ROWS1) if op == "LinearQ4" else values
     path = os.environ.get(env, "")
     if path and path not in values:
         raise UsageError(f"{env}={path!r} is not a decode path (expected one of: {', '.join(values)})")
@@ -83,6 +90,9 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
     """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs."""
     env, (float_path, int8_path) = PATHS[op]
     forced = env_choice(op)
+    if forced == FUSED_ROWS1:
+        return {"paths": {"rows 1": f"{int8_path} (fused norms)", "rows 2..8": float_path},
+                "source": f"{env}={forced}"}
     if forced:
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
     per_arch, notes = [], []
@@ -136,6 +146,25 @@ def choose_graph(graph: Graph, upper: dict[str, int], int8_buckets: dict[str, se
         stats.applied[RULES[op]] = stats.applied.get(RULES[op], 0) + 1
 
 
+def choose_fused_rows1(graph: Graph, stats: RewriteStats, archs: tuple[str, ...] = ()) -> None:
+    """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on graph's int4 NormLinearQ nodes whose rows-1 kernel the
+    int8-activation path can serve (act8_why_not at one row, its shared memory within staging_limit)."""
+    limit = staging_limit(archs)
+    for node in graph.nodes:
+        if node.op != "NormLinearQ" or node.attrs.get("linear") != "LinearQ4":
+            continue
+        x = node.inputs[0]
+        k, group = x.shape[-1], int(node.attrs.get("group_size", 0))
+        why = act8_why_not(4, group, k, 1)
+        if not why and k + staging_bytes(1, k, x.dtype) > limit:
+            why = f"its row needs more than {limit // 1024} KB of shared memory on these archs"
+        if why:
+            stats.declined[f"{FUSED_ROWS1_RULE} at {node.name}"] = why
+            continue
+        node.attrs["act"] = "int8@1"
+        stats.applied[FUSED_ROWS1_RULE] = stats.applied.get(FUSED_ROWS1_RULE, 0) + 1
+
+
 def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Program, RewriteStats]:
     """Mark decode int4 / int8 projections for int8 activations where the table (passes/decode_paths.yaml,
     or `table`) chooses them for every arch of the compile, or ATLAS_INT4_PATH / ATLAS_INT8_PATH say so."""
@@ -148,6 +177,10 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     for op in sorted(ops):
         decision = decide(op, tuple(program.options.archs), table)
         program.decode_paths[QUANT[op]] = decision
+        if op == "LinearQ4" and env_choice(op) == FUSED_ROWS1:
+            for graph in program.entries.values():
+                choose_fused_rows1(graph, stats, program.options.archs)
+            continue
         chosen = {b for b, path in decision["paths"].items() if path == PATHS[op][1][1]}
         if chosen:
             int8_buckets[op] = chosen

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -113,6 +114,77 @@ def test_the_environment_overrides_the_table(monkeypatch):
     assert _acts(program) == {""}
     assert program.decode_paths["int4"] == {"paths": dict.fromkeys(cdp.BUCKETS, "w4a16"),
                                             "source": "ATLAS_INT4_PATH=w4a16"}
+
+
+def test_fused_rows1_opt_in_marks_only_the_fused_norm_projections(monkeypatch):
+    """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on the decode's int4 NormLinearQ nodes (gate/up + SwiGLU,
+    the LM head), float activations on the rotary QKV and the plain projections; recorded per bucket."""
+    program, stats = _chosen(monkeypatch, env=cdp.FUSED_ROWS1)
+    acts = {(n.op, n.attrs.get("act", "")) for n in program.entries["decode"].nodes if cdp._projection(n)}
+    assert acts == {("NormLinearQ", "int8@1"), ("NormLinearRotary", ""), ("LinearQ4", "")}
+    fused = [n for n in program.entries["decode"].nodes if n.op == "NormLinearQ"]
+    assert stats.applied == {cdp.FUSED_ROWS1_RULE: len(fused)} and any(n.attrs.get("epilogue") for n in fused)
+    assert _acts(program, "prefill") == {""}
+    assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"},
+                                            "source": "ATLAS_INT4_PATH=w4a8-fused1"}
+
+
+def test_one_row_int8_activations_follow_the_rows_of_the_call():
+    """act = "int8@1": the reference quantizes x to int8 for a call of one row (the W4A8 result), and keeps
+    float activations for more rows; other values are a ShapeError naming them."""
+    import numpy as np
+
+    from atlasc.errors import ShapeError
+    from atlasc.ir.ops import OPS
+    from atlasc.ir.ops.quant import w4a8_matmul
+    from atlasc.passes.quantize import quantize_int4
+
+    rng = np.random.default_rng(21)
+    wq, scale = quantize_int4(rng.standard_normal((16, 64)).astype(np.float32), 32)
+    op = OPS["LinearQ4"]
+    for rows in (1, 3):
+        x = rng.standard_normal((rows, 64)).astype(np.float16)
+        got = op.reference([x, wq, scale], op.fill_attrs({"group_size": 32, "act": "int8@1"}))[0]
+        floats = op.reference([x, wq, scale], op.fill_attrs({"group_size": 32}))[0]
+        int8 = w4a8_matmul(x, wq, scale, 32, None, None)
+        np.testing.assert_array_equal(got, int8 if rows == 1 else floats)
+        assert not np.array_equal(int8, floats)
+    with pytest.raises(ShapeError, match="'int8@2'"):
+        op.infer([_type((1, 64), "float16"), _type(wq.shape, "uint8"), _type(scale.shape, "float16")],
+                 op.fill_attrs({"group_size": 32, "act": "int8@2"}))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_fused_rows1_kernels_take_int8_only_for_batch_1(tmp_path, monkeypatch):
+    """The compiled opt-in: each fused NormLinearQ's batch-1 kernel quantizes x to int8 (act8), its kernel
+    for batches up to 4 keeps float activations; the accuracy report measures the int8 step at batch 1."""
+    from atlasc.artifact import open_artifact
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+
+    monkeypatch.setenv("ATLAS_INT4_PATH", cdp.FUSED_ROWS1)
+    monkeypatch.setenv("ATLAS_SPLIT_DECODE", "0")
+    path = tmp_path / "f1.atlas"
+    result = compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(
+        archs=("sm90",), max_batch=4, max_seq=64, quant="int4", group_size=32))
+    with open_artifact(path) as art:
+        parts = art.source().split('extern "C" __global__')[1:]
+        kernels = {re.search(r"(\w+)\(unsigned char\*", k).group(1): k for k in parts}
+        fused = [n for n in art.manifest.entries["decode"].nodes if n.op == "NormLinearQ"]
+        assert fused and all(n.variants for n in fused)
+        for node in fused:
+            assert "act8_" not in kernels[node.kernel]
+            assert all("act8_" in kernels[v.kernel] for v in node.variants if v.upto == 1)
+    act = result.manifest.report["quantization"]["accuracy"]["decode_act_int8"]
+    # both random prompts, one at a time: at one row the int8 activations apply (two at once would compare
+    # float activations with themselves, KL 0)
+    assert act["steps"] == 2 and act["entry"] == "decode" and act["kl_divergence"] > 0
+
+
+def _type(shape, dtype):
+    from atlasc.ir.ops import TensorType
+
+    return TensorType(dtype, tuple(shape))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

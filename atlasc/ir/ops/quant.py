@@ -125,8 +125,7 @@ def _per_channel_infer(op: str, wq_dtype: str, what: str):
         wq, scale = ins[1], ins[2]
         if wq.dtype != wq_dtype:
             raise ShapeError(f"{op}: wq must be {what}, got {wq.dtype}")
-        if attrs.get("act", "") not in ("", "int8"):
-            raise ShapeError(f"{op}: act must be '' (float activations) or 'int8', got {attrs['act']!r}")
+        _check_act(op, attrs)
         if len(wq.shape) == 2 and tuple(scale.shape) != (wq.shape[0],):
             raise ShapeError(f"{op}: scale must be [N] = [{wq.shape[0]}], got {list(scale.shape)}")
         return _common(ins, op, wq.shape[1] if len(wq.shape) == 2 else None)
@@ -143,8 +142,7 @@ def _q4_infer(ins, attrs):
         raise ShapeError(f"LinearQ4: wq must be [N, K/2], got rank {len(wq.shape)}")
     if g < 2 or g % 2:
         raise ShapeError(f"LinearQ4: group_size must be even and >= 2, got {g}")
-    if attrs.get("act", "") not in ("", "int8"):
-        raise ShapeError(f"LinearQ4: act must be '' (float activations) or 'int8', got {attrs['act']!r}")
+    _check_act("LinearQ4", attrs)
     k = 2 * wq.shape[1]
     if k % g:
         raise ShapeError(f"LinearQ4: group_size {g} does not divide K = {k}")
@@ -232,6 +230,23 @@ def act8_why_not(bits: int, group: int, k, m_upper: int) -> str | None:
     return None
 
 
+# the attribute `act` of LinearQ4 / LinearQ8 (and the fused ops carrying them): float activations, int8
+# activations (W4A8 / W8A8), or int8 only for a call of one row (a decode batch of 1: the rows-1 bucket's
+# kernel takes int8, every other call float)
+ACT_VALUES = ("", "int8", "int8@1")
+
+
+def act_int8(act: str, rows: int) -> bool:
+    """Whether a projection with attribute `act` quantizes x to int8 for a call of `rows` rows."""
+    return act == "int8" or (act == "int8@1" and rows == 1)
+
+
+def _check_act(op: str, attrs: dict) -> None:
+    if attrs.get("act", "") not in ACT_VALUES:
+        raise ShapeError(f"{op}: act must be '' (float activations), 'int8' or 'int8@1' (int8 for one row), "
+                         f"got {attrs['act']!r}")
+
+
 REF_CHUNK_ROWS = 1024  # weight rows per step of w4a8_matmul (its int64 products stay ~M x 1024 x K / G)
 
 
@@ -244,9 +259,10 @@ def _reference(op: str):
         zero = ins[4] if len(ins) > 4 else None
         g = int(attrs.get("group_size", 128))
         k = 2 * wq.shape[1] if op == "LinearQ4" else wq.shape[1]
-        if op == "LinearQ4" and attrs.get("act") == "int8":
+        int8 = act_int8(attrs.get("act", ""), int(np.prod(x.shape[:-1])))
+        if op == "LinearQ4" and int8:
             return [w4a8_matmul(x, wq, s, g, bias, zero)]
-        if op == "LinearQ8" and attrs.get("act") == "int8":
+        if op == "LinearQ8" and int8:
             return [w8a8_matmul(x, wq, s, bias)]
 
         def rows(r0, r1):
