@@ -146,14 +146,25 @@ def choose_graph(graph: Graph, upper: dict[str, int], int8_buckets: dict[str, se
         stats.applied[RULES[op]] = stats.applied.get(RULES[op], 0) + 1
 
 
-def choose_fused_rows1(graph: Graph, stats: RewriteStats, archs: tuple[str, ...] = ()) -> None:
-    """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on graph's int4 NormLinearQ nodes whose rows-1 kernel the
+# the entries whose kernels are also generated for a batch of 1 when their batch may be larger
+# (atlasc/compiler.py decode_buckets)
+BUCKETED_ENTRIES = ("decode", "decode_small")
+
+
+def choose_fused_rows1(graph: Graph, stats: RewriteStats, upper: dict[str, int], bucketed: bool,
+                       archs: tuple[str, ...] = ()) -> None:
+    """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on graph's int4 NormLinearQ nodes that have a kernel for one
+    row (bucketed: the entry's batch-1 kernels; otherwise only nodes whose rows are at most 1, e.g. not a
+    prefill of a few tokens, whose one kernel serves every row count) and whose one-row kernel the
     int8-activation path can serve (act8_why_not at one row, its shared memory within staging_limit)."""
     limit = staging_limit(archs)
     for node in graph.nodes:
         if node.op != "NormLinearQ" or node.attrs.get("linear") != "LinearQ4":
             continue
         x = node.inputs[0]
+        rows = rows_upper(x, upper)
+        if not bucketed and (rows is None or rows > 1):
+            continue  # no kernel of this node runs with exactly one row only
         k, group = x.shape[-1], int(node.attrs.get("group_size", 0))
         why = act8_why_not(4, group, k, 1)
         if not why and k + staging_bytes(1, k, x.dtype) > limit:
@@ -178,8 +189,9 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
         decision = decide(op, tuple(program.options.archs), table)
         program.decode_paths[QUANT[op]] = decision
         if op == "LinearQ4" and env_choice(op) == FUSED_ROWS1:
-            for graph in program.entries.values():
-                choose_fused_rows1(graph, stats, program.options.archs)
+            for entry, graph in program.entries.items():
+                choose_fused_rows1(graph, stats, program.bounds.get(entry, {}), entry in BUCKETED_ENTRIES,
+                                   program.options.archs)
             continue
         chosen = {b for b, path in decision["paths"].items() if path == PATHS[op][1][1]}
         if chosen:

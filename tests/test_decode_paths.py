@@ -129,6 +129,26 @@ def test_fused_rows1_opt_in_marks_only_the_fused_norm_projections(monkeypatch):
                                             "source": "ATLAS_INT4_PATH=w4a8-fused1"}
 
 
+def test_fused_rows1_leaves_a_short_prefill_alone(monkeypatch):
+    """--max-batch 1 --max-seq 8: the prefill's projections are fused too (up to 8 rows) but have one kernel
+    for every row count, so they keep float activations (a one-token prompt must not differ between the
+    reference and the GPU); the decode step (one row) takes int8."""
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import PIPELINES, run_pipeline
+
+    monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    names = PIPELINES["default"]
+    options = CompileOptions(archs=("sm90",), max_batch=1, max_seq=8, quant="int4", group_size=32)
+    program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
+    program, _ = run_pipeline(program, names[: names.index("choose-decode-path")], verify_each=True)
+    assert [n for n in program.entries["prefill"].nodes if n.op == "NormLinearQ"]
+    monkeypatch.setenv("ATLAS_INT4_PATH", cdp.FUSED_ROWS1)
+    program, _ = cdp.choose_decode_path(program)
+    assert {n.attrs.get("act", "") for n in program.entries["prefill"].nodes if n.op == "NormLinearQ"} == {""}
+    assert {n.attrs.get("act", "") for n in program.entries["decode"].nodes if n.op == "NormLinearQ"} == {"int8@1"}
+
+
 def test_one_row_int8_activations_follow_the_rows_of_the_call():
     """act = "int8@1": the reference quantizes x to int8 for a call of one row (the W4A8 result), and keeps
     float activations for more rows; other values are a ShapeError naming them."""

@@ -190,10 +190,10 @@ def write_artifact(path: str | os.PathLike, manifest: Manifest, members: dict[st
                    weights: bytes | np.ndarray | memoryview | WeightsImage) -> Manifest:
     """Write the `.atlas` file at `path` atomically; returns the manifest as written (with `members` filled).
 
-    `members` maps archive names to bytes: `kernels.cu`, `cubin/<arch>.cubin` (exactly one per
-    `manifest.archs`), and any others (`report.json` ...). `weights` is the weights image in arena
-    order: a C-contiguous buffer, or a WeightsImage of placed arrays; hashed and written in chunks,
-    never copied whole.
+    `members` maps archive names to bytes: `kernels.cu`, `cubin/<arch>.cubin` (one per `manifest.archs`,
+    then `cubin/<arch>.1.cubin`, ... for the parts of a chunked build, numbered without gaps), and any
+    others (`report.json` ...). `weights` is the weights image in arena order: a C-contiguous buffer, or a
+    WeightsImage of placed arrays; hashed and written in chunks, never copied whole.
     """
     path = Path(path)
     views = {name: _as_bytes_view(data) for name, data in members.items()}
