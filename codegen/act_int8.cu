@@ -285,25 +285,11 @@ __device__ __forceinline__ void linear_w4a8_mma(const View<T, R>& x, PRO pro, in
     r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
     return n0;
   };
-  auto load = [&](int s) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int st = s + S * u;
-      wlo[u] = whi[u] = make_uint4(0u, 0u, 0u, 0u);
-      slo[u] = shi[u] = __ushort_as_half(0);
-      zlo[u] = zhi[u] = 8;
-      if (st < steps) {
-        wlo[u] = lin_ld_stream(wq + r0 * row_bytes + 16 * c + st * 64LL);
-        whi[u] = lin_ld_stream(wq + r1 * row_bytes + 16 * c + st * 64LL);
-        const int grp = st * 128 / G;
-        slo[u] = __ldg(scale + (long long)r0 * groups + grp);
-        shi[u] = __ldg(scale + (long long)r1 * groups + grp);
-        if constexpr (ZP) {
-          zlo[u] = __ldg(zero + (long long)r0 * groups + grp);
-          zhi[u] = __ldg(zero + (long long)r1 * groups + grp);
-        }
-      }
-    }
+  auto load = [&](int s) {  // quant.cu's loads of U steps (G % 128 == 0: a step's group is st * 128 / G)
+    qlin_load_steps<4, G, S, U, true, ZP>(wlo, whi, slo, shi, zlo, zhi, wq + r0 * row_bytes + 16 * c,
+                                          wq + r1 * row_bytes + 16 * c, scale + (long long)r0 * groups,
+                                          scale + (long long)r1 * groups, ZP ? zero + (long long)r0 * groups : nullptr,
+                                          ZP ? zero + (long long)r1 * groups : nullptr, s, steps, c);
   };
   bool loaded = false;  // the first U steps of the block's first item, read before x is ready
   if (blockIdx.x < items && rows_of(blockIdx.x) < outs) {
