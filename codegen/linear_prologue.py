@@ -233,10 +233,10 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         blocks = blocks or -(-(n_upper // 2 if epi else n_upper) // WARPS)
         smem += act8_smem(m_upper, k_static)
         stages = []
-    else:  # the staging runs inside the tensor-core path, after its first weight loads (lin_pro)
+    else:  # staged first (overlapping it with the first weight loads measured slower: docs/perf.md v13)
         calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
-                                    xsmem=True, epi=epi, pro="lin_pro")
-        stages = [f"  auto lin_pro = [&]() {{ {stage.strip()} }};"]
+                                    xsmem=True, epi=epi)
+        stages = [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
     cap = grid_cap(m_upper, "act8" if act8 else "quantized")

@@ -465,17 +465,6 @@ __device__ __forceinline__ void qlin_store(const float (&acc)[J][4], float* red,
   }
 }
 
-// no prologue: linear_quant_mma's default PRO
-struct QlinNoPro {
-  __device__ __forceinline__ void operator()() const {}
-};
-template <typename P> struct QlinHasPro {
-  static constexpr bool value = true;
-};
-template <> struct QlinHasPro<QlinNoPro> {
-  static constexpr bool value = false;
-};
-
 // the weights of steps s, s + S, ..., s + S (U - 1) of rows w0 / w1 (scales s0 / s1, zero points z0 / z1)
 template <int BITS, int GS, int S, int U, bool EXACT, bool ZP>
 __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U], __half (&slo)[U], __half (&shi)[U],
@@ -508,18 +497,16 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
 // the tensor-core path for any M (items of 8J rows); red: 1024 * J floats of shared memory (S > 1).
 // XSMEM: x is in shared memory (qlin_ldx). Paired (EPI, see linear_gemv in linear.cu): an item's feature
 // blocks are 8 pairs p, A rows g = rows epi.row_a(p0 + g) and rows g + 8 = rows epi.row_b(p0 + g); each
-// pair's two sums, rounded to T as the Linear stores them, go to epi.put. pro() (PRO not QlinNoPro): run
-// by every thread once, after each warp has issued the loads of its first U steps and before any step
-// reads x (a fused norm's staging of x, with its barriers: the weight reads overlap it, as in
-// act_int8.cu's linear_w4a8_mma).
+// pair's two sums, rounded to T as the Linear stores them, go to epi.put. (A fused norm stages x before
+// the call: running the staging after the first weight loads, as linear_w4a8_mma does, measured slower
+// here, docs/perf.md v13.)
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
-          bool XSMEM = false, typename EPI = LinNoEpi, typename PRO = QlinNoPro>
+          bool XSMEM = false, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red,
-                                                 const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI(),
-                                                 PRO pro = PRO()) {
+                                                 const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI()) {
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int FB = GATED ? 8 : 16;  // outputs per feature block
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
@@ -542,26 +529,6 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   const int tiles_m = (m_rows + 8 * J - 1) / (8 * J);
   const int H = n_rows / 2, outs = GATED ? H : n_rows;
   const long long items = (long long)(((outs + FB - 1) / FB + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
-  // with a prologue, the first U steps of the block's first item are read before pro(); without one
-  // `loaded` is false at compile time and each step rewrites the arrays before reading them
-  constexpr bool HOIST = QlinHasPro<PRO>::value;
-  uint4 wlo[U], whi[U];
-  __half slo[U], shi[U];
-  unsigned char zlo[U], zhi[U];
-  bool loaded = false;
-  if constexpr (HOIST) {
-    const int n0 = int(blockIdx.x / tiles_m) * (FB * F) + FB * fb;
-    if (blockIdx.x < items && n0 < outs) {
-      const int r0 = GATED ? int(epi.row_a(min(n0 + g, H - 1), n_rows)) : min(n0 + g, n_rows - 1);
-      const int r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
-      qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(
-          wlo, whi, slo, shi, zlo, zhi, wq + r0 * row_bytes + 16 * c,
-          wq + r1 * row_bytes + 16 * c, scale + (long long)r0 * groups, scale + (long long)r1 * groups,
-          ZP ? zero + (long long)r0 * groups : nullptr, ZP ? zero + (long long)r1 * groups : nullptr, ks, steps, c);
-      loaded = true;
-    }
-  }
-  pro();
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const int nb0 = int(item / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(item % tiles_m) * (8 * J);
     float acc[J][4];
@@ -582,9 +549,10 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
 #pragma unroll
       for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
       for (int s = ks; s < steps; s += S * U) {
-        if (!(HOIST && loaded))  // (the block's first item: its first steps were read before pro())
-          qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, steps, c);
-        loaded = false;
+        uint4 wlo[U], whi[U];
+        __half slo[U], shi[U];
+        unsigned char zlo[U], zhi[U];
+        qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, steps, c);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;
@@ -609,7 +577,6 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
         }
       }
     }
-    loaded = false;  // (never carry the first item's loads into another item)
     // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
     qlin_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows, m_rows, F,
                                            epi);

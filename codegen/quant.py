@@ -112,18 +112,14 @@ def steps_in_flight(bits: int, j: int) -> int:
 
 
 def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
-                n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "",
-                pro: str = "") -> tuple[list[str], int]:
+                n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "") -> tuple[list[str], int]:
     """(statements, blocks): the tensor-core path (when it applies) with the fallback, for the x View `x`
-    (xsmem: in shared memory), `epi` a gated epilogue functor or "", `pro` a functor every thread calls
-    once before x is read (a fused norm's staging) or "": the tensor-core path calls it after issuing its
-    first weight loads, the fallback first. Declares qlin_red; expects N, K, M, wq, wscale, wzero, bias,
-    bias_stride and y declared."""
+    (xsmem: in shared memory), `epi` a gated epilogue functor or "". Declares qlin_red; expects N, K, M,
+    wq, wscale, wzero, bias, bias_stride and y declared."""
     zero = "wzero" if zp else "nullptr"
     tail = f", {zero}, {epi}" if epi else (", wzero" if zp else "")
-    fallback = (f"{pro + '(); ' if pro else ''}atlas::linear_quant<{t}, {r}, {bits}, {has_bias}"
-                f"{', true' if f8 else ''}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{tail});")
-    mma_tail = f", {zero}, {epi or 'atlas::LinNoEpi()'}, {pro}" if pro else tail
+    fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
+                f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{tail});")
     outs = n_upper // 2 if epi else n_upper
     lines, blocks = [], _ceil(outs, WARPS)
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
@@ -133,7 +129,7 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
             lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
         else:
             lines.append("  float* qlin_red = nullptr;")
-        args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{mma_tail}"
+        args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{tail}"
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
         lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K)) {{")
