@@ -138,6 +138,7 @@ def test_greedy_32_steps_match_onnxruntime(name, batch, length, build_dir):
         np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
 
 
+@pytest.mark.gpu_alone  # free memory is device-wide: a parallel test process allocating would fail it
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_cuda_graphs_equal_eager_and_no_allocation_after_load(name, build_dir):
     prompts = _prompts(2, 9, seed=7)
