@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -240,13 +240,19 @@ def write(cfg: LlamaShape, path: Path, seed: int = 0) -> None:
     onnx.save_model(model, str(path))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", choices=sorted(CONFIGS))
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--layers", type=int, default=0,
+                    help="decoder layers (default: the config's); fewer keep the real shapes for quick kernel studies")
+    args = ap.parse_args(argv)
     cfg = CONFIGS[args.config]
+    if args.layers < 0:
+        ap.error(f"--layers {args.layers}: expected a positive count")
+    if args.layers:
+        cfg = replace(cfg, layers=args.layers)
     write(cfg, args.out, args.seed)
     n = sum(int(np.prod(i.dims)) for i in onnx.load(str(args.out), load_external_data=False).graph.initializer)
     print(f"wrote {args.out}: {args.config}, {n / 1e9:.2f} B parameters")

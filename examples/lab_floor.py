@@ -32,17 +32,22 @@ LAUNCH_BLOCKS = 132 * 8  # 8 blocks per H200 SM
 SPAN_WINDOWS = 64  # windows of one --span-gb timing (rotated among like arena copies)
 
 
-def _windows(dev, nbytes: int, span: int) -> tuple[list, list]:
-    """(arena copies or window addresses, allocations to free): arena_count(nbytes) small arenas, or with
-    span > 0 up to SPAN_WINDOWS evenly spaced windows of one span-byte allocation."""
-    window = DATA_OFFSET + nbytes + 256
+def spread_windows(dev, window: int, span: int, copies: int) -> tuple[list, list]:
+    """(window addresses, allocations to free): `copies` arenas of `window` bytes when span <= 0; else up to
+    SPAN_WINDOWS (at least 2) windows evenly spaced, 256-aligned, in one allocation of at least span bytes,
+    so a timing rotating among them touches a footprint of span bytes as a compiled model's arena does."""
     if span <= 0:
-        arenas = [dev.alloc_arena(window) for _ in range(arena_count(nbytes))]
+        arenas = [dev.alloc_arena(window) for _ in range(copies)]
         return arenas, arenas
     count = max(2, min(SPAN_WINDOWS, span // window))
     big = dev.alloc_arena(count * window if span < count * window else span)
     step = (span // count) // 256 * 256 if span >= count * window else window
     return [int(big) + i * step for i in range(count)], [big]
+
+
+def _windows(dev, nbytes: int, span: int) -> tuple[list, list]:
+    """lab_read's windows for nbytes of data (see spread_windows)."""
+    return spread_windows(dev, DATA_OFFSET + nbytes + 256, span, arena_count(nbytes))
 
 
 def floor_rows(dev, sizes: list[int], span: int = 0) -> list[tuple[int, float, float, float]]:

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from lab_floor import spread_windows
+
 from kernel_lab import (FUSED, PEAK, SHAPES, SWIGLU, arena_count, check_output, generate_with_env, reference,
                         split_variant, time_launches, with_options)
 
@@ -134,6 +136,10 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=1,
                     help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
                          "model's per-layer kernels run: cold instruction caches, which one kernel repeated hides")
+    ap.add_argument("--span-gb", type=float, default=0.0,
+                    help="place the arena copies a timing rotates among as windows spread over one allocation of "
+                         "this many GB (examples/lab_floor.py spread_windows), as a model's weights lie in its "
+                         "arena: what address translation over gigabytes costs the kernel")
     ap.add_argument("--floor", action="store_true",
                     help="then time a kernel that only streams each row's packed bytes + scales, and an empty "
                          "kernel (examples/lab_floor.py): what any kernel of that size pays in this harness")
@@ -197,7 +203,8 @@ def main(argv=None) -> int:
                 module = dev.load_module(cubins[(name, m, mode, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
-                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(arena_count(plan.arena_bytes))]
+                arenas, allocations = spread_windows(dev, plan.arena_bytes, int(args.span_gb * 1e9),
+                                                     arena_count(plan.arena_bytes))
                 for a in arenas:
                     dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
@@ -228,7 +235,7 @@ def main(argv=None) -> int:
                              launch.grid[0], check))
                 print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} {us:9.2f} us {gbs:7.0f} GB/s {rows[-1][6]:5.1f}%  "
                       f"{rows[-1][-1]}", flush=True)
-                for a in arenas:
+                for a in allocations:
                     a.free()
     print(f"\n{'shape':11s} {'KxN':>12s} {'M':>3s} {'quant path':15s} {'us':>9s} {'GB/s':>7s} {'%4.3TB/s':>8s} "
           f"{'MB read':>8s} {'grid':>6s}  check")

@@ -19,7 +19,7 @@ from atlasc.frontend import import_onnx
 from atlasc.ir.program import CompileOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from build_llama import CONFIGS, write  # noqa: E402
+from build_llama import CONFIGS, main, write  # noqa: E402
 
 
 @pytest.fixture
@@ -130,3 +130,17 @@ def test_packed_int4_initializers_are_read_not_mapped(tmp_path, monkeypatch):
     assert set(mapped) == {"f"} and np.array_equal(mapped["f"], np.ones((64, 32), np.float32))
     q_loaded = next(t for t in proto.graph.initializer if t.name == "q")
     assert not onnx.external_data_helper.uses_external_data(q_loaded) and len(q_loaded.raw_data) == 64 * 32 // 2
+
+
+def test_build_llama_layers_keeps_the_shapes_with_fewer_layers(tmp_path):
+    """--layers N: the config's shapes with N decoder layers (quick kernel studies of the real shapes)."""
+    path = tmp_path / "two.onnx"
+    main(["tiny", str(path), "--layers", "1"])
+    graph = import_onnx(path)
+    caches = [v.name for v in graph.inputs if v.name.startswith("past_key_values.")]
+    assert sorted(caches) == ["past_key_values.0.key", "past_key_values.0.value"]
+    hidden = CONFIGS["tiny"].hidden
+    assert any(c.data.shape == (CONFIGS["tiny"].vocab, hidden) for c in graph.constants())
+    with pytest.raises(SystemExit) as e:
+        main(["tiny", str(path), "--layers", "-1"])
+    assert e.value.code == 2
