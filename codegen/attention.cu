@@ -271,12 +271,14 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // A unit writes its rows' unnormalized output, max and sum to the scratch `ws`, then bumps the item's
 // counter `cnt`; the unit that arrives last merges the runs (flash-decoding) and writes y, then puts
 // the counter back to 0. splits is chosen at run time from the launch: enough units for
-// ATT_SPLIT_TARGET blocks, each run at least ATT_SPLIT_MIN_KEYS keys, at most SPLIT.
+// ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT.
+// VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
+// latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
 constexpr long long ATT_SPLIT_TARGET = 256;
-constexpr long long ATT_SPLIT_MIN_KEYS = 64;
+constexpr int ATT_SPLIT_MIN_KEYS = 64;
 
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
-          int SPLIT = 1, bool KEYS = false>
+          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = false>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
@@ -291,6 +293,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   constexpr int ITERS = 32 / KPI;                 // warp-wide V loads per block of 32 keys
   constexpr int IC = att_divisor_upto(ITERS, ATT_DECODE_VC / VPL > 0 ? ATT_DECODE_VC / VPL : 1);
   static_assert(NV * VEC == D && NV % KC == 0, "K: whole 16-byte vectors");
+  static_assert(MIN_KEYS >= 1, "a run has at least one key");
   static_assert(EV <= VEC && LPR * KPI == 32 && VPL * LPR * EV == D, "V: lanes split the head dim");
 
   const long long B = a.q.shape[0], Hq = a.q.shape[1], Sq = a.q.shape[2];
@@ -315,7 +318,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   long long splits = 1;
   if constexpr (SPLIT > 1) {
     const long long want = (ATT_SPLIT_TARGET + items - 1) / items;
-    const long long by_len = (Skv + ATT_SPLIT_MIN_KEYS - 1) / ATT_SPLIT_MIN_KEYS;
+    const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
     splits = want < by_len ? want : by_len;
     splits = splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
   }
@@ -390,6 +393,11 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       const int j = kb * 32 + lane;
       const bool valid = j < kend;
       const uint4* kp = reinterpret_cast<const uint4*>(krow(valid ? j : kend - 1));
+      if constexpr (VPF) {
+        const char* vb = reinterpret_cast<const char*>(vrow(valid ? j : kend - 1));
+#pragma unroll
+        for (int o = 0; o < D * (int)sizeof(T); o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + o));
+      }
       float dot0[R], dot1[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = 0.f;

@@ -55,6 +55,9 @@ FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fe
 FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
 FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split aims for
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
+FAST_SPLIT_MIN_KEYS = 64  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least
+MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
+VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # 1: V rows prefetched into L2 with the K reads (A/B timing)
 
 
 def path_choice() -> str:
@@ -185,15 +188,18 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {FAST_WARPS}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
+    # (min_blocks below: the 128-register kernel spills with the V prefetch, so it goes without it)
+    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
     scratch = 0
     if split > 1:  # counters [items], then [items][split][r][d + 2] floats (attention.cu: sequence split)
         counters = align(4 * items)
         scratch = counters + 4 * items * split * r * (d + 2)
         ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
         ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
-        body = f"  atlas::attention_decode<{tmpl}, {split}{', true' if keys else ''}>(args, att_ws, att_cnt);"
+        tail = decode_template_tail(split, keys, min_blocks == 1)
+        body = f"  atlas::attention_decode<{tmpl}{tail}>(args, att_ws, att_cnt);"
     else:
-        body = f"  atlas::attention_decode<{tmpl}{', 1, true' if keys else ''}>(args);"
+        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, min_blocks == 1)}>(args);"
     smem = max(fast_smem(d, r), rows_smem)
     threads = FAST_WARPS * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
@@ -203,7 +209,6 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # per SM) to 142 (1 block), 1.5x slower at batch 32 (attention_lab, docs/perf.md v5); asking for 2
     # blocks gives 128 registers without spills (ptxas, sm80 / sm90; fp32 or head dim 128 would spill:
     # tests/test_codegen_matmul_attention.py::test_attention_decode_compiles_without_spills)
-    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
     # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
@@ -219,6 +224,36 @@ def split_max() -> int:
     if not text.isdigit() or not 1 <= int(text) <= FAST_MAX_SPLIT:
         raise CodegenError(f"{SPLIT_ENV}={text!r} is not a split count (expected 1 to {FAST_MAX_SPLIT})")
     return int(text)
+
+
+def split_min_keys() -> int:
+    """ATLAS_ATTENTION_SPLIT_MIN_KEYS (default FAST_SPLIT_MIN_KEYS): the fewest keys a run of the sequence
+    split gets (the split cuts fewer runs at short contexts); CodegenError unless 1 to 65536."""
+    text = os.environ.get(MIN_KEYS_ENV, "") or str(FAST_SPLIT_MIN_KEYS)
+    if not text.isdigit() or not 1 <= int(text) <= 65536:
+        raise CodegenError(f"{MIN_KEYS_ENV}={text!r} is not a key count (expected 1 to 65536)")
+    return int(text)
+
+
+def v_prefetch() -> bool:
+    """ATLAS_ATTENTION_VPREFETCH (default 0): 1 has attention_decode prefetch each key's V row into L2 before
+    it reads the K row; CodegenError unless 0 or 1."""
+    text = os.environ.get(VPREFETCH_ENV, "") or "0"
+    if text not in ("0", "1"):
+        raise CodegenError(f"{VPREFETCH_ENV}={text!r} is not 0 or 1")
+    return text == "1"
+
+
+def decode_template_tail(split: int, keys: bool, prefetch_ok: bool = True) -> str:
+    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF (when
+    ATLAS_ATTENTION_VPREFETCH=1 and prefetch_ok), each given only up to the last one that differs from
+    attention.cu's default (the default kernels' text stays as before, so their cubins stay cached)."""
+    vpf = v_prefetch() and prefetch_ok
+    args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if vpf else "false"]
+    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "false"]
+    while args and args[-1] == defaults[len(args) - 1]:
+        args.pop()
+    return "".join(f", {a}" for a in args)
 
 
 def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:

@@ -664,3 +664,52 @@ def test_attention_split_env_rejects_bad_values(monkeypatch, value):
         attention.fast_split(rows_up=4, r=4, items_up=8, d=64)
     monkeypatch.setenv(attention.SPLIT_ENV, "1")
     assert attention.fast_split(rows_up=4, r=4, items_up=8, d=64) == 1
+
+
+@pytest.mark.parametrize("env,value", [("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "0"),
+                                       ("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "x"),
+                                       ("ATLAS_ATTENTION_VPREFETCH", "2"), ("ATLAS_ATTENTION_VPREFETCH", "yes")])
+def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
+    """The short-context A/B switches take a key count (1 to 65536) / 0 or 1: else a CodegenError naming them."""
+    from atlasc.codegen import attention
+
+    monkeypatch.setenv(env, value)
+    with pytest.raises(CodegenError, match=env):
+        attention.decode_template_tail(32, False)
+
+
+def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
+    """ATLAS_ATTENTION_SPLIT_MIN_KEYS / ATLAS_ATTENTION_VPREFETCH reach attention_decode's MIN_KEYS / VPF
+    template arguments; unset (or at their defaults) the generated text is the same as without them, so
+    default builds keep their cached cubins. The switched kernels compile for sm80 and sm90 and spill no more
+    than the default ones (the 2-blocks-per-SM fp16 head-dim-64 split kernels spill a few bytes either way)."""
+    import re
+
+    from atlasc.codegen import attention
+
+    b = build_attention_decode("float16")
+    graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
+    upper = {"d": {**DECODE_UPPER, "seq": 1}}
+    base = generate_module({"d": (graph, plan)}, upper).source
+    monkeypatch.setenv(attention.MIN_KEYS_ENV, str(attention.FAST_SPLIT_MIN_KEYS))
+    monkeypatch.setenv(attention.VPREFETCH_ENV, "0")
+    assert generate_module({"d": (graph, plan)}, upper).source == base
+    monkeypatch.setenv(attention.MIN_KEYS_ENV, "256")
+    monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
+    switched = generate_module({"d": (graph, plan)}, upper).source
+    tail = f", {attention.FAST_MAX_SPLIT}, false, 256, true>(args, att_ws, att_cnt);"
+    no_vpf = f", {attention.FAST_MAX_SPLIT}, false, 256>(args, att_ws, att_cnt);"  # head dim 64: 2 blocks per SM
+    assert switched.count(tail) + switched.count(no_vpf) == 11 and switched.count(tail) > 0
+    assert base.count(f", {attention.FAST_MAX_SPLIT}>(args, att_ws, att_cnt);") == 11
+    monkeypatch.delenv(attention.VPREFETCH_ENV)
+    assert f", {attention.FAST_MAX_SPLIT}, false, 256>(args" in generate_module({"d": (graph, plan)}, upper).source
+    assert attention.decode_template_tail(1, True) == ", 1, true, 256"
+    def spills(source: str, arch: str) -> dict[str, int]:
+        log = _nvcc_log(source, arch, tmp_path)
+        found = re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores", log)
+        return {name: int(n) for name, n in found}
+
+    for arch in ARCHS:
+        before, after = spills(base, arch), spills(switched, arch)
+        assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
+        assert all(after[k] <= before[k] for k in after), (arch, before, after)

@@ -157,6 +157,24 @@ def test_attention_decode_sequence_split(monkeypatch, dtype):
                                 plan_fn=_decode_plan, repeat=3)
 
 
+@pytest.mark.parametrize("min_keys,vpf", [("32", "0"), ("256", "1")])
+def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf):
+    """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 256 keys) and ATLAS_ATTENTION_VPREFETCH=1 (V rows
+    prefetched into L2) keep attention_decode equal to the reference at every one-position context of
+    DECODE_ENVS, launched three times in one arena (the split counters return to 0)."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
+    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", vpf)
+    b = build_attention_decode("float16")
+    graph = b.done()
+    rtol, atol = TOL["other"]["float16"]
+    rng = np.random.default_rng(7)
+    for env in [e for e in DECODE_ENVS if e["seq"] == 1]:
+        feeds = b.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper={**DECODE_UPPER, "seq": 1},
+                                plan_fn=_decode_plan, repeat=3)
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_attention_decode(monkeypatch, path, dtype):
