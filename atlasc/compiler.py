@@ -136,6 +136,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     t = time.perf_counter()
     say("nvcc", ", ".join(options.archs))
     cubins = compile_module(module, options.archs, on_done=lambda arch: say("nvcc-done", arch))
+    check_shared_memory(module, options.archs, cubins)  # now with each kernel's static arrays
     seconds["nvcc"] = time.perf_counter() - t
 
     t = time.perf_counter()

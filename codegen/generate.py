@@ -196,18 +196,28 @@ def _load_families() -> list[str]:
     return [(HERE / f"{name}.cu").read_text() for name in families.TEMPLATES]
 
 
-def check_shared_memory(module: GeneratedModule, archs: tuple[str, ...]) -> None:
-    """CodegenError (one line) naming the first launch whose dynamic shared memory no block of one of
-    `archs` can have (atlasc/ir/archs.py MAX_SMEM_PER_BLOCK): the launch would fail on that GPU."""
+def check_shared_memory(module: GeneratedModule, archs: tuple[str, ...],
+                        cubins: dict[str, list[bytes]] | None = None) -> None:
+    """CodegenError (one line) naming the first launch whose shared memory no block of one of `archs` can
+    have (atlasc/ir/archs.py MAX_SMEM_PER_BLOCK): the launch would fail on that GPU. Before nvcc (cubins
+    None) it counts the launch's dynamic bytes; with an arch's cubins also each kernel's static arrays as
+    ptxas laid them out (codegen/cubin.py static_shared_bytes)."""
+    from atlasc.codegen.cubin import static_shared_bytes
+
     for arch in archs:
         most = MAX_SMEM_PER_BLOCK[arch]
+        static: dict[str, int] = {}
+        for part in (cubins or {}).get(arch, []):
+            static.update(static_shared_bytes(part))
         for entry, launches in module.launches.items():
             for launch in launches:
                 for kernel, smem in [(launch.kernel, launch.smem), *((v.kernel, v.smem) for v in launch.variants)]:
-                    if smem > most:
-                        raise CodegenError(f"{entry} node {launch.node} ({launch.op}, kernel {kernel}) needs {smem} "
-                                           f"bytes of shared memory per block; {arch} allows {most}",
-                                           hint=f"compile without {arch} in --arch")
+                    fixed = static.get(kernel, 0)
+                    if smem + fixed > most:
+                        parts = f" ({smem} dynamic + {fixed} static)" if fixed else ""
+                        raise CodegenError(f"{entry} node {launch.node} ({launch.op}, kernel {kernel}) needs "
+                                           f"{smem + fixed} bytes of shared memory per block{parts}; {arch} allows "
+                                           f"{most}", hint=f"compile without {arch} in --arch")
 
 
 def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[str, dict[str, int]],

@@ -7,11 +7,11 @@ chunked build on the GPU)."""
 from __future__ import annotations
 
 import shutil
-import struct
 
 import pytest
 
 from atlasc.artifact import open_artifact
+from atlasc.codegen.cubin import kernel_registers
 from atlasc.compiler import compile_model
 from atlasc.ir.program import CompileOptions
 from atlasc.runtime.cpu import CpuModel
@@ -21,38 +21,6 @@ from conftest import FIXTURES
 from ort_reference import ort_greedy
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-
-EIATTR_REGCOUNT = 0x2F
-
-
-def kernel_registers(cubin: bytes) -> dict[str, int]:
-    """kernel -> registers, read from the cubin (ELF): the EIATTR_REGCOUNT attributes of its .nv.info
-    sections (payload: symbol index, count), named through .symtab."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-
-    def cstr(off: int) -> str:
-        return cubin[off:cubin.index(b"\0", off)].decode()
-
-    names = [cstr(heads[shstrndx][4] + h[0]) for h in heads]
-    symtab = heads[names.index(".symtab")]
-    strtab = heads[symtab[6]][4]
-    syms = [cstr(strtab + struct.unpack_from("<I", cubin, symtab[4] + i * 24)[0]) for i in range(symtab[5] // 24)]
-    out = {}
-    for (_, _, _, _, offset, size, *_), name in zip(heads, names):
-        pos = offset
-        while name.startswith(".nv.info") and pos + 4 <= offset + size:
-            fmt, attr, length = struct.unpack_from("<BBH", cubin, pos)
-            if fmt == 0x04:  # EIFMT_SVAL: `length` payload bytes follow
-                if attr == EIATTR_REGCOUNT:
-                    sym, count = struct.unpack_from("<II", cubin, pos + 4)
-                    out[syms[sym]] = count
-                pos += 4 + length
-            else:  # the other formats hold their value in the 2 bytes
-                pos += 4
-    return out
-
 
 def test_chunked_build_keeps_every_kernel_and_its_registers(tmp_path, monkeypatch):
     from atlasc.codegen.nvcc import compile_cubins
