@@ -5,6 +5,8 @@
                                                       # paths rows and fast
     python examples/attention_lab.py --quick          # 1B, context 256, batch 1 (smoke test)
     python examples/attention_lab.py --models 8B --contexts 4096 --batches 1,32 --path fast
+    python examples/attention_lab.py --contexts 256,1024,4096 --path fast,nosplit,vpf,mk32,mk256,mk256vpf
+                                                      # the short-context A/B switches (AB_PATHS)
 
 For each (model, context T, batch B, path) it builds a one-node graph as the compiler emits it for a
 decoder: `Attention(q [B, Hq, 1, D], k, v, mask [B, 1, 1, T]){out_bshd}` in fp16 whose K and V are
@@ -83,6 +85,11 @@ def build(model: str, ctx: int, batch: int):
     return g, plan, {"batch": batch, "ctx": ctx}
 
 
+# the short-context A/B variants of "fast" (not in the default set): V rows prefetched into L2 with the K
+# reads, and the split's runs of at least 32 / 256 keys (attention.py VPREFETCH_ENV, MIN_KEYS_ENV)
+AB_PATHS = {"vpf": {attention.VPREFETCH_ENV: "1"}, "mk32": {attention.MIN_KEYS_ENV: "32"},
+            "mk256": {attention.MIN_KEYS_ENV: "256"}, "mk256vpf": {attention.MIN_KEYS_ENV: "256",
+                                                                   attention.VPREFETCH_ENV: "1"}}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
@@ -255,9 +262,10 @@ def main_prefill(args, ap) -> int:
 
 def generate(model: str, ctx: int, batch: int, path: str):
     """(graph, plan, module) of build(...) generated with ATLAS_ATTENTION_PATH=path ("nosplit": fast, no
-    sequence split)."""
+    sequence split; an AB_PATHS name: fast with that variant's switches; the others' switches cleared)."""
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
-        attention.PATH_ENV: path, attention.SPLIT_ENV: ""}
+        attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
+    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: ""} | AB_PATHS.get(path, {})
     return generate_with_env(build(model, ctx, batch), env)
 
 
@@ -295,7 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated contexts (keys)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (decode: 1,32; prefill: 1)")
     ap.add_argument("--path", default=None,
-                    help=f"comma-separated Attention paths, of {', '.join(LAB_PATHS)} (decode, default all) or "
+                    help=f"comma-separated Attention paths, of {', '.join((*LAB_PATHS, *AB_PATHS))} (decode, "
+                         f"default {', '.join(LAB_PATHS)}) or "
                          f"{', '.join(PREFILL_PATHS)} (--prefill, default fa2,fa2w8,fast)")
     ap.add_argument("--prefill", action="store_true", help="time the prefill Attention (Sq = T) instead")
     ap.add_argument("--seqs", default=",".join(map(str, PREFILL_SEQS)), help="--prefill: comma-separated T")
@@ -309,7 +318,7 @@ def main(argv=None) -> int:
     contexts = (256,) if args.quick else tuple(int(x) for x in args.contexts.split(","))
     batches = (1,) if args.quick else tuple(int(x) for x in args.batches.split(","))
     paths = tuple(p for p in args.path.split(",") if p)
-    bad = [p for p in paths if p not in LAB_PATHS] + [m for m in models if m not in MODELS]
+    bad = [p for p in paths if p not in (*LAB_PATHS, *AB_PATHS)] + [m for m in models if m not in MODELS]
     bad += [str(t) for t in contexts if not 1 <= t <= MAX_SEQ]
     if bad:
         ap.error(f"unknown or out of range: {', '.join(bad)}")

@@ -713,3 +713,22 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
         before, after = spills(base, arch), spills(switched, arch)
         assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
         assert all(after[k] <= before[k] for k in after), (arch, before, after)
+
+
+def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
+    """examples/attention_lab.py's A/B paths generate attention_decode with exactly their switches (the
+    process's own settings cleared), "fast" with none of them."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import attention_lab as lab
+
+    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "1")  # must not leak into "fast" or "mk256"
+    want = {"fast": ", 32>(args", "vpf": ", 32, false, 64, true>(args", "mk32": ", 32, false, 32>(args",
+            "mk256": ", 32, false, 256>(args", "mk256vpf": ", 32, false, 256, true>(args"}
+    for path, tail in want.items():
+        _, _, mod = lab.generate("8B", 256, 1, path)
+        calls = [line for line in mod.source.splitlines() if "atlas::attention_decode<" in line]
+        assert len(calls) == 1 and tail in calls[0], (path, calls)
