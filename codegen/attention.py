@@ -58,6 +58,7 @@ SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generati
 FAST_SPLIT_MIN_KEYS = 64  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
 VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # 1: V rows prefetched into L2 with the K reads (A/B timing)
+WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # overrides FAST_WARPS (2, 4 or 8; A/B timing of short contexts)
 
 
 def path_choice() -> str:
@@ -186,7 +187,8 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     items = ctx.upper(batch) * hk * max(1, -(-rows_up // r))
     mask_t, has_past, has_mask, causal = flags
     ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
-    tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {FAST_WARPS}, {acc}, {has_past}, {has_mask}, {causal}"
+    nw = fast_warps()
+    tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
     # (min_blocks below: the 128-register kernel spills with the V prefetch, so it goes without it)
     min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
@@ -200,8 +202,8 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
         body = f"  atlas::attention_decode<{tmpl}{tail}>(args, att_ws, att_cnt);"
     else:
         body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, min_blocks == 1)}>(args);"
-    smem = max(fast_smem(d, r), rows_smem)
-    threads = FAST_WARPS * 32
+    smem = max(fast_smem(d, r, nw), rows_smem)
+    threads = nw * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
     # ptxas caps the registers at 128 for 2 blocks per SM and spills (sm80 and sm90, nvcc 13); with it
     # ptxas takes what the loads in flight need (ptxas -v: 110 to 200 registers, no spills)
@@ -232,6 +234,15 @@ def split_min_keys() -> int:
     text = os.environ.get(MIN_KEYS_ENV, "") or str(FAST_SPLIT_MIN_KEYS)
     if not text.isdigit() or not 1 <= int(text) <= 65536:
         raise CodegenError(f"{MIN_KEYS_ENV}={text!r} is not a key count (expected 1 to 65536)")
+    return int(text)
+
+
+def fast_warps() -> int:
+    """ATLAS_ATTENTION_WARPS (default FAST_WARPS): warps per attention_decode block (fewer: less idle warps
+    and a cheaper merge when a run has few keys); CodegenError unless 2, 4 or 8."""
+    text = os.environ.get(WARPS_ENV, "") or str(FAST_WARPS)
+    if text not in ("2", "4", "8"):
+        raise CodegenError(f"{WARPS_ENV}={text!r} is not a warp count (expected 2, 4 or 8)")
     return int(text)
 
 
@@ -381,7 +392,7 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
             return flash_attention.emit_fa2(ctx, node, flags, acc, keys)
     if path == "fast" and fast_decline(ctx, node) is None:
         # the kernel may run attention_rows itself (K/V rows not 16-byte aligned): its shared memory too
-        rows_smem = 4 * (((dk_up + 3) // 4) * 4 + FAST_WARPS * (dv_up + 2))
+        rows_smem = 4 * (((dk_up + 3) // 4) * 4 + fast_warps() * (dv_up + 2))
         code = _emit_fast(ctx, node, flags, acc, rows_smem, keys)
         if fa2_declined:
             code.choice = {"attention": "fast", "fa2_declined": fa2_declined}

@@ -5,7 +5,7 @@
                                                       # paths rows and fast
     python examples/attention_lab.py --quick          # 1B, context 256, batch 1 (smoke test)
     python examples/attention_lab.py --models 8B --contexts 4096 --batches 1,32 --path fast
-    python examples/attention_lab.py --contexts 256,1024,4096 --path fast,nosplit,vpf,mk32,mk256,mk256vpf
+    python examples/attention_lab.py --contexts 256,1024,4096 --path fast,nosplit,vpf,mk32,mk256,w4,w2
                                                       # the short-context A/B switches (AB_PATHS)
 
 For each (model, context T, batch B, path) it builds a one-node graph as the compiler emits it for a
@@ -86,10 +86,13 @@ def build(model: str, ctx: int, batch: int):
 
 
 # the short-context A/B variants of "fast" (not in the default set): V rows prefetched into L2 with the K
-# reads, and the split's runs of at least 32 / 256 keys (attention.py VPREFETCH_ENV, MIN_KEYS_ENV)
+# reads, the split's runs of at least 32 / 256 keys, 4 or 2 warps per block (attention.py VPREFETCH_ENV,
+# MIN_KEYS_ENV, WARPS_ENV)
 AB_PATHS = {"vpf": {attention.VPREFETCH_ENV: "1"}, "mk32": {attention.MIN_KEYS_ENV: "32"},
             "mk256": {attention.MIN_KEYS_ENV: "256"}, "mk256vpf": {attention.MIN_KEYS_ENV: "256",
-                                                                   attention.VPREFETCH_ENV: "1"}}
+                                                                   attention.VPREFETCH_ENV: "1"},
+            "w4": {attention.WARPS_ENV: "4"}, "w2": {attention.WARPS_ENV: "2"},
+            "w4vpf": {attention.WARPS_ENV: "4", attention.VPREFETCH_ENV: "1"}}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
@@ -265,7 +268,7 @@ def generate(model: str, ctx: int, batch: int, path: str):
     sequence split; an AB_PATHS name: fast with that variant's switches; the others' switches cleared)."""
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
         attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
-    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: ""} | AB_PATHS.get(path, {})
+    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: ""} | AB_PATHS.get(path, {})
     return generate_with_env(build(model, ctx, batch), env)
 
 

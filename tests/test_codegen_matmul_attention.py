@@ -668,14 +668,17 @@ def test_attention_split_env_rejects_bad_values(monkeypatch, value):
 
 @pytest.mark.parametrize("env,value", [("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "0"),
                                        ("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "x"),
-                                       ("ATLAS_ATTENTION_VPREFETCH", "2"), ("ATLAS_ATTENTION_VPREFETCH", "yes")])
+                                       ("ATLAS_ATTENTION_VPREFETCH", "2"), ("ATLAS_ATTENTION_VPREFETCH", "yes"),
+                                       ("ATLAS_ATTENTION_WARPS", "3"), ("ATLAS_ATTENTION_WARPS", "16")])
 def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
-    """The short-context A/B switches take a key count (1 to 65536) / 0 or 1: else a CodegenError naming them."""
+    """The short-context A/B switches take a key count (1 to 65536) / 0 or 1 / 2, 4 or 8 warps: else a
+    CodegenError naming them."""
     from atlasc.codegen import attention
 
     monkeypatch.setenv(env, value)
     with pytest.raises(CodegenError, match=env):
         attention.decode_template_tail(32, False)
+        attention.fast_warps()
 
 
 def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
@@ -704,15 +707,23 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     monkeypatch.delenv(attention.VPREFETCH_ENV)
     assert f", {attention.FAST_MAX_SPLIT}, false, 256>(args" in generate_module({"d": (graph, plan)}, upper).source
     assert attention.decode_template_tail(1, True) == ", 1, true, 256"
+    monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
+    monkeypatch.setenv(attention.WARPS_ENV, "4")
+    four = generate_module({"d": (graph, plan)}, upper).source
+    monkeypatch.setenv(attention.WARPS_ENV, "2")
+    two = generate_module({"d": (graph, plan)}, upper).source
+    assert "__launch_bounds__(128" in four and "__launch_bounds__(64" in two
     def spills(source: str, arch: str) -> dict[str, int]:
         log = _nvcc_log(source, arch, tmp_path)
         found = re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores", log)
         return {name: int(n) for name, n in found}
 
     for arch in ARCHS:
-        before, after = spills(base, arch), spills(switched, arch)
-        assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
-        assert all(after[k] <= before[k] for k in after), (arch, before, after)
+        before = spills(base, arch)
+        for source in (switched, four, two):
+            after = spills(source, arch)
+            assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
+            assert all(after[k] <= before[k] for k in after), (arch, before, after)
 
 
 def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
@@ -727,8 +738,11 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
 
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "1")  # must not leak into "fast" or "mk256"
     want = {"fast": ", 32>(args", "vpf": ", 32, false, 64, true>(args", "mk32": ", 32, false, 32>(args",
-            "mk256": ", 32, false, 256>(args", "mk256vpf": ", 32, false, 256, true>(args"}
+            "mk256": ", 32, false, 256>(args", "mk256vpf": ", 32, false, 256, true>(args", "w4": ", 32>(args",
+            "w2": ", 32>(args", "w4vpf": ", 32, false, 64, true>(args"}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)
         calls = [line for line in mod.source.splitlines() if "atlas::attention_decode<" in line]
         assert len(calls) == 1 and tail in calls[0], (path, calls)
+        warps = int(path[1]) if path.startswith("w") else 8
+        assert f", 128, 4, 4, {warps}, " in calls[0] and mod.launches["run"][0].block == (32 * warps, 1, 1)

@@ -157,14 +157,17 @@ def test_attention_decode_sequence_split(monkeypatch, dtype):
                                 plan_fn=_decode_plan, repeat=3)
 
 
-@pytest.mark.parametrize("min_keys,vpf", [("32", "0"), ("256", "1")])
-def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf):
-    """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 256 keys) and ATLAS_ATTENTION_VPREFETCH=1 (V rows
-    prefetched into L2) keep attention_decode equal to the reference at every one-position context of
-    DECODE_ENVS, launched three times in one arena (the split counters return to 0)."""
+@pytest.mark.parametrize("min_keys,vpf,warps", [("32", "0", "8"), ("256", "1", "8"), ("64", "1", "4"),
+                                                ("32", "0", "2")])
+def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, warps):
+    """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 64 / 256 keys), ATLAS_ATTENTION_VPREFETCH=1 (V rows
+    prefetched into L2) and ATLAS_ATTENTION_WARPS (4 / 2 warps per block) keep attention_decode equal to the
+    reference at every one-position context of DECODE_ENVS, launched three times in one arena (the split
+    counters return to 0)."""
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", vpf)
+    monkeypatch.setenv("ATLAS_ATTENTION_WARPS", warps)
     b = build_attention_decode("float16")
     graph = b.done()
     rtol, atol = TOL["other"]["float16"]
