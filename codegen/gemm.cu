@@ -144,4 +144,164 @@ __device__ __forceinline__ void linear_gemm_tc(const View<T, R>& x, const T* __r
   }
 }
 
+// -- skinny decode GEMM (gemm.py SKINNY_*; opt-in ATLAS_LINEAR_SKINNY=1) -----------------------------
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for a decode batch of M <= SK_BM = 32 rows: the weights are
+// streamed once, through cp.async stages in shared memory, like the prefill GEMM above but with one row
+// tile. Work unit: (feature tile nt of SK_BN = 128 features, K split sp of S); a block of 8 warps stages
+// all 32 x rows (rows >= M read as row M - 1, never stored) and the tile's 128 w rows SK_BK = 32 k at a
+// time, SK_STAGES = 4 deep (3 k tiles in flight while one is computed). Warp w computes rows 0..31 x
+// features 16 w .. 16 w + 15: per k16 step one ldmatrix.x4 of w (two 8-feature B tiles, as above), two of
+// x (A tiles of 16 rows) and 4 mma.sync m16n8k16. The caller guarantees K % (SK_BK * S) == 0 and
+// lin_mma_ok. S == 1: the unit stores y. S > 1: each unit writes its fp32 partial tile [32][128] to
+// part[nt * S + sp] and bumps cnt[nt]; the unit that arrives last adds the S partials in split order (the
+// same sums whichever arrives last), stores y and puts the counter back to 0 for the next launch.
+// Numerics: float32 accumulation, bias added in float32, one rounding at the store (linear.cu's).
+constexpr int SK_BM = 32;       // rows of x per tile: the whole decode batch (gemm.py SKINNY_BM)
+constexpr int SK_BN = 128;      // output features per tile (gemm.py SKINNY_BN)
+constexpr int SK_BK = 32;       // k per stage
+constexpr int SK_STAGES = 4;    // cp.async pipeline depth (gemm.py SKINNY_STAGES)
+constexpr int SK_LD = SK_BK + 8;  // halves per shared row: conflict-free ldmatrix, as GEMM_LD
+constexpr int SK_XT = SK_BM * SK_LD, SK_WT = SK_BN * SK_LD;  // halves of a stage's x and w tiles
+
+__device__ __forceinline__ void sk_cp_wait() {  // all but the SK_STAGES - 2 most recent groups have landed
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(SK_STAGES - 2) : "memory");
+#endif
+}
+
+template <typename T, int R, bool HAS_BIAS, int S>
+__device__ __forceinline__ void linear_gemm_skinny(const View<T, R>& x, const T* __restrict__ w,
+                                                   const T* __restrict__ bias, long long bias_stride,
+                                                   const View<T, R>& y, long long M, long long N, long long K,
+                                                   long long* xoff, long long* yoff, float* part,
+                                                   unsigned int* cnt) {
+  static_assert(LinVec<T>::MMA, "linear_gemm_skinny takes float16 only");
+  static_assert(S == 1 || S == 2 || S == 4 || S == 8, "K splits: 1, 2, 4 or 8");
+  T* sm = reinterpret_cast<T*>(atlas_gemm_smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  const int wn = warp * 16;
+  const int tiles_n = int((N + SK_BN - 1) / SK_BN);
+  const int kts = int(K / SK_BK) / S;  // k tiles per split
+  const long long yn = y.stride[R - 1];
+  // loader: w rows t / 4 and t / 4 + 64, x row t / 4 (threads < 128), 16-byte chunk t % 4 of each
+  const int lrow = tid >> 2, lcol = (tid & 3) * 8;
+  constexpr unsigned STAGE_B = (SK_XT + SK_WT) * sizeof(T);
+  const unsigned x_dst = fa2_smem(sm) + unsigned(((lrow & 31) * SK_LD + lcol) * sizeof(T));
+  const unsigned w_dst = fa2_smem(sm) + unsigned((SK_XT + lrow * SK_LD + lcol) * sizeof(T));
+  constexpr unsigned W_HALF = 64 * SK_LD * sizeof(T);
+  // fragment rows in a stage: A (x) row 16 i + lane % 16 at k (lane / 16) * 8; B (w) row wn + lane % 8
+  // + 8 (lane / 16) at k ((lane / 8) % 2) * 8 (gemm above: matrices b0 / b1 of two 8-feature tiles)
+  const int a_off = (lane & 15) * SK_LD + (lane >> 4) * 8;
+  const int b_off = SK_XT + (wn + (lane & 7) + ((lane >> 4) << 3)) * SK_LD + ((lane >> 3) & 1) * 8;
+  __shared__ bool sk_last;
+  for (int unit = blockIdx.x; unit < tiles_n * S; unit += gridDim.x) {
+    const int nt = unit / S, sp = unit % S;
+    const long long n0 = (long long)nt * SK_BN;
+    __syncthreads();  // the previous unit's readers of the stages and of xoff / yoff are done
+    if (tid < SK_BM) {
+      const long long m = imin((long long)tid, M - 1);
+      xoff[tid] = lin_row_offset(x, m);
+      yoff[tid] = lin_row_offset(y, m);
+    }
+    __syncthreads();
+    const long long kbase = (long long)sp * kts * SK_BK;
+    const T* gx = x.p + xoff[lrow & 31] + kbase + lcol;
+    const T* gw0 = w + imin(n0 + lrow, N - 1) * K + kbase + lcol;
+    const T* gw1 = w + imin(n0 + lrow + 64, N - 1) * K + kbase + lcol;
+    auto stage_in = [&](int kt, int stage) {  // k tile kt of this split into stage `stage`
+      const unsigned off = unsigned(stage) * STAGE_B;
+      const long long k0 = (long long)kt * SK_BK;
+      if (tid < 4 * SK_BM) fa2_cp16s(x_dst + off, gx + k0, true);
+      fa2_cp16s(w_dst + off, gw0 + k0, true);
+      fa2_cp16s(w_dst + off + W_HALF, gw1 + k0, true);
+    };
+#pragma unroll
+    for (int s = 0; s < SK_STAGES - 1; ++s) {
+      if (s < kts) stage_in(s, s);
+      fa2_cp_commit();  // one group per stage, empty or not: wait_group counts stay aligned
+    }
+    float acc[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+    int stage = 0, next = SK_STAGES - 1;
+    for (int kt = 0; kt < kts; ++kt) {
+      sk_cp_wait();     // k tile kt has landed (this thread's copies)
+      __syncthreads();  // ... every thread's; and every warp is done with the stage refilled next
+      if (kt + SK_STAGES - 1 < kts) stage_in(kt + SK_STAGES - 1, next);
+      fa2_cp_commit();
+      const T* st = sm + stage * (SK_XT + SK_WT);
+#pragma unroll
+      for (int ks = 0; ks < SK_BK; ks += 16) {
+        unsigned bf[4];
+        fa2_ldsm4(bf, st + b_off + ks);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          unsigned af[4];
+          fa2_ldsm4(af, st + a_off + 16 * i * SK_LD + ks);
+          lin_mma(acc[i][0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+          lin_mma(acc[i][1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+        }
+      }
+      stage = stage == SK_STAGES - 1 ? 0 : stage + 1;
+      next = next == SK_STAGES - 1 ? 0 : next + 1;
+    }
+    // C fragment (i, j): rows 16 i + g (q 0, 1) and + 8 (q 2, 3), features wn + 8 j + 2c (+ 1 for q odd)
+    if constexpr (S == 1) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const long long n = n0 + wn + 8 * j + 2 * c;
+        float b0 = 0.f, b1 = 0.f;
+        if constexpr (HAS_BIAS) {
+          if (n < N) b0 = float(load(bias + n * bias_stride));
+          if (n + 1 < N) b1 = float(load(bias + (n + 1) * bias_stride));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = 16 * i + g + 8 * h;
+            if (row >= M) continue;
+            T* yr = y.p + yoff[row];
+            if (n < N) store(yr + n * yn, acc[i][j][2 * h] + b0);
+            if (n + 1 < N) store(yr + (n + 1) * yn, acc[i][j][2 * h + 1] + b1);
+          }
+      }
+    } else {
+      float* mine = part + (long long)unit * (SK_BM * SK_BN);  // unit = nt * S + sp
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = 16 * i + g + 8 * h, f = wn + 8 * j + 2 * c;
+            __stcg(reinterpret_cast<float2*>(mine + row * SK_BN + f),
+                   make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]));
+          }
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) sk_last = atomicAdd(cnt + nt, 1u) == (unsigned int)(S - 1);
+      __syncthreads();
+      if (!sk_last) continue;
+      __threadfence();
+      const float* tile = part + (long long)nt * S * (SK_BM * SK_BN);
+      for (int idx = tid; idx < SK_BM * SK_BN; idx += blockDim.x) {
+        const int row = idx / SK_BN, f = idx % SK_BN;
+        const long long n = n0 + f;
+        if (row >= M || n >= N) continue;
+        float o = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < S; ++s2) o += __ldcg(tile + s2 * (SK_BM * SK_BN) + idx);
+        if constexpr (HAS_BIAS) o += float(load(bias + n * bias_stride));
+        store(y.p + yoff[row] + n * yn, o);
+      }
+      if (tid == 0) cnt[nt] = 0u;  // ready for the next launch
+    }
+  }
+}
+
 }  // namespace atlas

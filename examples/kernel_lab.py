@@ -63,8 +63,9 @@ MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
 FUSED = ("norm", "gated")  # fuse-linear-prologue's NormLinear, and with the SwiGLU epilogue
 # Linear variants: ATLAS_LINEAR_PATH values, and "tc" = the default table with ATLAS_LINEAR_PREFILL=tc (the
-# tiled tensor-core GEMM of gemm.cu for M > 32; "mma" with ATLAS_LINEAR_PREFILL=mma, the others unset: auto)
-LAB_VARIANTS = (*linear.PATHS, "tc")
+# tiled tensor-core GEMM of gemm.cu for M > 32; "mma" with ATLAS_LINEAR_PREFILL=mma, the others unset: auto),
+# "skinny" = the table with ATLAS_LINEAR_SKINNY=1 (gemm.cu's linear_gemm_skinny; M 9..32 only)
+LAB_VARIANTS = (*linear.PATHS, "tc", "skinny")
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 ARENAS = 3  # the fewest arena copies a timing rotates among
 MAX_ARENAS = 256
@@ -117,14 +118,17 @@ def reference(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
     return y
 
 
-def generate_with_env(built, env: dict[str, str]):
+def generate_with_env(built, env: dict[str, str], buckets: tuple[int, ...] = ()):
     """(graph, plan, module) of a built (graph, plan, upper), generated with the environment variables
-    `env` set (the codegen reads its path choices from them), restored afterwards."""
+    `env` set (the codegen reads its path choices from them), restored afterwards; `buckets`: smaller
+    maxima of the symbol m as a decode entry's batch buckets (the default kernel then runs only above the
+    largest: launches["run"][0].kernel)."""
     g, plan, upper = built
     saved = {var: os.environ.get(var) for var in env}
     os.environ.update(env)
     try:
-        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
+        return g, plan, generate_module({"run": (g, plan)}, {"run": upper},
+                                        buckets={"run": ("m", buckets)} if buckets else None)
     finally:
         for var, value in saved.items():
             if value is None:
@@ -160,6 +164,11 @@ def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
     if variant == "tc":
         return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: "table", gemm.PREFILL_ENV: "tc"})
+    if variant == "skinny":  # the decode bucket above 8 rows (M 9..32) as ATLAS_LINEAR_SKINNY=1 builds it
+        if not gemm.SKINNY_MIN_M <= m <= gemm.SKINNY_BM:
+            raise ValueError(f"skinny runs M {gemm.SKINNY_MIN_M}..{gemm.SKINNY_BM}, not {m}")
+        return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: "table", gemm.SKINNY_ENV: "1"},
+                                 buckets=(gemm.SKINNY_MIN_M - 1,))
     return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: variant})
 
 
@@ -223,6 +232,8 @@ def main(argv=None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
+    if "skinny" in variants and any(not gemm.SKINNY_MIN_M <= m <= gemm.SKINNY_BM for m in ms):
+        ap.error(f"--variant skinny runs M {gemm.SKINNY_MIN_M}..{gemm.SKINNY_BM} only (e.g. --ms 16,32)")
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
     variants = with_options(with_options(variants, "u", args.u), "ft", args.ft)
     if bad:
@@ -257,9 +268,11 @@ def main(argv=None) -> int:
                 module = dev.load_module(cubins[(name, m, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
-                arenas = [dev.alloc_arena(plan.arena_bytes) for _ in range(arena_count(plan.arena_bytes))]
+                arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(arena_count(plan.arena_bytes))]
                 for a in arenas:
-                    dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                    dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)
+                    if mod.scratch_bytes:  # a K split's counters start at 0
+                        dev.upload(a, mod.scratch_offset, np.zeros(mod.scratch_bytes, np.uint8))
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
                     dev.upload(a, plan.placement(g.inputs[0]).offset, x[:m])
                 dev.upload(arenas[0], plan.placement(g.inputs[1]).offset, w)

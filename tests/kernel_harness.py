@@ -71,9 +71,11 @@ def device():
 
 def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
                state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
-               plan_fn=None, repeat: int = 1) -> dict[str, np.ndarray]:
+               plan_fn=None, repeat: int = 1, buckets: tuple | None = None) -> dict[str, np.ndarray]:
     """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
-    kernels must leave their scratch ready for the next launch); return its outputs by name."""
+    kernels must leave their scratch ready for the next launch); return its outputs by name. `buckets`
+    (symbol, values): also generate each node for those smaller maxima of the symbol, as a decode entry's
+    batch buckets, and launch the tightest kernel for the inputs' value (runtime/launches.py's rule)."""
     from atlasc.runtime.device import KernelTable
 
     dev = device()
@@ -85,10 +87,16 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     if kv is not None:
         kv_spec = {"offset": kv_offset, "layers": kv.shape[0], "max_batch": kv.shape[2], "kv_heads": kv.shape[3],
                    "max_seq": kv.shape[4], "head_dim": kv.shape[5], "dtype": str(kv.dtype)}
-    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec)
+    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec,
+                          buckets={"run": buckets} if buckets else None)
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
-    table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
+    launches = []
+    for launch in mod.launches["run"]:
+        value = env.get(launch.symbol) if launch.variants else None
+        pick = next((v for v in launch.variants if value is not None and value <= v.upto), launch)
+        launches.append((pick.kernel, pick.grid, pick.block, pick.smem, launch.node))
+    table = KernelTable(dev, module, sorted({kernel for kernel, *_ in launches}))
     arena = dev.alloc_arena(mod.arena_bytes)
     dev.upload(arena, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison everything but the scratch
     if mod.scratch_bytes:  # kernels' counters start at 0 (GeneratedModule)
@@ -101,8 +109,8 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     for v in graph.inputs:
         _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
     for _ in range(repeat):
-        for launch in mod.launches["run"]:
-            table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
+        for kernel, grid, block, smem, node in launches:
+            table.launch(kernel, grid, block, smem, arena, node=node)
     dev.synchronize()
     out = {}
     for v in graph.outputs:
