@@ -560,6 +560,7 @@ def test_attention_fast_falls_back(monkeypatch, dtype):
 def _nvcc_log(source: str, arch: str, tmp_path) -> str:
     """nvcc's output (with the compiler's own flags, -warn-spills among them) for one arch."""
     import subprocess
+    import tempfile
 
     from atlasc.codegen.nvcc import NvccNotFoundError, flags, nvcc_path
 
@@ -567,12 +568,23 @@ def _nvcc_log(source: str, arch: str, tmp_path) -> str:
         exe = nvcc_path()
     except NvccNotFoundError:
         pytest.skip("nvcc not found")
-    src = tmp_path / f"{arch}.cu"
-    src.write_text(source)
-    proc = subprocess.run([exe, *flags(arch), "-Xptxas=-v", src.name, "-o", f"{arch}.cubin"], capture_output=True,
-                          text=True, cwd=tmp_path, check=False)
+    work = tempfile.mkdtemp(dir=tmp_path)  # its own folder: _nvcc_logs runs several at once
+    src = os.path.join(work, f"{arch}.cu")
+    with open(src, "w") as f:
+        f.write(source)
+    proc = subprocess.run([exe, *flags(arch), "-Xptxas=-v", f"{arch}.cu", "-o", f"{arch}.cubin"], capture_output=True,
+                          text=True, cwd=work, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr + proc.stdout
+
+
+def _nvcc_logs(jobs: list[tuple[str, str]], tmp_path) -> list[str]:
+    """_nvcc_log of each (source, arch), compiled in parallel (one nvcc per core): the spill tests'
+    several big modules take a fraction of the time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda job: _nvcc_log(job[0], job[1], tmp_path), jobs))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -713,15 +725,15 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv(attention.WARPS_ENV, "2")
     two = generate_module({"d": (graph, plan)}, upper).source
     assert "__launch_bounds__(128" in four and "__launch_bounds__(64" in two
-    def spills(source: str, arch: str) -> dict[str, int]:
-        log = _nvcc_log(source, arch, tmp_path)
+    def spills(log: str) -> dict[str, int]:
         found = re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores", log)
         return {name: int(n) for name, n in found}
 
+    sources = (base, switched, four, two)
+    logs = iter(_nvcc_logs([(src, arch) for arch in ARCHS for src in sources], tmp_path))
     for arch in ARCHS:
-        before = spills(base, arch)
-        for source in (switched, four, two):
-            after = spills(source, arch)
+        before, *others = [spills(next(logs)) for _ in sources]
+        for after in others:
             assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
             assert all(after[k] <= before[k] for k in after), (arch, before, after)
 

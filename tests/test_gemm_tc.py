@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import REPO
-from test_codegen_matmul_attention import ARCHS, _nvcc_log, generate
+from test_codegen_matmul_attention import ARCHS, _nvcc_log, _nvcc_logs, generate
 from test_fuse_linear import STRIDED_PLAN, build_linear
 
 from atlasc.codegen import gemm, linear
@@ -120,9 +120,9 @@ def test_tc_adds_no_spills(monkeypatch, tmp_path):
     tc = {launch.kernel for launch in auto.launches[b.g.name]
           if any(CALL in k and f" {launch.kernel}(" in k for k in _kernels(auto.source))}
     assert len(tc) >= 12
-    for arch in ARCHS:
-        spills = _spills(_nvcc_log(auto.source, arch, tmp_path))
-        before = _spills(_nvcc_log(base.source, arch, tmp_path))
+    logs = _nvcc_logs([(src, arch) for arch in ARCHS for src in (auto.source, base.source)], tmp_path)
+    for arch, (after_log, before_log) in zip(ARCHS, zip(logs[::2], logs[1::2])):
+        spills, before = _spills(after_log), _spills(before_log)
         assert tc <= set(spills)
         assert sum(spills[k] for k in tc) <= sum(before[k] for k in tc), arch
         assert all(spills[k] <= before[k] + 16 for k in tc), (arch, {k: (spills[k], before[k]) for k in tc})
