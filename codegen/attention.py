@@ -190,18 +190,15 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     nw = fast_warps()
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
-    # (min_blocks below: the 128-register kernel spills with the V prefetch, so it goes without it)
-    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
     scratch = 0
     if split > 1:  # counters [items], then [items][split][r][d + 2] floats (attention.cu: sequence split)
         counters = align(4 * items)
         scratch = counters + 4 * items * split * r * (d + 2)
         ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
         ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
-        tail = decode_template_tail(split, keys, min_blocks == 1)
-        body = f"  atlas::attention_decode<{tmpl}{tail}>(args, att_ws, att_cnt);"
+        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys)}>(args, att_ws, att_cnt);"
     else:
-        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, min_blocks == 1)}>(args);"
+        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys)}>(args);"
     smem = max(fast_smem(d, r, nw), rows_smem)
     threads = nw * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
@@ -211,6 +208,7 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # per SM) to 142 (1 block), 1.5x slower at batch 32 (attention_lab, docs/perf.md v5); asking for 2
     # blocks gives 128 registers without spills (ptxas, sm80 / sm90; fp32 or head dim 128 would spill:
     # tests/test_codegen_matmul_attention.py::test_attention_decode_compiles_without_spills)
+    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
     # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
@@ -255,12 +253,11 @@ def v_prefetch() -> bool:
     return text == "1"
 
 
-def decode_template_tail(split: int, keys: bool, prefetch_ok: bool = True) -> str:
-    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF (when
-    ATLAS_ATTENTION_VPREFETCH=1 and prefetch_ok), each given only up to the last one that differs from
-    attention.cu's default (the default kernels' text stays as before, so their cubins stay cached)."""
-    vpf = v_prefetch() and prefetch_ok
-    args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if vpf else "false"]
+def decode_template_tail(split: int, keys: bool) -> str:
+    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, each given
+    only up to the last one that differs from attention.cu's default (the default kernels' text stays as
+    before, so their cubins stay cached)."""
+    args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false"]
     defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()

@@ -75,8 +75,9 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
     kernels must leave their scratch ready for the next launch); return its outputs by name. `buckets`
     (symbol, values): also generate each node for those smaller maxima of the symbol, as a decode entry's
-    batch buckets, and launch the tightest kernel for the inputs' value (runtime/launches.py's rule)."""
+    batch buckets, and launch the tightest kernel for the inputs' value (runtime/launches.py node_launch)."""
     from atlasc.runtime.device import KernelTable
+    from atlasc.runtime.launches import node_launch  # the runtime's rule: the tightest bucket's kernel
 
     dev = device()
     env = bind_symbols(graph, inputs, symbols)
@@ -91,11 +92,7 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
                           buckets={"run": buckets} if buckets else None)
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
-    launches = []
-    for launch in mod.launches["run"]:
-        value = env.get(launch.symbol) if launch.variants else None
-        pick = next((v for v in launch.variants if value is not None and value <= v.upto), launch)
-        launches.append((pick.kernel, pick.grid, pick.block, pick.smem, launch.node))
+    launches = [(*node_launch(launch, env), launch.node) for launch in mod.launches["run"]]
     table = KernelTable(dev, module, sorted({kernel for kernel, *_ in launches}))
     arena = dev.alloc_arena(mod.arena_bytes)
     dev.upload(arena, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison everything but the scratch

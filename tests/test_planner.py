@@ -356,6 +356,7 @@ def _run_prefill(path):
 
 def test_wrong_plan_corrupts_the_arena_executor(tmp_path, monkeypatch):
     monkeypatch.setattr(compiler_mod, "compile_module", _fake_cubins)
+    monkeypatch.setattr(compiler_mod, "check_shared_memory", lambda *a, **k: None)  # nothing to read in fakes
     options = CompileOptions(archs=("sm80",), max_batch=2, max_seq=32, verify=True)
 
     good = compile_model(FIXTURES / "llama.onnx", tmp_path / "good.atlas", options)
