@@ -275,10 +275,10 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
 // latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
 constexpr long long ATT_SPLIT_TARGET = 256;
-constexpr int ATT_SPLIT_MIN_KEYS = 64;
+constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
 
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
-          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = false>
+          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector

@@ -55,9 +55,10 @@ FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fe
 FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
 FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split aims for
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
-FAST_SPLIT_MIN_KEYS = 64  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least
+FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least (perf.md v14: 64 lost)
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
-VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # 1: V rows prefetched into L2 with the K reads (A/B timing)
+FAST_VPREFETCH = True  # VPF of attention.cu: V rows prefetched into L2 with the K reads (perf.md v14: won)
+VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # overrides FAST_VPREFETCH (0 / 1, A/B timing)
 WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # overrides FAST_WARPS (2, 4 or 8; A/B timing of short contexts)
 
 
@@ -245,9 +246,9 @@ def fast_warps() -> int:
 
 
 def v_prefetch() -> bool:
-    """ATLAS_ATTENTION_VPREFETCH (default 0): 1 has attention_decode prefetch each key's V row into L2 before
-    it reads the K row; CodegenError unless 0 or 1."""
-    text = os.environ.get(VPREFETCH_ENV, "") or "0"
+    """ATLAS_ATTENTION_VPREFETCH (default FAST_VPREFETCH, on): 1 has attention_decode prefetch each key's V row
+    into L2 before it reads the K row, 0 not; CodegenError unless 0 or 1."""
+    text = os.environ.get(VPREFETCH_ENV, "") or str(int(FAST_VPREFETCH))
     if text not in ("0", "1"):
         raise CodegenError(f"{VPREFETCH_ENV}={text!r} is not 0 or 1")
     return text == "1"
@@ -258,7 +259,7 @@ def decode_template_tail(split: int, keys: bool) -> str:
     only up to the last one that differs from attention.cu's default (the default kernels' text stays as
     before, so their cubins stay cached)."""
     args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false"]
-    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "false"]
+    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(f", {a}" for a in args)

@@ -85,14 +85,19 @@ def build(model: str, ctx: int, batch: int):
     return g, plan, {"batch": batch, "ctx": ctx}
 
 
-# the short-context A/B variants of "fast" (not in the default set): V rows prefetched into L2 with the K
-# reads, the split's runs of at least 32 / 256 keys, 4 or 2 warps per block (attention.py VPREFETCH_ENV,
-# MIN_KEYS_ENV, WARPS_ENV)
-AB_PATHS = {"vpf": {attention.VPREFETCH_ENV: "1"}, "mk32": {attention.MIN_KEYS_ENV: "32"},
-            "mk256": {attention.MIN_KEYS_ENV: "256"}, "mk256vpf": {attention.MIN_KEYS_ENV: "256",
-                                                                   attention.VPREFETCH_ENV: "1"},
-            "w4": {attention.WARPS_ENV: "4"}, "w2": {attention.WARPS_ENV: "2"},
-            "w4vpf": {attention.WARPS_ENV: "4", attention.VPREFETCH_ENV: "1"}}
+# the short-context A/B variants of "fast" (not in the default set), each spelled in full so that its meaning
+# stays as measured in docs/perf.md v13 / v14: the split's runs of at least 32 / 64 / 256 keys, V rows
+# prefetched into L2 with the K reads or not, 4 or 2 warps per block (attention.py MIN_KEYS_ENV,
+# VPREFETCH_ENV, WARPS_ENV). "fast" is the default kernel (since v14: runs of 256 keys, V prefetch, 8 warps);
+# "v13" is v13's default (64 keys, no prefetch).
+def _ab(min_keys: int, vpf: bool, warps: int = 8) -> dict[str, str]:
+    return {attention.MIN_KEYS_ENV: str(min_keys), attention.VPREFETCH_ENV: str(int(vpf)),
+            attention.WARPS_ENV: str(warps)}
+
+
+AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False), "mk256": _ab(256, False),
+            "mk256vpf": _ab(256, True), "w4": _ab(64, False, 4), "w2": _ab(64, False, 2),
+            "w4vpf": _ab(64, True, 4), "w4mk256vpf": _ab(256, True, 4)}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)

@@ -16,7 +16,7 @@ args=(-q -rfEs --durations=15 -p no:cacheprovider)
 # compiles dominate: run test files in parallel when pytest-xdist is there (it travels in .whl/); the tests
 # that read device-wide free memory (marker gpu_alone) run after, alone
 parallel=()
-python3 -c "import xdist" 2>/dev/null && parallel=(-n 8 --dist loadfile)
+python3 -c "import xdist" 2>/dev/null && parallel=(-n "${XDIST_N:-8}" --dist loadfile)  # XDIST_N: processes
 python3 -m pytest -m "gpu and not gpu_alone" "${parallel[@]}" "${args[@]}" tests 2>&1 | tee "$out/pytest-gpu.log"
 status=${PIPESTATUS[0]}
 python3 -m pytest -m "gpu and gpu_alone" "${args[@]}" tests 2>&1 | tee "$out/pytest-gpu-alone.log"

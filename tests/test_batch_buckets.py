@@ -139,7 +139,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
                            for k in kernels.values())
     assert c == {"linear_path": "table", "linear_ft": "auto", "quant_path": "table", "attention_path": "fast",
-                 "attention_max_split": 32, "attention_split_min_keys": 64, "attention_v_prefetch": False,
+                 "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_warps": 8,
                  "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
@@ -154,11 +154,11 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "off")
     monkeypatch.setenv("ATLAS_LINEAR_PREFILL", "mma")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "128")
-    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "1")
+    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "4")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4,
-                                 "attention_split_min_keys": 128, "attention_v_prefetch": True, "attention_warps": 4,
+                                 "attention_split_min_keys": 128, "attention_v_prefetch": False, "attention_warps": 4,
                                  "pdl_wait": True,
                                  "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off",
                                  "linear_prefill": "mma", "linear_skinny": False}

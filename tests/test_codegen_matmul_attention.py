@@ -695,10 +695,11 @@ def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
 
 def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     """ATLAS_ATTENTION_SPLIT_MIN_KEYS / ATLAS_ATTENTION_VPREFETCH reach attention_decode's MIN_KEYS / VPF
-    template arguments; unset (or at their defaults) the generated text is the same as without them, so
-    default builds keep their cached cubins. The switched kernels compile (every switch for sm90, min keys +
-    V prefetch for sm80 too) and spill no more than the default ones (the 2-blocks-per-SM fp16 head-dim-64
-    split kernels spill a few bytes either way)."""
+    template arguments; unset (or at their defaults: 256 keys, prefetch on) the generated text is the same
+    as without them, so default builds keep their cached cubins. v13's kernels (64 keys, no prefetch) and
+    the default ones with 4 or 2 warps compile (sm90; v13's and the default for sm80 too), and the default
+    kernels spill no more than v13's (the 2-blocks-per-SM fp16 head-dim-64 split kernels spill a few bytes
+    either way)."""
     import re
 
     from atlasc.codegen import attention
@@ -706,31 +707,33 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     b = build_attention_decode("float16")
     graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
     upper = {"d": {**DECODE_UPPER, "seq": 1}}
-    base = generate_module({"d": (graph, plan)}, upper).source
+    default = generate_module({"d": (graph, plan)}, upper).source
     monkeypatch.setenv(attention.MIN_KEYS_ENV, str(attention.FAST_SPLIT_MIN_KEYS))
+    monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
+    assert generate_module({"d": (graph, plan)}, upper).source == default
+    assert default.count(f", {attention.FAST_MAX_SPLIT}>(args, att_ws, att_cnt);") == 11
+    monkeypatch.setenv(attention.MIN_KEYS_ENV, "64")
     monkeypatch.setenv(attention.VPREFETCH_ENV, "0")
-    assert generate_module({"d": (graph, plan)}, upper).source == base
-    monkeypatch.setenv(attention.MIN_KEYS_ENV, "256")
-    monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
-    switched = generate_module({"d": (graph, plan)}, upper).source
-    tail = f", {attention.FAST_MAX_SPLIT}, false, 256, true>(args, att_ws, att_cnt);"
-    assert switched.count(tail) == 11
-    assert base.count(f", {attention.FAST_MAX_SPLIT}>(args, att_ws, att_cnt);") == 11
+    v13 = generate_module({"d": (graph, plan)}, upper).source
+    assert v13.count(f", {attention.FAST_MAX_SPLIT}, false, 64, false>(args, att_ws, att_cnt);") == 11
+    monkeypatch.delenv(attention.MIN_KEYS_ENV)
+    assert f", {attention.FAST_MAX_SPLIT}, false, 256, false>(args" in generate_module({"d": (graph, plan)},
+                                                                                        upper).source
+    assert attention.decode_template_tail(1, True) == ", 1, true, 256, false"
     monkeypatch.delenv(attention.VPREFETCH_ENV)
-    assert f", {attention.FAST_MAX_SPLIT}, false, 256>(args" in generate_module({"d": (graph, plan)}, upper).source
-    assert attention.decode_template_tail(1, True) == ", 1, true, 256"
-    monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
+    assert attention.decode_template_tail(1, True) == ", 1, true"
     monkeypatch.setenv(attention.WARPS_ENV, "4")
     four = generate_module({"d": (graph, plan)}, upper).source
     monkeypatch.setenv(attention.WARPS_ENV, "2")
     two = generate_module({"d": (graph, plan)}, upper).source
     assert "__launch_bounds__(128" in four and "__launch_bounds__(64" in two
+
     def spills(log: str) -> dict[str, int]:
         found = re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores", log)
         return {name: int(n) for name, n in found}
 
     # every switch on sm90, the min-keys + V-prefetch build on sm80 too (CI time: each is a full module)
-    jobs = [(base, "sm90"), (switched, "sm90"), (four, "sm90"), (two, "sm90"), (base, "sm80"), (switched, "sm80")]
+    jobs = [(v13, "sm90"), (default, "sm90"), (four, "sm90"), (two, "sm90"), (v13, "sm80"), (default, "sm80")]
     found = [spills(log) for log in _nvcc_logs(jobs, tmp_path)]
     for before, others, arch in ((found[0], found[1:4], "sm90"), (found[4], found[5:], "sm80")):
         for after in others:
@@ -748,10 +751,12 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
     sys.path.insert(0, str(REPO / "examples"))
     import attention_lab as lab
 
-    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "1")  # must not leak into "fast" or "mk256"
-    want = {"fast": ", 32>(args", "vpf": ", 32, false, 64, true>(args", "mk32": ", 32, false, 32>(args",
-            "mk256": ", 32, false, 256>(args", "mk256vpf": ", 32, false, 256, true>(args", "w4": ", 32>(args",
-            "w2": ", 32>(args", "w4vpf": ", 32, false, 64, true>(args"}
+    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")  # must not leak into "fast" or "mk256vpf"
+    monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "2")  # nor into any path but w2
+    want = {"fast": ", 32>(args", "v13": ", 32, false, 64, false>(args", "vpf": ", 32, false, 64>(args",
+            "mk32": ", 32, false, 32, false>(args", "mk256": ", 32, false, 256, false>(args",
+            "mk256vpf": ", 32>(args", "w4": ", 32, false, 64, false>(args", "w2": ", 32, false, 64, false>(args",
+            "w4vpf": ", 32, false, 64>(args", "w4mk256vpf": ", 32>(args"}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)
         calls = [line for line in mod.source.splitlines() if "atlas::attention_decode<" in line]
