@@ -11,13 +11,6 @@ Measured on the H200 (docs/perf.md v10, `examples/kernel_lab.py --ms 128,512,409
 tc is 1.2-2.8x faster than mma wherever the output has 128 tiles or more, and slower at 32 and 48 tiles
 (the 8B down and QKV projections at M = 128); GEMM_TC_MIN_TILES sits between.
 
-Skinny decode GEMM (gemm.cu's linear_gemm_skinny, opt-in ATLAS_LINEAR_SKINNY=1, not yet measured): for the
-decode rows bucket above 8 (batches 9..32) of a float16 Linear with a static K, M in 9..32 runs it instead
-of the MMA decode: the weights stream once through SKINNY_STAGES cp.async stages, all 32 rows of x beside
-them, 128 features per tile; K is split SKINNY_SPLITS ways where the tiles alone would not fill the GPU
-(partials in the kernel scratch, the last split to arrive adds them). What it is for: the MMA decode reads
-batch 32's x from L2 once per 16 features and reached 57-73% of 4.30 TB/s on the 8B shapes (v10).
-
 Tiles: GEMM_BM x GEMM_BN = 128 x 128 outputs per block of 8 warps (64 x 32 each), k tiles of 32 staged
 in shared memory by cp.async, GEMM_STAGES = 3 deep, rows padded to 40 halves (gemm_smem bytes of
 dynamic shared memory: the runtime raises the kernel's limit above 48 KB). The grid is
@@ -37,14 +30,6 @@ GEMM_BN = 128  # output features per tile
 GEMM_BK = 32  # k per stage
 GEMM_STAGES = 3
 GEMM_LD = GEMM_BK + 8  # halves per shared row (16-byte pad: conflict-free ldmatrix)
-SKINNY_ENV = "ATLAS_LINEAR_SKINNY"
-SKINNY_BM = 32  # rows of x per tile: a whole decode batch (SK_BM of gemm.cu)
-SKINNY_BN = 128  # output features per tile
-SKINNY_BK = 32  # k per stage
-SKINNY_STAGES = 4
-SKINNY_MIN_M = 9  # the skinny GEMM serves M >= this (smaller batches keep the decode GEMV / MMA paths)
-SKINNY_TARGET = 264  # K splits until tiles x splits reach this many units (2 per H200 SM) ...
-SKINNY_MAX_SPLIT = 8  # ... at most this many, each at least SKINNY_STAGES k tiles long
 # auto: linear_gemm_tc from this many 128 x 128 output tiles (measured: tc won at 128 and more, lost at 32
 # and 48; any value between fits those runs)
 GEMM_TC_MIN_TILES = 96
@@ -63,42 +48,6 @@ def gemm_smem() -> int:
     return GEMM_STAGES * 2 * GEMM_BM * GEMM_LD * 2
 
 
-def skinny_enabled() -> bool:
-    """ATLAS_LINEAR_SKINNY=1: the decode bucket above 8 rows runs linear_gemm_skinny (default 0);
-    CodegenError unless 0 or 1."""
-    value = os.environ.get(SKINNY_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{SKINNY_ENV}={value!r} is not 0 or 1")
-    return value == "1"
-
-
-def skinny_smem() -> int:
-    """Dynamic shared memory bytes of linear_gemm_skinny: SKINNY_STAGES x (x tile + w tile), fp16."""
-    return SKINNY_STAGES * (SKINNY_BM + SKINNY_BN) * (SKINNY_BK + 8) * 2
-
-
-def skinny_splits(n: int, k: int) -> int:
-    """S of linear_gemm_skinny for a static [n, k] weight: the fewest splits (1, 2, 4, 8) whose units
-    (feature tiles x S) reach SKINNY_TARGET, keeping K % (SKINNY_BK * S) == 0 and at least SKINNY_STAGES
-    k tiles per split; 0 when K is not a multiple of SKINNY_BK."""
-    if k % SKINNY_BK:
-        return 0
-    tiles, split = -(-n // SKINNY_BN), 1
-    while (tiles * split < SKINNY_TARGET and split < SKINNY_MAX_SPLIT and k % (SKINNY_BK * split * 2) == 0
-           and k // (SKINNY_BK * split * 2) >= SKINNY_STAGES):
-        split *= 2
-    return split
-
-
-def skinny_scratch(n: int, split: int) -> tuple[int, int]:
-    """(counter bytes, partial bytes) of linear_gemm_skinny's scratch for n features and `split` (0, 0 at 1):
-    a counter per feature tile, then [tiles][split][SKINNY_BM][SKINNY_BN] float32 partials."""
-    if split <= 1:
-        return 0, 0
-    tiles = -(-n // SKINNY_BN)
-    return -(-4 * tiles // 256) * 256, 4 * tiles * split * SKINNY_BM * SKINNY_BN
-
-
 def gemm_tiles(m_upper: int, n_upper: int) -> int:
     """Output tiles of linear_gemm_tc at the largest M and N."""
     return -(-m_upper // GEMM_BM) * -(-n_upper // GEMM_BN)
@@ -107,10 +56,9 @@ def gemm_tiles(m_upper: int, n_upper: int) -> int:
 def record() -> dict:
     """What codegen_choices records of this path: the choice, and the tc tiles unless it is "mma"."""
     choice = prefill_choice()
-    skinny = {"linear_skinny": skinny_enabled()}
     if choice == "mma":
-        return {"linear_prefill": "mma"} | skinny
+        return {"linear_prefill": "mma"}
     tc = {"tile": [GEMM_BM, GEMM_BN, GEMM_BK], "stages": GEMM_STAGES}
     if choice == "auto":
         tc["min_tiles"] = GEMM_TC_MIN_TILES
-    return {"linear_prefill": choice, "linear_gemm_tc": tc} | skinny
+    return {"linear_prefill": choice, "linear_gemm_tc": tc}

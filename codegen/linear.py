@@ -247,12 +247,6 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
-    m_lower = 1
-    for d in x_v.shape[:-1]:
-        m_lower *= ctx.lower(d)
-    skinny = _skinny_splits(ctx, dt, r, w_v, m_lower, m_upper)
-    if skinny:  # the whole kernel: the batch bucket above 8 rows, up to 32
-        return _emit_skinny(ctx, lines, t, r, has_bias, w_v, skinny)
     if runs or mma_big:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
         red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_big else 0)
         lines.append(f"  __shared__ float lin_red[{red}];")
@@ -276,6 +270,9 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if tiled:
         lines.append(f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);")
     n_upper = ctx.upper(w_v.shape[0])
+    m_lower = 1
+    for d in x_v.shape[:-1]:
+        m_lower *= ctx.lower(d)
     blocks = decode_grid(n_upper, variants, runs, w_v.shape[0], m_lower)
     if tiled:
         batch = 1
@@ -290,32 +287,3 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch)
-
-
-def _skinny_splits(ctx: KernelContext, dt: str, r: int, w_v, m_lower: int, m_upper: int) -> int:
-    """K splits of linear_gemm_skinny for this kernel, or 0 where it does not apply: ATLAS_LINEAR_SKINNY=1,
-    float16, the tensor-core table, a static [N, K] weight, and a kernel that runs only for M in 9..32 (a
-    decode batch bucket: the runtime takes the kernels generated for at most 8 rows below that)."""
-    n, k = w_v.shape
-    if not (gemm.skinny_enabled() and dt == "float16" and path_choice() != "simt" and r >= 2
-            and m_lower >= gemm.SKINNY_MIN_M - 1 and m_upper <= gemm.SKINNY_BM
-            and isinstance(k, int) and isinstance(n, int) and gemm.skinny_smem() <= max_dynamic_smem(ctx.archs)):
-        return 0
-    return gemm.skinny_splits(n, k)
-
-
-def _emit_skinny(ctx: KernelContext, lines: list[str], t: str, r: int, has_bias: str, w_v, split: int) -> KernelCode:
-    """The Linear kernel of a 9..32-row bucket as linear_gemm_skinny, with linear_tiled (CUDA cores, any
-    grid) where lin_mma_ok fails (x rows not 16-byte aligned); `lines` hold the N / K / M and lin_xoff
-    declarations. Scratch: the K split's counters and partials."""
-    n = w_v.shape[0]
-    counters, partials = gemm.skinny_scratch(n, split)
-    lines = [*lines,
-             f"  unsigned int* sk_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});",
-             f"  float* sk_part = reinterpret_cast<float*>({ctx.scratch_address(counters)});",
-             f"  if (atlas::lin_mma_ok<{t}, {r}>(x, w, K)) atlas::linear_gemm_skinny<{t}, {r}, {has_bias}, {split}>("
-             "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff, sk_part, sk_cnt);",
-             f"  else atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);"]
-    blocks = min(STRIDE_GRID, -(-n // gemm.SKINNY_BN) * split)
-    return KernelCode("\n".join(lines), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1),
-                      smem=gemm.skinny_smem(), prefetch=weight_prefetch(ctx, w_v), scratch=counters + partials)

@@ -43,6 +43,7 @@ work="${WORKDIR:-/tmp/atlasc-work}"  # the ONNX file and the artifact stay here 
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
     ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} ${AB:+--compile-ab "$AB"} --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
     tee "$out/bench_$config.log"
+bench_status=${PIPESTATUS[0]}
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
     art="$work/$config.atlas"
     if [ -n "${AB:-}" ]; then  # with AB: the artifact compiled with the last value (the switch on)
@@ -68,6 +69,8 @@ echo "== summary =="
     tail -n 22 "$out/quant_lab.log" && tail -n 13 "$out/quant_lab_fused.log" && \
     tail -n 20 "$out/attention_lab.log" && tail -n 6 "$out"/attention_prefill*.log
 tail -n 12 "$out/bench_$config.log"
-[ "${PROFILE:-0}" != 0 ] && head -n 16 "$out"/profile_"${config}"_b*.log
-[ "${ROTARY_AB:-0}" != 0 ] && tail -n 3 "$out"/bench_rot*.log && grep -h -m 3 -E "NormLinearRotary|QKVRotary|decode step" \
-    "$out"/profile_rot*.log
+if [ "${PROFILE:-0}" != 0 ]; then head -n 16 "$out"/profile_"${config}"_b*.log; fi
+if [ "${ROTARY_AB:-0}" != 0 ]; then
+    tail -n 3 "$out"/bench_rot*.log && grep -h -m 3 -E "NormLinearRotary|QKVRotary|decode step" "$out"/profile_rot*.log
+fi
+exit "$bench_status"  # the bench's own status (the tables above are only printed)

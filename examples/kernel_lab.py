@@ -63,9 +63,8 @@ MS = (1, 2, 4, 8, 16, 32, 128)
 VARIANTS = ("simt", "mma")
 FUSED = ("norm", "gated")  # fuse-linear-prologue's NormLinear, and with the SwiGLU epilogue
 # Linear variants: ATLAS_LINEAR_PATH values, and "tc" = the default table with ATLAS_LINEAR_PREFILL=tc (the
-# tiled tensor-core GEMM of gemm.cu for M > 32; "mma" with ATLAS_LINEAR_PREFILL=mma, the others unset: auto),
-# "skinny" = the table with ATLAS_LINEAR_SKINNY=1 (gemm.cu's linear_gemm_skinny; M 9..32 only)
-LAB_VARIANTS = (*linear.PATHS, "tc", "skinny")
+# tiled tensor-core GEMM of gemm.cu for M > 32; "mma" with ATLAS_LINEAR_PREFILL=mma, the others unset: auto)
+LAB_VARIANTS = (*linear.PATHS, "tc")
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 ARENAS = 3  # the fewest arena copies a timing rotates among
 MAX_ARENAS = 256
@@ -164,11 +163,6 @@ def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
     if variant == "tc":
         return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: "table", gemm.PREFILL_ENV: "tc"})
-    if variant == "skinny":  # the decode bucket above 8 rows (M 9..32) as ATLAS_LINEAR_SKINNY=1 builds it
-        if not gemm.SKINNY_MIN_M <= m <= gemm.SKINNY_BM:
-            raise ValueError(f"skinny runs M {gemm.SKINNY_MIN_M}..{gemm.SKINNY_BM}, not {m}")
-        return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: "table", gemm.SKINNY_ENV: "1"},
-                                 buckets=(gemm.SKINNY_MIN_M - 1,))
     return generate_with_env(build(k, n, m), env | {linear.PATH_ENV: variant})
 
 
@@ -232,8 +226,6 @@ def main(argv=None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
-    if "skinny" in variants and any(not gemm.SKINNY_MIN_M <= m <= gemm.SKINNY_BM for m in ms):
-        ap.error(f"--variant skinny runs M {gemm.SKINNY_MIN_M}..{gemm.SKINNY_BM} only (e.g. --ms 16,32)")
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
     variants = with_options(with_options(variants, "u", args.u), "ft", args.ft)
     if bad:

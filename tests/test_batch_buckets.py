@@ -144,7 +144,6 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
-                 "linear_skinny": False,
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT", "4")
@@ -161,7 +160,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False, "attention_warps": 4,
                                  "pdl_wait": True,
                                  "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off",
-                                 "linear_prefill": "mma", "linear_skinny": False}
+                                 "linear_prefill": "mma"}
 
 
 def test_every_kernel_starts_with_the_pdl_wait(llama32):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import REPO
-from test_codegen_matmul_attention import ARCHS, _nvcc_log, _nvcc_logs, generate
+from test_codegen_matmul_attention import ARCHS, _nvcc_logs, generate
 from test_fuse_linear import STRIDED_PLAN, build_linear
 
 from atlasc.codegen import gemm, linear
@@ -155,53 +155,3 @@ def test_shared_memory_over_an_arch_limit_is_a_one_line_error():
                                            "of shared memory per block; sm86 allows 101376$") as info:
         check_shared_memory(mod, ("sm86", "sm90"))
     assert "sm86" in info.value.hint and "\n" not in str(info.value)
-
-
-def test_skinny_splits_fill_the_gpu():
-    """K splits of linear_gemm_skinny: the fewest (1, 2, 4, 8) with tiles x splits >= SKINNY_TARGET, each split
-    at least SKINNY_STAGES k tiles, K a multiple of SKINNY_BK (else 0: not applicable)."""
-    assert gemm.skinny_splits(6144, 4096) == 8  # 48 tiles
-    assert gemm.skinny_splits(28672, 4096) == 2  # 224 tiles
-    assert gemm.skinny_splits(4096, 14336) == 8 and gemm.skinny_splits(4096, 4096) == 8  # 32 tiles
-    assert gemm.skinny_splits(128256, 4096) == 1  # 1002 tiles
-    assert gemm.skinny_splits(300, 1024) == 8 and gemm.skinny_splits(300, 512) == 4  # 512 / 4 = 4 k tiles of 32
-    assert gemm.skinny_splits(200, 128) == 1 and gemm.skinny_splits(200, 100) == 0
-    assert gemm.skinny_scratch(300, 8) == (256, 4 * 3 * 8 * 32 * 128) and gemm.skinny_scratch(300, 1) == (0, 0)
-
-
-def test_skinny_gemm_is_the_batch_bucket_above_8(monkeypatch, tmp_path):
-    """ATLAS_LINEAR_SKINNY=1 with a decode bucket at 8 rows: the float16 Linear kernels that run only for M
-    9..32 are linear_gemm_skinny (+ linear_tiled where lin_mma_ok fails), with its stages as dynamic
-    shared memory and its split partials as scratch; the bucket-8 kernels and the kernels of other rows
-    (the 3-D x over `s`, the 1-D x) keep the decode paths. Unset: no skinny kernel. ptxas sm80 / sm90: no
-    spills."""
-    from test_codegen_matmul_attention import plan_for
-
-    from atlasc.codegen import generate_module
-
-    b = build_linear("float16", 32, ks=(128, 1024), ns=(200, 300))
-    graph = b.done()
-    plan, _ = plan_for(graph, b.upper, None, **STRIDED_PLAN)
-    buckets = {"run": ("m", (8,))}
-    monkeypatch.delenv(gemm.SKINNY_ENV, raising=False)
-    base = generate_module({"run": (graph, plan)}, {"run": b.upper}, buckets=buckets)
-    assert "atlas::linear_gemm_skinny<" not in base.source
-    monkeypatch.setenv(gemm.SKINNY_ENV, "1")
-    mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, buckets=buckets)
-    kernels = {re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", k).group(1): k for k in _kernels(mod.source)}
-    skinny = {name for name, text in kernels.items() if "atlas::linear_gemm_skinny<" in text}
-    by_kernel = {launch.kernel: launch for launch in mod.launches["run"]}
-    # the 8 Linear nodes of x[m, K] and the K-major one: their default kernels (M > 8)
-    assert len(skinny) == 9 and all(by_kernel[k].smem == gemm.skinny_smem() for k in skinny)
-    assert all("linear_gemv_setup" not in kernels[k] and "atlas::linear_tiled<" in kernels[k] for k in skinny)
-    assert all(v.upto == 8 and v.kernel not in skinny for k in skinny for v in by_kernel[k].variants)
-    assert ", 8>(x, w, bias" in mod.source and ", 1>(x, w, bias" in mod.source  # K = 1024 x N 300, K = 128
-    assert mod.scratch_bytes >= sum(gemm.skinny_scratch(300, 8))
-    assert codegen_choices()["linear_skinny"] is True
-    monkeypatch.setenv(gemm.SKINNY_ENV, "yes")
-    with pytest.raises(CodegenError, match=gemm.SKINNY_ENV):
-        gemm.skinny_enabled()
-    monkeypatch.setenv(gemm.SKINNY_ENV, "1")
-    for arch in ARCHS:
-        log = _nvcc_log(mod.source, arch, tmp_path)
-        assert "spill" not in log.replace("0 bytes spill", ""), log[-3000:]

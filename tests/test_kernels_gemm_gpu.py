@@ -13,9 +13,6 @@ fp16 ulp at |y| < 2 is <= 2^-10 ~ 1e-3). Weights are scaled by 1/sqrt(K), so |y|
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import pytest
 from test_fuse_linear import build_linear
 from test_kernels_linear_gpu import _run
@@ -45,21 +42,3 @@ def test_gemm_auto_linear(monkeypatch):
     monkeypatch.delenv(gemm.PREFILL_ENV, raising=False)
     _run(build_linear("float16", 1000, ks=(64, 4096), ns=(8, 1000, 4096)), MS, "float16", seed=23)
 
-
-def test_gemm_skinny_linear(monkeypatch):
-    """ATLAS_LINEAR_SKINNY=1 with the decode bucket at 8 rows (as a --max-batch 32 build has): M 9..32 run
-    linear_gemm_skinny (K = 128: one split of 4 k tiles; K = 1024: 8 splits, the last to arrive adds them;
-    N = 200 and 300 leave the last 128-feature tile partial), the K-major x its linear_tiled fallback, M <= 8
-    the bucket-8 kernels. Each launch runs 3 times in one arena: the split counters go back to 0."""
-    from kernel_harness import check_against_reference
-    from test_codegen_matmul_attention import plan_for
-    from test_fuse_linear import STRIDED_PLAN
-
-    monkeypatch.setenv(gemm.SKINNY_ENV, "1")
-    b = build_linear("float16", 32, ks=(128, 1024), ns=(200, 300))
-    graph = b.done()
-    rng = np.random.default_rng(24)
-    for m in [1, 8, 9, 17, 32]:
-        env = {"m": m, "s": max(1, min(m // 4 + 1, b.upper["s"]))}
-        check_against_reference(graph, b.inputs(rng, env), rtol=2e-2, atol=2e-3, upper=b.upper, repeat=3,
-                                plan_fn=functools.partial(plan_for, **STRIDED_PLAN), buckets=("m", (8,)))
