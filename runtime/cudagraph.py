@@ -96,7 +96,8 @@ def make_programmatic(graph) -> int:
 
 
 class CapturedGraph:
-    """The launches issued by `record()` on `stream`, instantiated for replay; with programmatic=True
+    """The launches issued by `record()` on `stream`, instantiated and uploaded for replay (the device memory
+    the driver needs for it is allocated here, not at the first launch); with programmatic=True
     its kernel-to-kernel edges become programmatic first (make_programmatic; self.programmatic counts
     them)."""
 
@@ -122,7 +123,12 @@ class CapturedGraph:
                 self.programmatic = make_programmatic(graph)
             _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0)),
                    "cuGraphInstantiate")
+            # the graph's device-side resources now, not at its first launch
+            _check(lib.cuGraphUpload(self.exec, self.stream_handle), "cuGraphUpload")
         except CudaGraphError:
+            if self.exec:
+                lib.cuGraphExecDestroy(self.exec)
+                self.exec = ctypes.c_void_p()
             lib.cuGraphDestroy(graph)
             self.graph = ctypes.c_void_p()
             raise

@@ -2,12 +2,13 @@
 
 Load: verify the artifact, load the cubins for this GPU's arch (a clear error names the arches the
 artifact has), make the one device allocation (an out-of-memory error gives the bytes needed and
-free), upload the weights image in one copy. Run: write the dims buffer and the inputs into the
-arena, launch the entry's kernels (or replay its captured CUDA graph), read the outputs back. No
-device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% faster at batch 1 in docs/perf.md
-v7, 5% slower in v9) makes the captured graphs' kernel-to-kernel edges programmatic, so a kernel's
-blocks launch while the previous kernel drains (each kernel waits for its inputs in atlas::pdl_enter
-and lets the next one launch in atlas::pdl_leave, its last statement).
+free), upload the weights image in one copy, and capture the CUDA graph of every entry and batch bucket
+(instantiated and uploaded: the driver's own allocation for them happens here too). Run: write the dims
+buffer and the inputs into the arena, launch the entry's kernels (or replay its captured CUDA graph), read
+the outputs back. No device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% faster at batch
+1 in docs/perf.md v7, 5% slower in v9) makes the captured graphs' kernel-to-kernel edges programmatic, so a
+kernel's blocks launch while the previous kernel drains (each kernel waits for its inputs in
+atlas::pdl_enter and lets the next one launch in atlas::pdl_leave, its last statement).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class GpuModel:
                     and bool(m.report.get("codegen", {}).get("pdl_wait")))
         self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
         self.graphs = {}
+        if cuda_graphs:  # every (entry, bucket) graph now: instantiating one allocates device memory
+            for name, (symbol, uptos) in self.buckets.items():
+                for upto in (*uptos, None):  # None: the default kernels, above every bucket
+                    self._graph(*self.schedule(name, {symbol: upto} if upto is not None else {}))
+            self.dev.synchronize()
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -123,9 +129,13 @@ class GpuModel:
         if not self.cuda_graphs:
             self._launch_all(launches)
             return
+        self._graph(key, launches).launch()
+
+    def _graph(self, key: tuple, launches: list[tuple]) -> CapturedGraph:
+        """The CUDA graph of one (entry, bucket): captured, instantiated and uploaded on first use (load
+        captures every one, so that no run allocates)."""
         graph = self.graphs.get(key)
         if graph is None:
-            graph = None
             if self.pdl:
                 try:
                     graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches), programmatic=True)
@@ -134,7 +144,7 @@ class GpuModel:
             if graph is None:
                 graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches))
             self.graphs[key] = graph
-        graph.launch()
+        return graph
 
     def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
         """Bind and upload one call's inputs and symbols for `entry_name`, or for the narrower twin that
