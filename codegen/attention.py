@@ -49,6 +49,12 @@ MAX_HEAD_DIM = 1024
 PATH_ENV = "ATLAS_ATTENTION_PATH"
 PATHS = ("rows", "fast")
 FAST_WARPS = 8  # NW of attention_decode: warps per block, splitting the keys
+# ... but 4 for head dim 128 in a kernel that runs only batches above FAST_WARPS_WIDE_BATCH (a decode
+# batch bucket's default kernel): 22.6 vs 26.7 us at 8B shapes, batch 32, 256 keys, tied at 4096 keys;
+# 8 warps won for head dim 64 and at batch 1 (attention_lab, docs/perf.md v14); other head dims: not measured
+FAST_WARPS_WIDE = 4
+FAST_WARPS_WIDE_HEAD_DIM = 128
+FAST_WARPS_WIDE_BATCH = 8
 FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to group 8; 4 for D > 128)
 FAST_MAX_HEAD_DIM = 256
 FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fewer at run time)
@@ -169,9 +175,11 @@ def fast_decline(ctx: KernelContext, node: Node) -> str | None:
     return None
 
 
-def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int, rows_smem: int,
+def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int, dk_up: int, dv_up: int,
                keys: bool = False) -> KernelCode:
-    """attention_decode for a node fast_decline accepted (its args are already bound)."""
+    """attention_decode for a node fast_decline accepted (its args are already bound); dk_up / dv_up: the
+    head dims' maxima (the kernel may run attention_rows itself, K/V rows not 16-byte aligned: its shared
+    memory too)."""
     q_v, k_v = node.inputs[0], node.inputs[1]
     attrs = node.attrs
     t = c_type(q_v.dtype)
@@ -188,7 +196,8 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     items = ctx.upper(batch) * hk * max(1, -(-rows_up // r))
     mask_t, has_past, has_mask, causal = flags
     ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
-    nw = fast_warps()
+    nw = fast_warps(d, ctx.lower(batch))
+    rows_smem = 4 * (((dk_up + 3) // 4) * 4 + nw * (dv_up + 2))
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
     scratch = 0
@@ -236,13 +245,25 @@ def split_min_keys() -> int:
     return int(text)
 
 
-def fast_warps() -> int:
-    """ATLAS_ATTENTION_WARPS (default FAST_WARPS): warps per attention_decode block (fewer: less idle warps
-    and a cheaper merge when a run has few keys); CodegenError unless 2, 4 or 8."""
-    text = os.environ.get(WARPS_ENV, "") or str(FAST_WARPS)
-    if text not in ("2", "4", "8"):
-        raise CodegenError(f"{WARPS_ENV}={text!r} is not a warp count (expected 2, 4 or 8)")
-    return int(text)
+def warps_setting() -> str:
+    """ATLAS_ATTENTION_WARPS: "auto" (also when unset; fast_warps' rule), or "2", "4", "8" for every
+    attention_decode kernel; CodegenError otherwise."""
+    text = os.environ.get(WARPS_ENV, "") or "auto"
+    if text not in ("auto", "2", "4", "8"):
+        raise CodegenError(f"{WARPS_ENV}={text!r} is not a warp count (expected auto, 2, 4 or 8)")
+    return text
+
+
+def fast_warps(head_dim: int, batch_above: int) -> int:
+    """Warps per attention_decode block for a kernel of this head dim that runs only batches above
+    `batch_above` (0: any batch): ATLAS_ATTENTION_WARPS when set, else FAST_WARPS_WIDE for head dim
+    FAST_WARPS_WIDE_HEAD_DIM above FAST_WARPS_WIDE_BATCH, FAST_WARPS otherwise (fewer warps: less idle
+    warps and a cheaper merge when a block's keys are few)."""
+    text = warps_setting()
+    if text != "auto":
+        return int(text)
+    wide = head_dim == FAST_WARPS_WIDE_HEAD_DIM and batch_above >= FAST_WARPS_WIDE_BATCH
+    return FAST_WARPS_WIDE if wide else FAST_WARPS
 
 
 def v_prefetch() -> bool:
@@ -389,9 +410,7 @@ def emit_attention(ctx: KernelContext, node: Node) -> KernelCode:
         if fa2_declined is None:
             return flash_attention.emit_fa2(ctx, node, flags, acc, keys)
     if path == "fast" and fast_decline(ctx, node) is None:
-        # the kernel may run attention_rows itself (K/V rows not 16-byte aligned): its shared memory too
-        rows_smem = 4 * (((dk_up + 3) // 4) * 4 + fast_warps() * (dv_up + 2))
-        code = _emit_fast(ctx, node, flags, acc, rows_smem, keys)
+        code = _emit_fast(ctx, node, flags, acc, dk_up, dv_up, keys)
         if fa2_declined:
             code.choice = {"attention": "fast", "fa2_declined": fa2_declined}
         return code

@@ -500,6 +500,13 @@ def _kernels_of(source: str) -> list[str]:
     return re.findall(r"atlas::attention_(decode|rows)<", source)
 
 
+def _kernel_text(mod, launch) -> str:
+    """The body of a launch's kernel in a generated module (from its definition to the next kernel)."""
+    start = mod.source.index(f" {launch.kernel}(unsigned char* __restrict__ arena) {{")
+    end = mod.source.find('extern "C"', start)
+    return mod.source[start:end if end >= 0 else None]
+
+
 def test_attention_path_env(monkeypatch):
     """fast is the default (GPU-validated, docs/perf.md v5); rows forces attention_rows everywhere;
     anything else is a CodegenError naming the variable."""
@@ -690,7 +697,39 @@ def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
     monkeypatch.setenv(env, value)
     with pytest.raises(CodegenError, match=env):
         attention.decode_template_tail(32, False)
-        attention.fast_warps()
+        attention.warps_setting()
+
+
+def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
+    """attention_decode takes FAST_WARPS_WIDE (4) warps for head dim 128 in a decode bucket's default kernel
+    (batches above 8 of 32: the measured batch-32 win) and FAST_WARPS (8) in the batch-1 / batch-8 kernels
+    and for head dims 64 and 256 (not measured); ATLAS_ATTENTION_WARPS=8 gives 8 everywhere."""
+    from atlasc.codegen import attention
+
+    monkeypatch.setitem(DECODE_UPPER, "batch", 32)
+    b = build_attention_decode("float16")
+    graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
+    upper = {"d": {**DECODE_UPPER, "seq": 1}}
+    heads = {}  # launch index -> head dim of its K
+    for i, node in enumerate(n for n in graph.nodes if plan.needs_kernel(n)):
+        heads[i] = node.inputs[1].shape[-1] if len(node.inputs[1].shape) == 4 else None
+
+    def warps(env: str | None) -> dict[int, tuple[int, list[int]]]:
+        if env is None:
+            monkeypatch.delenv(attention.WARPS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(attention.WARPS_ENV, env)
+        mod = generate_module({"d": (graph, plan)}, upper, buckets={"d": ("batch", (1, 8))})
+        return {i: (launch.block[0] // 32, [v.block[0] // 32 for v in launch.variants])
+                for i, launch in enumerate(mod.launches["d"]) if "attention_decode<" in _kernel_text(mod, launch)}
+
+    auto = warps(None)
+    for i, (default, variants) in auto.items():
+        assert variants and all(v == attention.FAST_WARPS for v in variants), (i, variants)
+        assert default == (attention.FAST_WARPS_WIDE if heads[i] == 128 else attention.FAST_WARPS), (i, heads[i])
+    assert {64, 128, 256} <= {heads[i] for i in auto}
+    assert all(default == 8 and set(variants) == {8} for default, variants in warps("8").values())
+    assert attention.fast_warps(128, 0) == attention.fast_warps(64, 8) == attention.FAST_WARPS == 8
 
 
 def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):

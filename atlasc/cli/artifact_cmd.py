@@ -20,7 +20,7 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("weight_prefetch", False, 
            ("linear_prefill", "auto", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"),
            ("attention_split_min_keys", 256, "ATLAS_ATTENTION_SPLIT_MIN_KEYS"),
            ("attention_v_prefetch", True, "ATLAS_ATTENTION_VPREFETCH"),
-           ("attention_warps", 8, "ATLAS_ATTENTION_WARPS"))
+           ("attention_warps", "auto", "ATLAS_ATTENTION_WARPS"))
 
 
 def _opt_ins(choices: dict) -> str:
