@@ -15,6 +15,7 @@ from atlasc.ir.program import CompileOptions
 from atlasc.runtime.bench import _gathered_tables, decode_bytes
 
 from conftest import FIXTURES
+from fake_gpu import FakeDevice
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -152,59 +153,6 @@ def test_fused_projections_count_their_matmul_flops():
     assert _flops(NS(op="Add", inputs=["a", "a"], outputs=["y"]), values, weights, {}) == 3 * 96
 
 
-class _FakeDevice:
-    """What GpuModel asks of runtime/device.py's Device, simulated on the host: modules whose functions
-    record their launches into the fake driver's capture (or count them outside one), an arena at 0,
-    downloads of zeros."""
-
-    arch = "sm90"
-
-    def __init__(self, driver: _FakeGraphDriver):
-        from types import SimpleNamespace
-
-        self.driver, self.direct_launches = driver, 0
-        self.stream = SimpleNamespace(handle=1, synchronize=lambda: None)
-        device = self
-
-        class Function:
-            shared_size_bytes = 0
-
-            def __init__(self, name: str):
-                self.name = name
-
-            def prepare(self, signature):
-                pass
-
-            def set_attribute(self, attribute, value):
-                pass
-
-            def prepared_async_call(self, grid, block, stream, arena, shared_size=0):
-                if driver.capturing is not None:
-                    driver.capturing.append(("kernel", self.name))
-                else:
-                    device.direct_launches += 1
-
-        self.cuda = SimpleNamespace(LogicError=LookupError, Error=RuntimeError,
-                                    function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8),
-                                    memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
-                                    pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
-        self.module = SimpleNamespace(get_function=Function)
-
-    def load_module(self, cubin):
-        return self.module
-
-    def alloc_arena(self, nbytes):
-        return 0
-
-    def upload(self, arena, offset, data, stream=None):
-        pass
-
-    def download(self, arena, offset, nbytes, stream=None):
-        return np.zeros(nbytes, np.uint8)
-
-    def synchronize(self):
-        pass
-
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch):
@@ -223,14 +171,16 @@ def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch):
     driver.cuGraphLaunch = lambda exec_, stream: launches.append(exec_.value) or 0
     monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
     with open_artifact(path) as art:
-        device = _FakeDevice(driver)
+        device = FakeDevice()
+        device.on_launch = lambda name: (driver.capturing if driver.capturing is not None
+                                         else device.launched).append(("kernel", name))
         model = GpuModel(art, device=device)
         want = {(name, upto) for name, e in art.manifest.entries.items()
                 for upto in (*entry_buckets(e)[1], None)}
         assert set(model.graphs) == want and any(upto is not None for _, upto in want)
         assert driver.uploaded == len(want) == len(driver.graphs)
         generate(model, [[1, 2, 3], [4, 5]], 3)
-        assert len(driver.graphs) == len(want) and launches and device.direct_launches == 0
+        assert len(driver.graphs) == len(want) and launches and not device.launched
         assert set(launches) <= {g.exec.value for g in model.graphs.values()}
-        eager = GpuModel(art, device=_FakeDevice(driver), cuda_graphs=False)
+        eager = GpuModel(art, device=FakeDevice(), cuda_graphs=False)
         assert not eager.graphs and len(driver.graphs) == len(want)

@@ -16,6 +16,7 @@ from atlasc.pipeline import PIPELINES, run_pipeline
 from atlasc.passes.split_decode import SMALL, SMALL_BATCH
 
 from conftest import FIXTURES
+from fake_gpu import FakeDevice
 
 FUSED = ("NormLinear", "NormLinearQ", "NormLinearRotary")
 
@@ -119,55 +120,6 @@ def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
     assert r.code == 0 and "runs decode for" in r.stdout
 
 
-class _FakeDevice:
-    """Enough of runtime/device.Device for GpuModel to load an artifact and launch without a GPU: every
-    kernel launch is recorded by name; uploads and downloads touch a host array."""
-
-    arch = "sm90"
-
-    def __init__(self):
-        from types import SimpleNamespace
-
-        self.launched: list[str] = []
-        self.stream = SimpleNamespace(synchronize=lambda: None, handle=0)
-        dev = self
-
-        class Func:
-            def __init__(self, name):
-                self.name = name
-
-            def prepare(self, _):
-                pass
-
-            def set_attribute(self, *_):
-                pass
-
-            def prepared_async_call(self, *_, **__):
-                dev.launched.append(self.name)
-
-        self.cuda = SimpleNamespace(
-            LogicError=KeyError, Error=RuntimeError,
-            function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
-            memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
-            pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
-        self.module = SimpleNamespace(get_function=Func)
-
-    def load_module(self, cubin):
-        return self.module
-
-    def alloc_arena(self, nbytes):
-        return 0
-
-    def upload(self, arena, offset, data, stream=None):
-        pass
-
-    def download(self, arena, offset, nbytes, stream=None):
-        return np.zeros(nbytes, np.uint8)
-
-    def synchronize(self):
-        pass
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_gpu_runtime_routes_small_batches_to_the_twin(tmp_path):
     """GpuModel (on a fake device: launches recorded, no GPU) runs decode_small's kernels for a decode call
@@ -178,7 +130,7 @@ def test_gpu_runtime_routes_small_batches_to_the_twin(tmp_path):
 
     path = tmp_path / "b16.atlas"
     compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
-    dev = _FakeDevice()
+    dev = FakeDevice()
     model = GpuModel(open_artifact(path), device=dev, cuda_graphs=False)
     m = model.manifest
     for b, want in ((3, SMALL), (12, "decode")):

@@ -1,0 +1,58 @@
+"""A simulated GPU device for CPU tests of the GPU runtime (runtime/gpu.py GpuModel)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class FakeDevice:
+    """Enough of runtime/device.Device for GpuModel to load an artifact and launch without a GPU: every
+    kernel launch goes to `on_launch` (by default: recorded by name in `launched`); uploads do nothing,
+    downloads give zeros."""
+
+    arch = "sm90"
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.launched: list[str] = []
+        self.on_launch = self.launched.append
+        self.stream = SimpleNamespace(synchronize=lambda: None, handle=0)
+        dev = self
+
+        class Func:
+            def __init__(self, name):
+                self.name = name
+
+            shared_size_bytes = 0
+
+            def prepare(self, _):
+                pass
+
+            def set_attribute(self, *_):
+                pass
+
+            def prepared_async_call(self, *_, **__):
+                dev.on_launch(self.name)
+
+        self.cuda = SimpleNamespace(
+            LogicError=KeyError, Error=RuntimeError,
+            function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
+            memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
+            pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
+        self.module = SimpleNamespace(get_function=Func)
+
+    def load_module(self, cubin):
+        return self.module
+
+    def alloc_arena(self, nbytes):
+        return 0
+
+    def upload(self, arena, offset, data, stream=None):
+        pass
+
+    def download(self, arena, offset, nbytes, stream=None):
+        return np.zeros(nbytes, np.uint8)
+
+    def synchronize(self):
+        pass
