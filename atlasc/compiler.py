@@ -129,7 +129,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
     say("codegen", f"{kernels} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                             _kv_dict(program), decode_buckets(program), options.archs)
+                             _kv_dict(program), decode_buckets(program), options.archs, narrowed_lower(program))
     check_shared_memory(module, options.archs)
     seconds["codegen"] = time.perf_counter() - t
 
@@ -147,6 +147,15 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)
+
+
+def narrowed_lower(program: Program) -> dict[str, dict[str, int]]:
+    """{entry: {symbol: value}}: the values an entry runs only above because a narrower twin serves the runs
+    up to them (split-decode: `decode` runs batches above decode_small's bound), for generate_module."""
+    lower: dict[str, dict[str, int]] = {}
+    for wide, bounds in program.narrows.values():
+        lower.setdefault(wide, {}).update(bounds)
+    return lower
 
 
 # Decode batch sizes that get their own kernels when the artifact's maximum batch is larger: a kernel

@@ -223,7 +223,7 @@ def check_shared_memory(module: GeneratedModule, archs: tuple[str, ...],
 def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[str, dict[str, int]],
                     kv_cache: dict | None = None,
                     buckets: dict[str, tuple[str, tuple[int, ...]]] | None = None,
-                    archs: tuple[str, ...] = ()) -> GeneratedModule:
+                    archs: tuple[str, ...] = (), lower: dict[str, dict[str, int]] | None = None) -> GeneratedModule:
     """CUDA source for every node of every entry, and each entry's launch list in schedule order.
 
     `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing); `archs` the target
@@ -231,6 +231,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     `buckets[entry] = (symbol, values)` also generates each node with the symbol's maximum set to each
     value below the entry's (e.g. the decode batch at 1 and 8 of 32): where that changes the kernel, a
     Variant with its own kernel; where only the grid changes, a Variant reusing the default kernel.
+    `lower[entry]` gives symbol values the entry runs only above (split-decode's `decode`, whose batches up
+    to 8 run `decode_small`): its kernels may leave out what only those runs would need (KernelContext.lower).
     Guarantees: deterministic text for the same inputs; one `extern "C"` kernel per node and distinct
     variant, except reshapes the plan aliased to their input (`plan.aliases`), which need none.
     """
@@ -255,7 +257,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
 
             def above(value: int) -> dict[str, int]:  # the runtime takes the tightest bucket: this one only above
                 below = [v for v in smaller if v < value]
-                return {symbol: below[-1]} if below else {}
+                return {**(lower or {}).get(entry, {}), **({symbol: below[-1]} if below else {})}
 
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
                                 above(upper[entry].get(symbol, 0)), archs)

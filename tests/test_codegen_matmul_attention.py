@@ -702,8 +702,9 @@ def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
 
 def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
     """attention_decode takes FAST_WARPS_WIDE (4) warps for head dim 128 in a decode bucket's default kernel
-    (batches above 8 of 32: the measured batch-32 win) and FAST_WARPS (8) in the batch-1 / batch-8 kernels
-    and for head dims 64 and 256 (not measured); ATLAS_ATTENTION_WARPS=8 gives 8 everywhere."""
+    (batches above 8 of 32: the measured batch-32 win), or in any kernel of an entry that runs only above
+    batch 8 (generate_module's `lower`), and FAST_WARPS (8) in the batch-1 / batch-8 kernels and for head
+    dims 64 and 256 (not measured); ATLAS_ATTENTION_WARPS=8 gives 8 everywhere."""
     from atlasc.codegen import attention
 
     monkeypatch.setitem(DECODE_UPPER, "batch", 32)
@@ -714,12 +715,12 @@ def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
     for i, node in enumerate(n for n in graph.nodes if plan.needs_kernel(n)):
         heads[i] = node.inputs[1].shape[-1] if len(node.inputs[1].shape) == 4 else None
 
-    def warps(env: str | None) -> dict[int, tuple[int, list[int]]]:
+    def warps(env: str | None, **kw) -> dict[int, tuple[int, list[int]]]:
         if env is None:
             monkeypatch.delenv(attention.WARPS_ENV, raising=False)
         else:
             monkeypatch.setenv(attention.WARPS_ENV, env)
-        mod = generate_module({"d": (graph, plan)}, upper, buckets={"d": ("batch", (1, 8))})
+        mod = generate_module({"d": (graph, plan)}, upper, **(kw or {"buckets": {"d": ("batch", (1, 8))}}))
         return {i: (launch.block[0] // 32, [v.block[0] // 32 for v in launch.variants])
                 for i, launch in enumerate(mod.launches["d"]) if "attention_decode<" in _kernel_text(mod, launch)}
 
@@ -729,6 +730,10 @@ def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
         assert default == (attention.FAST_WARPS_WIDE if heads[i] == 128 else attention.FAST_WARPS), (i, heads[i])
     assert {64, 128, 256} <= {heads[i] for i in auto}
     assert all(default == 8 and set(variants) == {8} for default, variants in warps("8").values())
+    # no buckets, but the entry runs only above batch 8 (split-decode's `decode`): the same rule
+    wide = warps(None, lower={"d": {"batch": 8}})
+    assert wide.keys() == auto.keys() and all(wide[i][0] == auto[i][0] and not wide[i][1] for i in wide)
+    assert all(default == 8 for default, _ in warps(None, lower={"d": {"batch": 4}}).values())
     assert attention.fast_warps(128, 0) == attention.fast_warps(64, 8) == attention.FAST_WARPS == 8
 
 

@@ -43,6 +43,24 @@ def test_large_max_batch_gets_a_fused_small_decode():
     assert sum(record.applied.values()) == 1
 
 
+def test_decode_kernels_are_generated_for_batches_above_the_small_one(tmp_path, monkeypatch):
+    """With decode_small serving batches up to 8, the compile tells code generation that `decode` runs only
+    above 8 (generate_module's `lower`: e.g. attention's warp count and the Linear grids for those batches);
+    without split-decode nothing is lower."""
+    import atlasc.compiler as compiler
+
+    program, _ = _program(16)
+    batch = program.roles["batch"]
+    assert compiler.narrowed_lower(program) == {"decode": {batch: SMALL_BATCH}}
+    assert compiler.narrowed_lower(_program(8)[0]) == {}
+    seen = []
+    real = compiler.generate_module
+    monkeypatch.setattr(compiler, "generate_module", lambda *a, **k: seen.append(a[5]) or real(*a, **k))
+    compiler.compile_model(FIXTURES / "llama-fp16.onnx", tmp_path / "b16.atlas",
+                           CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    assert seen == [{"decode": {batch: SMALL_BATCH}}]
+
+
 @pytest.mark.parametrize("max_batch,fusion", [(8, True), (4, True), (16, False)])
 def test_no_small_decode_when_it_would_not_differ(max_batch, fusion):
     program, _ = _program(max_batch, fusion)
