@@ -151,10 +151,15 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
 
 def narrowed_lower(program: Program) -> dict[str, dict[str, int]]:
     """{entry: {symbol: value}}: the values an entry runs only above because a narrower twin serves the runs
-    up to them (split-decode: `decode` runs batches above decode_small's bound), for generate_module."""
+    up to them (split-decode: `decode` runs batches above decode_small's bound), for generate_module. Only
+    twins narrowing one symbol count (a call goes to a twin when all its bounds hold, so with two the wide
+    entry could still run small values of either); the largest bound over such twins."""
     lower: dict[str, dict[str, int]] = {}
     for wide, bounds in program.narrows.values():
-        lower.setdefault(wide, {}).update(bounds)
+        if len(bounds) == 1:
+            (symbol, value), = bounds.items()
+            entry = lower.setdefault(wide, {})
+            entry[symbol] = max(value, entry.get(symbol, value))
     return lower
 
 

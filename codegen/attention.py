@@ -8,7 +8,7 @@ inputs, KVAppend's `present`) therefore need no special case in the kernels.
 
 Attention has two kernels, chosen at code generation by the environment variable ATLAS_ATTENTION_PATH:
 - "fast" (the default, also when unset): `attention_decode`, the decode path: one block of
-  FAST_WARPS warps per (batch, kv head, tile of up to FAST_MAX_ROWS query rows of that kv head's
+  fast_warps() warps per (batch, kv head, tile of up to FAST_MAX_ROWS query rows of that kv head's
   group), so each K/V row is read once for all the query heads that share it; a lane scores a whole
   key row with 16-byte loads (32 keys per warp at once), lanes split the head dim for V. Emitted for
   fp16 / fp32, Dk == Dv a compile-time head dim of at most FAST_MAX_HEAD_DIM whose 16-byte vectors
@@ -65,7 +65,7 @@ FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
 FAST_VPREFETCH = True  # VPF of attention.cu: V rows prefetched into L2 with the K reads (perf.md v14: won)
 VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # overrides FAST_VPREFETCH (0 / 1, A/B timing)
-WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # overrides FAST_WARPS (2, 4 or 8; A/B timing of short contexts)
+WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # auto (fast_warps' rule), or 2, 4 or 8 for every kernel (A/B timing)
 
 
 def path_choice() -> str:
@@ -277,8 +277,8 @@ def v_prefetch() -> bool:
 
 def decode_template_tail(split: int, keys: bool) -> str:
     """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, each given
-    only up to the last one that differs from attention.cu's default (the default kernels' text stays as
-    before, so their cubins stay cached)."""
+    only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS and FAST_VPREFETCH
+    equal ATT_SPLIT_MIN_KEYS and VPF there: the text names only what a switch changes)."""
     args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false"]
     defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false"]
     while args and args[-1] == defaults[len(args) - 1]:

@@ -257,7 +257,10 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
 
             def above(value: int) -> dict[str, int]:  # the runtime takes the tightest bucket: this one only above
                 below = [v for v in smaller if v < value]
-                return {**(lower or {}).get(entry, {}), **({symbol: below[-1]} if below else {})}
+                runs_above = dict((lower or {}).get(entry, {}))
+                if below:
+                    runs_above[symbol] = max(below[-1], runs_above.get(symbol, 0))
+                return runs_above
 
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
                                 above(upper[entry].get(symbol, 0)), archs)

@@ -88,8 +88,9 @@ def build(model: str, ctx: int, batch: int):
 # the short-context A/B variants of "fast" (not in the default set), each spelled in full so that its meaning
 # stays as measured in docs/perf.md v13 / v14: the split's runs of at least 32 / 64 / 256 keys, V rows
 # prefetched into L2 with the K reads or not, 4 or 2 warps per block (attention.py MIN_KEYS_ENV,
-# VPREFETCH_ENV, WARPS_ENV). "fast" is the default kernel (since v14: runs of 256 keys, V prefetch, 8 warps);
-# "v13" is v13's default (64 keys, no prefetch).
+# VPREFETCH_ENV, WARPS_ENV). "fast" is the default kernel of a one-node graph (since v14: runs of 256 keys, V
+# prefetch, 8 warps; a compiled decoder's kernels for batches above 8 take 4 warps at head dim 128, as
+# "w4mk256vpf"); "v13" is v13's default (64 keys, no prefetch).
 def _ab(min_keys: int, vpf: bool, warps: int = 8) -> dict[str, str]:
     return {attention.MIN_KEYS_ENV: str(min_keys), attention.VPREFETCH_ENV: str(int(vpf)),
             attention.WARPS_ENV: str(warps)}

@@ -22,7 +22,7 @@ import numpy as np
 from atlasc.artifact import Artifact
 from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import PDL_ENV, CapturedGraph, CudaGraphError
-from atlasc.runtime.device import Device, KernelTable
+from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
 
@@ -65,10 +65,18 @@ class GpuModel:
         self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
         self.graphs = {}
         if cuda_graphs:  # every (entry, bucket) graph now: instantiating one allocates device memory
-            for name, (symbol, uptos) in self.buckets.items():
-                for upto in (*uptos, None):  # None: the default kernels, above every bucket
-                    self._graph(*self.schedule(name, {symbol: upto} if upto is not None else {}))
-            self.dev.synchronize()
+            try:
+                for name, (symbol, uptos) in self.buckets.items():
+                    for upto in (*uptos, None):  # None: the default kernels, above every bucket
+                        self._graph(*self.schedule(name, {symbol: upto} if upto is not None else {}))
+                self.dev.synchronize()
+            except BaseException as e:  # a failed load keeps nothing on the device
+                self.close()
+                if isinstance(e, CudaGraphError) and "out of memory" in str(e):
+                    raise DeviceOutOfMemoryError(f"the model's CUDA graphs do not fit beside its arena: {e}",
+                                                 hint="compile with a smaller --max-batch / --max-seq, or run "
+                                                      "with --no-cuda-graphs") from None
+                raise
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------

@@ -46,7 +46,14 @@ class FakeDevice:
         return self.module
 
     def alloc_arena(self, nbytes):
-        return 0
+        dev = self
+
+        class Arena(int):  # device pointer 0, freed once
+            def free(self):
+                dev.freed += 1
+
+        self.freed = 0
+        return Arena(0)
 
     def upload(self, arena, offset, data, stream=None):
         pass

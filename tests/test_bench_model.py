@@ -154,33 +154,72 @@ def test_fused_projections_count_their_matmul_flops():
 
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch):
-    """No device allocation after load: GpuModel captures, instantiates and uploads the CUDA graph of every
-    (entry, batch bucket) while loading (a simulated driver and device), so generating captures none and
-    launches no kernel outside a graph."""
+def _fake_gpu(monkeypatch):
+    """(simulated driver, device whose launches go into the driver's capture, list of replayed graphs)."""
     from atlasc.runtime import cudagraph
+
+    driver = _FakeGraphDriver({})
+    replayed = []
+    driver.cuGraphLaunch = lambda exec_, stream: replayed.append(exec_.value) or 0
+    monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
+    device = FakeDevice()
+    device.on_launch = lambda name: (driver.capturing if driver.capturing is not None
+                                     else device.launched).append(("kernel", name))
+    return driver, device, replayed
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("fixture,max_batch,batches", [("llama", 4, (1, 2)), ("llama-fp16", 16, (3, 12))])
+def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch, fixture, max_batch, batches):
+    """No device allocation after load: GpuModel captures, instantiates and uploads the CUDA graph of every
+    (entry, batch bucket) while loading (a simulated driver and device), so generating at batch sizes that
+    take the batch-1 bucket, the default kernels, and (max batch 16) the decode_small twin or decode,
+    captures none and launches no kernel outside a graph; without graphs nothing is captured."""
     from atlasc.runtime.generate import generate
     from atlasc.runtime.gpu import GpuModel
     from atlasc.runtime.launches import entry_buckets
 
-    path = tmp_path / "llama.atlas"
-    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64))
-    driver = _FakeGraphDriver({})
-    launches = []
-    driver.cuGraphLaunch = lambda exec_, stream: launches.append(exec_.value) or 0
-    monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
+    path = tmp_path / f"{fixture}.atlas"
+    compile_model(FIXTURES / f"{fixture}.onnx", path, CompileOptions(archs=("sm90",), max_batch=max_batch,
+                                                                      max_seq=64))
+    driver, device, replayed = _fake_gpu(monkeypatch)
     with open_artifact(path) as art:
-        device = FakeDevice()
-        device.on_launch = lambda name: (driver.capturing if driver.capturing is not None
-                                         else device.launched).append(("kernel", name))
         model = GpuModel(art, device=device)
-        want = {(name, upto) for name, e in art.manifest.entries.items()
-                for upto in (*entry_buckets(e)[1], None)}
+        want = {(name, upto) for name, e in art.manifest.entries.items() for upto in (*entry_buckets(e)[1], None)}
         assert set(model.graphs) == want and any(upto is not None for _, upto in want)
         assert driver.uploaded == len(want) == len(driver.graphs)
-        generate(model, [[1, 2, 3], [4, 5]], 3)
-        assert len(driver.graphs) == len(want) and launches and not device.launched
-        assert set(launches) <= {g.exec.value for g in model.graphs.values()}
+        used = set()
+        for b in batches:
+            replayed.clear()
+            generate(model, [[1 + i, 2, 3] for i in range(b)], 3)
+            assert replayed and not device.launched and len(driver.graphs) == len(want)
+            used |= {key for key, g in model.graphs.items() if g.exec.value in replayed}
+        assert len(used) >= 3  # prefill and two decode graphs: not every generation took one key
         eager = GpuModel(art, device=FakeDevice(), cuda_graphs=False)
         assert not eager.graphs and len(driver.graphs) == len(want)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_path, monkeypatch):
+    """A graph upload that runs out of device memory at load: DeviceOutOfMemoryError (one line, a hint),
+    the arena and every graph made so far freed."""
+    from atlasc.runtime.device import DeviceOutOfMemoryError
+    from atlasc.runtime.gpu import GpuModel
+
+    path = tmp_path / "llama.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64))
+    driver, device, _ = _fake_gpu(monkeypatch)
+    destroyed = []
+    driver.cuGraphExecDestroy = lambda exec_: destroyed.append(exec_.value) or 0
+    driver.cuGraphUpload = lambda exec_, stream: 2 if len(driver.graphs) == 2 else 0  # CUDA_ERROR_OUT_OF_MEMORY
+
+    def error_string(result, msg):
+        ctypes.cast(msg, ctypes.POINTER(ctypes.c_char_p))[0] = b"out of memory"
+        return 0
+
+    driver.cuGetErrorString = error_string
+    with open_artifact(path) as art:
+        with pytest.raises(DeviceOutOfMemoryError, match="CUDA graphs do not fit") as info:
+            GpuModel(art, device=device)
+    assert "\n" not in str(info.value) and "--no-cuda-graphs" in info.value.hint
+    assert device.freed == 1 and len(destroyed) == 2  # the graph that failed, and the one before it

@@ -630,6 +630,9 @@ def test_attention_decode_sequence_split():
     assert max(launch.grid[0] for launch in one.launches["d"]) == attention.FAST_SPLIT_TARGET == 256
     cu = (Path(attention.__file__).parent / "attention.cu").read_text()
     assert f"ATT_SPLIT_TARGET = {attention.FAST_SPLIT_TARGET};" in cu
+    # the defaults decode_template_tail leaves out are attention.cu's
+    assert f"ATT_SPLIT_MIN_KEYS = {attention.FAST_SPLIT_MIN_KEYS};" in cu
+    assert f"int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = {str(attention.FAST_VPREFETCH).lower()}>" in cu
     three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
     assert 0 < three.source.count(split) < 11  # group 1: 3 rows fit one tile, the others do not
     # prefill-sized maxima never split (their scratch would be huge)
