@@ -7,11 +7,15 @@
     python examples/attention_lab.py --models 8B --contexts 4096 --batches 1,32 --path fast
     python examples/attention_lab.py --contexts 256,1024,4096 --path fast,nosplit,vpf,mk32,mk256,w4,w2
                                                       # the short-context A/B switches (AB_PATHS)
+    python examples/attention_lab.py --models 8B --batches 1 --mask keys
+                                                      # the mask a compiled decoder's step reads (below)
 
 For each (model, context T, batch B, path) it builds a one-node graph as the compiler emits it for a
 decoder: `Attention(q [B, Hq, 1, D], k, v, mask [B, 1, 1, T]){out_bshd}` in fp16 whose K and V are
 KV-cache views [B, Hk, T, D] with the cache's strides (rows of MAX_SEQ = 4352 positions, more than the
-context), an additive mask with a few left-padded keys per batch row, and y [B, 1, Hq * D]. The code is
+context), an additive mask with a few left-padded keys per batch row (`--mask keys`: the same padding as
+attention_mask [B, T] int64 that the kernel turns into the bias itself, key_mask=1: the form a compiled
+decoder's step takes, since mask-as-lengths is on by default), and y [B, 1, Hq * D]. The code is
 generated with ATLAS_ATTENTION_PATH=path ("rows": attention_rows, "fast": attention_decode with its
 sequence split, "nosplit": attention_decode with ATLAS_ATTENTION_SPLIT=1), checked
 once against numpy (float32; tolerance 2e-3 + 1e-2 * max |y|), then timed as examples/kernel_lab.py
@@ -57,30 +61,37 @@ BATCHES = (1, 32)
 MAX_SEQ = 4352  # the cache's row stride in positions (> every context timed)
 
 
-def build(model: str, ctx: int, batch: int):
-    """(graph, plan, upper): the decode Attention node with K/V as cache views, 256-aligned buffers."""
+def build(model: str, ctx: int, batch: int, mask: str = "tensor"):
+    """(graph, plan, upper): the decode Attention node with K/V as cache views, 256-aligned buffers. mask
+    "tensor": an additive float16 [B, 1, 1, T]; "keys": attention_mask [B, T] int64 read by the kernel
+    (key_mask=1, causal, fill -65504: what mask-as-lengths, on by default, gives a compiled decoder)."""
     hq, hk, d = MODELS[model]
-    g = Graph(f"att_{model}_t{ctx}_b{batch}")
+    g = Graph(f"att_{model}_t{ctx}_b{batch}_{mask}")
     g.symbols = {"batch": SymbolInfo(1, batch), "ctx": SymbolInfo(1, ctx)}
     B, T = S.sym("batch"), S.sym("ctx")
     q = Value("q", "float16", (B, hq, 1, d))
     k = Value("k", "float16", (B, hk, T, d))
     v = Value("v", "float16", (B, hk, T, d))
-    mask = Value("mask", "float16", (B, 1, 1, T))
+    attrs = {"out_bshd": 1}
+    if mask == "keys":
+        m = Value("mask", "int64", (B, T))
+        attrs.update({"key_mask": 1, "causal": 1, "mask_fill": F16_MIN})
+    else:
+        m = Value("mask", "float16", (B, 1, 1, T))
     y = Value("y", "float16", (B, 1, hq * d))
-    g.inputs = [q, k, v, mask]
-    g.nodes = [Node("Attention", [q, k, v, mask], [y], OPS["Attention"].fill_attrs({"out_bshd": 1}),
-                    name="attention")]
+    g.inputs = [q, k, v, m]
+    g.nodes = [Node("Attention", [q, k, v, m], [y], OPS["Attention"].fill_attrs(attrs), name="attention")]
     g.outputs = [y]
     plan = MemoryPlan(symbols=("batch", "ctx"))
     plan.dims_offset = 0
     off = 256
     cache = (hk * MAX_SEQ * d, MAX_SEQ * d, d, 1)
-    for value, elems, strides in ((q, batch * hq * d, None), (k, batch * hk * MAX_SEQ * d, cache),
-                                  (v, batch * hk * MAX_SEQ * d, cache), (mask, batch * ctx, None),
-                                  (y, batch * hq * d, None)):
-        plan.placements[value.name] = Placement("activations", off, elems * 2, strides)
-        off = align(off + elems * 2)
+    for value, nbytes, strides in ((q, batch * hq * d * 2, None), (k, batch * hk * MAX_SEQ * d * 2, cache),
+                                   (v, batch * hk * MAX_SEQ * d * 2, cache),
+                                   (m, batch * ctx * (8 if mask == "keys" else 2), None),
+                                   (y, batch * hq * d * 2, None)):
+        plan.placements[value.name] = Placement("activations", off, nbytes, strides)
+        off = align(off + nbytes)
     plan.arena_bytes = off
     return g, plan, {"batch": batch, "ctx": ctx}
 
@@ -269,17 +280,19 @@ def main_prefill(args, ap) -> int:
     return 1 if failed else 0
 
 
-def generate(model: str, ctx: int, batch: int, path: str):
+def generate(model: str, ctx: int, batch: int, path: str, mask: str = "tensor"):
     """(graph, plan, module) of build(...) generated with ATLAS_ATTENTION_PATH=path ("nosplit": fast, no
     sequence split; an AB_PATHS name: fast with that variant's switches; the others' switches cleared)."""
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
         attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
     env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: ""} | AB_PATHS.get(path, {})
-    return generate_with_env(build(model, ctx, batch), env)
+    return generate_with_env(build(model, ctx, batch, mask), env)
 
 
-def inputs(model: str, ctx: int, batch: int, rng):
-    """q [B, Hq, 1, D], the cache [B, Hk, MAX_SEQ, D] (rows past ctx are zeros), mask [B, 1, 1, ctx]."""
+def inputs(model: str, ctx: int, batch: int, rng, mask_form: str = "tensor"):
+    """q [B, Hq, 1, D], the cache [B, Hk, MAX_SEQ, D] (rows past ctx are zeros), the additive mask
+    [B, 1, 1, ctx] (what the reference takes), and the mask the kernel reads (`mask_form` keys: the same
+    left padding as attention_mask [B, ctx] int64, 1 for a visible key)."""
     hq, hk, d = MODELS[model]
     q = rng.standard_normal((batch, hq, 1, d), dtype=np.float32).astype(np.float16)
     cache_k = np.zeros((batch, hk, MAX_SEQ, d), np.float16)
@@ -287,8 +300,9 @@ def inputs(model: str, ctx: int, batch: int, rng):
     cache_k[:, :, :ctx] = rng.standard_normal((batch, hk, ctx, d), dtype=np.float32).astype(np.float16)
     cache_v[:, :, :ctx] = rng.uniform(-1, 1, (batch, hk, ctx, d)).astype(np.float16)
     pads = np.arange(batch) % 7  # left padding: batch row b masks its first b % 7 keys
-    mask = np.where(np.arange(ctx)[None, :] >= pads[:, None], 0.0, -np.inf).astype(np.float16)
-    return q, cache_k, cache_v, mask.reshape(batch, 1, 1, ctx)
+    visible = np.arange(ctx)[None, :] >= pads[:, None]
+    mask = np.where(visible, 0.0, -np.inf).astype(np.float16).reshape(batch, 1, 1, ctx)
+    return q, cache_k, cache_v, mask, (visible.astype(np.int64) if mask_form == "keys" else mask)
 
 
 def reference(q, cache_k, cache_v, mask, ctx: int) -> np.ndarray:
@@ -317,7 +331,8 @@ def main(argv=None) -> int:
                          f"{', '.join(PREFILL_PATHS)} (--prefill, default fa2,fa2w8,fast)")
     ap.add_argument("--prefill", action="store_true", help="time the prefill Attention (Sq = T) instead")
     ap.add_argument("--seqs", default=",".join(map(str, PREFILL_SEQS)), help="--prefill: comma-separated T")
-    ap.add_argument("--mask", default="tensor", help=f"--prefill: the mask form, of {', '.join(MASKS)}")
+    ap.add_argument("--mask", default="tensor", help=f"the mask form, of {', '.join(MASKS)} (decode: tensor or "
+                                                     "keys; keys is what a compiled decoder's step reads)")
     args = ap.parse_args(argv)
     if args.prefill:
         return main_prefill(args, ap)
@@ -329,6 +344,7 @@ def main(argv=None) -> int:
     paths = tuple(p for p in args.path.split(",") if p)
     bad = [p for p in paths if p not in (*LAB_PATHS, *AB_PATHS)] + [m for m in models if m not in MODELS]
     bad += [str(t) for t in contexts if not 1 <= t <= MAX_SEQ]
+    bad += [args.mask] if args.mask not in ("tensor", "keys") else []
     if bad:
         ap.error(f"unknown or out of range: {', '.join(bad)}")
 
@@ -338,11 +354,12 @@ def main(argv=None) -> int:
     cuda = dev.cuda
     t0 = time.perf_counter()
     keys = [(m, t, b, p) for m in models for t in contexts for b in batches for p in paths]
-    mods = {key: generate(*key) for key in keys}
+    mods = {key: generate(*key, mask=args.mask) for key in keys}
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
-    print(f"# {dev.name} ({dev.arch}): {len(mods)} kernels compiled in {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"# {dev.name} ({dev.arch}): {len(mods)} kernels ({args.mask} mask) compiled in "
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
     rng = np.random.default_rng(0)
     rows = []
     failed = False
@@ -350,7 +367,7 @@ def main(argv=None) -> int:
         hq, hk, d = MODELS[model]
         for ctx in contexts:
             for batch in batches:
-                q, cache_k, cache_v, mask = inputs(model, ctx, batch, rng)
+                q, cache_k, cache_v, mask, kernel_mask = inputs(model, ctx, batch, rng, args.mask)
                 ref = reference(q, cache_k, cache_v, mask, ctx)
                 for path in paths:
                     g, plan, mod = mods[(model, ctx, batch, path)]
@@ -365,7 +382,7 @@ def main(argv=None) -> int:
                             dev.upload(a, mod.scratch_offset, np.zeros(mod.scratch_bytes, np.uint8))
                         dev.upload(a, plan.dims_offset, np.array([batch, ctx], np.int64))
                         dev.upload(a, at["q"], q)
-                        dev.upload(a, at["mask"], mask)
+                        dev.upload(a, at["mask"], kernel_mask)
                         if i == 0:
                             dev.upload(a, at["k"], cache_k)
                             dev.upload(a, at["v"], cache_v)

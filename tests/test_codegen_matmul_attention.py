@@ -810,3 +810,42 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
         assert len(calls) == 1 and tail in calls[0], (path, calls)
         warps = int(path[1]) if path.startswith("w") else 8
         assert f", 128, 4, 4, {warps}, " in calls[0] and mod.launches["run"][0].block == (32 * warps, 1, 1)
+
+
+def test_attention_lab_keys_mask_is_the_compiled_decoders_kernel(tmp_path):
+    """examples/attention_lab.py --mask keys times the attention_decode call a compiled Llama-3-8B-shaped
+    decoder's step makes (head dim 128, 32 / 8 heads, mask-as-lengths' attention_mask, batch 1): the same
+    template arguments and launch geometry; --mask tensor (the additive mask) differs only in the mask."""
+    import re
+    import sys
+    from dataclasses import replace
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import attention_lab as lab
+    import build_llama
+
+    from atlasc.compiler import _kv_dict, decode_buckets, narrowed_lower
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import run_pipeline
+
+    # the 8B's attention shapes, one layer, a small MLP and vocabulary (the kernel does not depend on them)
+    cfg = replace(build_llama.CONFIGS["llama-3-8b"], layers=1, intermediate=128, vocab=256)
+    build_llama.write(cfg, tmp_path / "m.onnx", 0)
+    program, _ = run_pipeline(Program({"main": import_onnx(tmp_path / "m.onnx")},
+                                      CompileOptions(archs=("sm90",), max_batch=8)))
+    mod = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
+                          _kv_dict(program), decode_buckets(program), ("sm90",), narrowed_lower(program))
+
+    def call(module, entry: str) -> tuple[str, tuple]:
+        launch = next(x for x in module.launches[entry] if x.op == "Attention")
+        body = _kernel_text(module, launch)
+        return re.search(r"atlas::attention_decode<[^>]*>", body).group(0), (launch.grid, launch.block, launch.smem)
+
+    step = call(mod, "decode")
+    assert "long long" in step[0] and step[0].endswith(", true>")  # int64 attention_mask, KEYS
+    assert call(lab.generate("8B", 256, 1, "fast", mask="keys")[2], "run") == step
+    tensor = call(lab.generate("8B", 256, 1, "fast")[2], "run")
+    assert tensor != step and tensor[0].replace("__half, __half", "__half, long long")[:-1] in step[0]
