@@ -14,6 +14,7 @@ set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
 export ATLAS_CACHE_DIR="${ATLAS_CACHE_DIR:-/tmp/atlasc-cache}"
+python3 examples/gpu_cache.py --unpack  # the CPU machine's cubins, when carried (examples/gpu_cache.py)
 config="${1:-llama-3.2-1b}"
 batches="${2:-1,8,32}"
 if [ "${LABS:-1}" != 0 ]; then

@@ -7,6 +7,8 @@ set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
 export ATLAS_CACHE_DIR="${ATLAS_CACHE_DIR:-/tmp/atlasc-cache}"
+# cubins compiled on the CPU machine (examples/gpu_cache.py; carried as .gpu-cache.tar.xz): fewer compiles here
+python3 examples/gpu_cache.py --unpack 2>&1 | tee "$out/gpu_cache.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 nvcc --version | tail -2 | tee -a "$out/gpu.txt"
 

@@ -1,9 +1,15 @@
-"""Shared test fixtures: the bundled example models, and the `gpu` marker's skip rule."""
+"""Shared test fixtures: the bundled example models, and the `gpu` marker's skip rule.
+
+ATLAS_GPU_PRECOMPILE=<arch> (examples/gpu_cache.py): the `gpu` tests run without a GPU up to their first
+use of one, so that they generate and compile their kernels for that arch into the nvcc cache, and are
+then skipped; runtime/device.Device is replaced by PrecompileDevice for the session.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,9 +21,33 @@ FIXTURES = REPO / "examples" / "fixtures"
 PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")
 
 
+PRECOMPILE_ENV = "ATLAS_GPU_PRECOMPILE"
+
+
+class PrecompileDevice:
+    """Stands in for runtime/device.Device under ATLAS_GPU_PRECOMPILE: it has the arch to compile for (and
+    a name); any other use of it skips the test, whose kernels are compiled (and cached) by then."""
+
+    def __init__(self, ordinal: int = 0):
+        self.arch, self.name = os.environ[PRECOMPILE_ENV], "no GPU (precompile)"
+
+    def __getattr__(self, name: str):
+        pytest.skip(f"{PRECOMPILE_ENV}: kernels compiled for {self.arch}, no GPU to run them ({name})")
+
+
+def pytest_configure(config):
+    if os.environ.get(PRECOMPILE_ENV):
+        import atlasc.runtime.device
+
+        atlasc.runtime.device.Device = PrecompileDevice
+
+
 @functools.cache
 def _gpu_available() -> str | None:
-    """None when pycuda and a CUDA device are usable, else the reason they are not."""
+    """None when pycuda and a CUDA device are usable (or ATLAS_GPU_PRECOMPILE is set), else the reason they
+    are not."""
+    if os.environ.get(PRECOMPILE_ENV):
+        return None
     try:
         import pycuda.driver as cuda
     except Exception as e:  # noqa: BLE001  (ImportError, or a broken CUDA install: skip either way)

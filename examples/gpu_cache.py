@@ -1,0 +1,102 @@
+"""Compile the GPU tests' kernels here (no GPU needed) and pack the cubins for the GPU machine's nvcc cache.
+
+    python examples/gpu_cache.py                  # -> .gpu-cache.tar.xz (git-ignored), sm90
+    python examples/gpu_cache.py --unpack         # on the GPU machine: into ATLAS_CACHE_DIR (gpu_check.sh does it)
+
+Why: the GPU machine starts with an empty nvcc cache every session, and the GPU tests spent ~400 s of its
+30 minutes compiling (docs/perf.md v14, 16 processes). Here the GPU tests run with ATLAS_GPU_PRECOMPILE=<arch>
+(tests/conftest.py): each one generates and compiles its kernels into a fresh cache and is skipped at its
+first use of a GPU. The cache key covers the source, the arch, the nvcc version and the flags
+(codegen/nvcc.py), so the GPU machine finds these cubins only where its nvcc is the same build as this
+one's (13.0 V13.0.88 on both, v14) and the code has not changed since; anything else it compiles as before.
+Pass `carry: [".whl", ".gpu-cache.tar.xz"]` to the device run; examples/gpu_check.sh unpacks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACK = REPO / ".gpu-cache.tar.xz"
+CARRY_LIMIT = 64 << 20  # bytes a device run carries in all (.whl included)
+
+
+def cache_root() -> Path:
+    """ATLAS_CACHE_DIR as codegen/nvcc.py reads it."""
+    return Path(os.environ.get("ATLAS_CACHE_DIR") or Path.home() / ".cache" / "atlasc")
+
+
+def fill(arch: str, cache: Path) -> int:
+    """Run the `gpu` tests with ATLAS_GPU_PRECOMPILE=arch and ATLAS_CACHE_DIR=cache; pytest's exit status."""
+    env = {**os.environ, "ATLAS_GPU_PRECOMPILE": arch, "ATLAS_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]
+    return subprocess.run(cmd, cwd=REPO, env=env).returncode
+
+
+def pack(cache: Path, out: Path) -> tuple[int, int]:
+    """Write the cache's cubins (sorted, no lock files) to `out` (tar.xz); (cubins, raw bytes)."""
+    cubins = sorted((cache / "cubin").glob("*.cubin"))
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for path in cubins:
+            tar.add(path, arcname=f"cubin/{path.name}")
+    tmp.replace(out)
+    return len(cubins), sum(p.stat().st_size for p in cubins)
+
+
+def unpack(src: Path, cache: Path) -> int:
+    """Extract `src` into `cache`, keeping cubins already there; the cubins added."""
+    (cache / "cubin").mkdir(parents=True, exist_ok=True)
+    added = 0
+    with tarfile.open(src, "r:xz") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            if not (member.isfile() and name.parent == Path("cubin") and name.suffix == ".cubin"):
+                continue  # only cubin/<key>.cubin: nothing else, nowhere else
+            dest = cache / "cubin" / name.name
+            if not dest.exists():
+                data = tar.extractfile(member).read()
+                part = dest.with_suffix(".part")
+                part.write_bytes(data)
+                part.replace(dest)
+                added += 1
+    return added
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm90", help="the GPU machine's arch (default sm90: the H200)")
+    ap.add_argument("--out", type=Path, default=PACK, help=f"the pack (default {PACK.name} in the repo root)")
+    ap.add_argument("--unpack", action="store_true", help="extract the pack into ATLAS_CACHE_DIR instead")
+    args = ap.parse_args(argv)
+    if args.unpack:
+        if not args.out.exists():
+            print(f"gpu_cache: no {args.out}: nothing to unpack")
+            return 0
+        added = unpack(args.out, cache_root())
+        print(f"gpu_cache: {added} cubins from {args.out.name} into {cache_root()}")
+        return 0
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="atlasc-gpu-cache-") as tmp:
+        status = fill(args.arch, Path(tmp))
+        if status not in (0, 1):  # 1: some test failed without a GPU after compiling (e.g. a CLI run): fine
+            print(f"gpu_cache: pytest exited {status}; pack not written", file=sys.stderr)
+            return 1
+        count, raw = pack(Path(tmp), args.out)
+    size = args.out.stat().st_size
+    print(f"gpu_cache: {count} cubins for {args.arch}, {raw / 1e6:.1f} MB -> {args.out.name} {size / 1e6:.1f} MB "
+          f"in {time.perf_counter() - t0:.0f} s")
+    if size > CARRY_LIMIT - (8 << 20):
+        print(f"gpu_cache: {size / 2**20:.1f} MiB is close to a device run's 64 MiB carry limit", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

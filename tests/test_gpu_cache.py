@@ -1,0 +1,58 @@
+"""examples/gpu_cache.py: the GPU tests compile without a GPU under ATLAS_GPU_PRECOMPILE (tests/conftest.py),
+and the cubins pack and unpack into an nvcc cache (CPU)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "examples"))
+import gpu_cache  # noqa: E402
+
+
+def test_pack_then_unpack_keeps_every_cubin_and_nothing_else(tmp_path):
+    src = tmp_path / "a" / "cubin"
+    src.mkdir(parents=True)
+    for i in range(3):
+        (src / f"{i:064x}.cubin").write_bytes(os.urandom(1000 + i))
+    (src / f"{0:064x}.lock").write_bytes(b"")
+    count, raw = gpu_cache.pack(tmp_path / "a", tmp_path / "p.tar.xz")
+    assert (count, raw) == (3, 3003)
+    dest = tmp_path / "b"
+    (dest / "cubin").mkdir(parents=True)
+    kept = dest / "cubin" / f"{1:064x}.cubin"
+    kept.write_bytes(b"already here")  # an existing cubin stays as it is
+    assert gpu_cache.unpack(tmp_path / "p.tar.xz", dest) == 2
+    assert sorted(p.name for p in (dest / "cubin").iterdir()) == sorted(p.name for p in src.glob("*.cubin"))
+    assert (dest / "cubin" / f"{2:064x}.cubin").read_bytes() == (src / f"{2:064x}.cubin").read_bytes()
+    assert kept.read_bytes() == b"already here"
+
+
+def test_unpack_ignores_members_outside_the_cache(tmp_path):
+    bad = tmp_path / "bad.tar.xz"
+    with tarfile.open(bad, "w:xz") as tar:
+        for name in ("../evil.cubin", "cubin/../../evil.cubin", "/tmp/evil.cubin", "other/x.cubin", "cubin/x.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"evil"))
+    assert gpu_cache.unpack(bad, tmp_path / "cache") == 0
+    assert not list((tmp_path / "cache" / "cubin").iterdir()) and not (tmp_path / "evil.cubin").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_precompile_compiles_a_gpu_test_and_skips_it(tmp_path):
+    """One GPU test under ATLAS_GPU_PRECOMPILE=sm90, no GPU: skipped with the reason, its cubin in the cache."""
+    env = {**os.environ, "ATLAS_GPU_PRECOMPILE": "sm90", "ATLAS_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        "tests/test_kernels_reduce_movement_gpu.py::test_group_matches_reference[sources]"],
+                       cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "1 skipped" in r.stdout and "ATLAS_GPU_PRECOMPILE" in r.stdout, r.stdout[-2000:]
+    assert list((tmp_path / "cubin").glob("*.cubin"))
