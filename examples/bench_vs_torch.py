@@ -26,6 +26,15 @@ sys.path.insert(0, str(HERE))
 from build_llama import CONFIGS, write  # noqa: E402
 
 
+def compile_options(arch: str, batches: list[int], prompt: int, gen: int, quant: str = "none"):
+    """The CompileOptions of atlasc's artifact in this bench (examples/gpu_cache.py --bench compiles the same
+    on the CPU machine, so that the GPU machine finds its cubins cached)."""
+    from atlasc.ir.program import CompileOptions
+
+    return CompileOptions(archs=(arch,), max_batch=max(batches), max_seq=prompt + gen, prefill_logits="last",
+                          quant=quant)
+
+
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
                  quant: str = "none", pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
     """atlasc's bench rows (each with "engine"); pdl_ab: each artifact again with ATLAS_PDL=1; compile_ab:
@@ -33,7 +42,6 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
-    from atlasc.ir.program import CompileOptions
     from atlasc.runtime.bench import bench, rows_as_dicts
     from atlasc.runtime.device import Device
     from atlasc.runtime.gpu import GpuModel
@@ -51,9 +59,7 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
             os.environ[switch_name] = switch
         art_path = workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas"
         t = time.perf_counter()
-        result = compile_model(onnx_path, art_path, CompileOptions(archs=(dev.arch,), max_batch=max(batches),
-                                                                   max_seq=prompt + gen, prefill_logits="last",
-                                                                   quant=quant))
+        result = compile_model(onnx_path, art_path, compile_options(dev.arch, batches, prompt, gen, quant))
         kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
         print(f"[atlasc{label}] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, "
               f"stages {result.seconds}", flush=True)

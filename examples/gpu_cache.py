@@ -1,6 +1,9 @@
 """Compile the GPU tests' kernels here (no GPU needed) and pack the cubins for the GPU machine's nvcc cache.
 
     python examples/gpu_cache.py                  # -> .gpu-cache.tar.xz (git-ignored), sm90
+    python examples/gpu_cache.py --add --no-tests --bench llama-3-8b:1,32 --bench llama-3-8b:1,8:int4
+                                                  # add the artifacts gpu_bench.sh compiles (build_llama.py
+                                                  # shapes, bench_vs_torch.py's options): gigabytes of disk
     python examples/gpu_cache.py --unpack         # on the GPU machine: into ATLAS_CACHE_DIR (gpu_check.sh does it)
 
 Why: the GPU machine starts with an empty nvcc cache every session, and the GPU tests spent ~400 s of its
@@ -40,6 +43,32 @@ def fill(arch: str, cache: Path) -> int:
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 
 
+def compile_bench(spec: str, arch: str, cache: Path, workdir: Path) -> None:
+    """Compile the artifact examples/bench_vs_torch.py compiles for `spec` = CONFIG:BATCHES[:QUANT] (prompt
+    and gen 128, as gpu_bench.sh runs it) into `cache`; the model and artifact are deleted afterwards."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from bench_vs_torch import compile_options
+    from build_llama import CONFIGS, write
+
+    from atlasc.compiler import compile_model
+
+    config, batches, quant = (spec.split(":") + ["none"])[:3]
+    workdir.mkdir(parents=True, exist_ok=True)
+    onnx_path, art_path = workdir / f"{config}.onnx", workdir / f"{config}.atlas"
+    old = os.environ.get("ATLAS_CACHE_DIR")
+    os.environ["ATLAS_CACHE_DIR"] = str(cache)
+    try:
+        t = time.perf_counter()
+        write(CONFIGS[config], onnx_path)
+        result = compile_model(onnx_path, art_path, compile_options(arch, [int(b) for b in batches.split(",")],
+                                                                    128, 128, quant))
+        print(f"gpu_cache: {spec} compiled in {time.perf_counter() - t:.0f} s ({result.seconds})", flush=True)
+    finally:
+        os.environ.pop("ATLAS_CACHE_DIR") if old is None else os.environ.update(ATLAS_CACHE_DIR=old)
+        for path in workdir.iterdir():
+            path.unlink()
+
+
 def pack(cache: Path, out: Path) -> tuple[int, int]:
     """Write the cache's cubins (sorted, no lock files) to `out` (tar.xz); (cubins, raw bytes)."""
     cubins = sorted((cache / "cubin").glob("*.cubin"))
@@ -75,7 +104,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm90", help="the GPU machine's arch (default sm90: the H200)")
     ap.add_argument("--out", type=Path, default=PACK, help=f"the pack (default {PACK.name} in the repo root)")
     ap.add_argument("--unpack", action="store_true", help="extract the pack into ATLAS_CACHE_DIR instead")
+    ap.add_argument("--bench", action="append", default=[], metavar="CONFIG:BATCHES[:QUANT]",
+                    help="also compile gpu_bench.sh's artifact for this config (e.g. llama-3-8b:1,32:int4)")
+    ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests (only --bench artifacts)")
+    ap.add_argument("--add", action="store_true", help="keep the cubins of the existing pack too")
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "atlasc-gpu-cache-work",
+                    help="where --bench writes its model and artifact (deleted after each)")
     args = ap.parse_args(argv)
+    bad = [spec for spec in args.bench if len(spec.split(":")) not in (2, 3)]
+    if bad:
+        ap.error(f"--bench {bad[0]}: expected CONFIG:BATCHES[:QUANT], e.g. llama-3-8b:1,32")
     if args.unpack:
         if not args.out.exists():
             print(f"gpu_cache: no {args.out}: nothing to unpack")
@@ -85,10 +123,15 @@ def main(argv=None) -> int:
         return 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="atlasc-gpu-cache-") as tmp:
-        status = fill(args.arch, Path(tmp))
-        if status not in (0, 1):  # 1: some test failed without a GPU after compiling (e.g. a CLI run): fine
-            print(f"gpu_cache: pytest exited {status}; pack not written", file=sys.stderr)
-            return 1
+        if args.add and args.out.exists():
+            print(f"gpu_cache: {unpack(args.out, Path(tmp))} cubins kept from {args.out.name}", flush=True)
+        if not args.no_tests:
+            status = fill(args.arch, Path(tmp))
+            if status not in (0, 1):  # 1: some test failed without a GPU after compiling (e.g. a CLI run): fine
+                print(f"gpu_cache: pytest exited {status}; pack not written", file=sys.stderr)
+                return 1
+        for spec in args.bench:
+            compile_bench(spec, args.arch, Path(tmp), args.workdir)
         count, raw = pack(Path(tmp), args.out)
     size = args.out.stat().st_size
     print(f"gpu_cache: {count} cubins for {args.arch}, {raw / 1e6:.1f} MB -> {args.out.name} {size / 1e6:.1f} MB "
