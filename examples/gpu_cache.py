@@ -45,7 +45,8 @@ def fill(arch: str, cache: Path) -> int:
 
 def compile_bench(spec: str, arch: str, cache: Path, workdir: Path) -> None:
     """Compile the artifact examples/bench_vs_torch.py compiles for `spec` = CONFIG:BATCHES[:QUANT] (prompt
-    and gen 128, as gpu_bench.sh runs it) into `cache`; the model and artifact are deleted afterwards."""
+    and gen 128, as gpu_bench.sh runs it) into `cache`; the model (and its weights file) and the artifact
+    are deleted afterwards."""
     sys.path.insert(0, str(REPO / "examples"))
     from bench_vs_torch import compile_options
     from build_llama import CONFIGS, write
@@ -64,9 +65,12 @@ def compile_bench(spec: str, arch: str, cache: Path, workdir: Path) -> None:
                                                                     128, 128, quant))
         print(f"gpu_cache: {spec} compiled in {time.perf_counter() - t:.0f} s ({result.seconds})", flush=True)
     finally:
-        os.environ.pop("ATLAS_CACHE_DIR") if old is None else os.environ.update(ATLAS_CACHE_DIR=old)
-        for path in workdir.iterdir():
-            path.unlink()
+        if old is None:
+            del os.environ["ATLAS_CACHE_DIR"]
+        else:
+            os.environ["ATLAS_CACHE_DIR"] = old
+        for path in (onnx_path, onnx_path.with_name(onnx_path.name + ".data"), art_path):
+            path.unlink(missing_ok=True)
 
 
 def pack(cache: Path, out: Path) -> tuple[int, int]:
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests (only --bench artifacts)")
     ap.add_argument("--add", action="store_true", help="keep the cubins of the existing pack too")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "atlasc-gpu-cache-work",
-                    help="where --bench writes its model and artifact (deleted after each)")
+                    help="where --bench writes its model and artifact (both deleted after each)")
     args = ap.parse_args(argv)
     bad = [spec for spec in args.bench if len(spec.split(":")) not in (2, 3)]
     if bad:

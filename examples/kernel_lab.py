@@ -117,17 +117,14 @@ def reference(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
     return y
 
 
-def generate_with_env(built, env: dict[str, str], buckets: tuple[int, ...] = ()):
+def generate_with_env(built, env: dict[str, str]):
     """(graph, plan, module) of a built (graph, plan, upper), generated with the environment variables
-    `env` set (the codegen reads its path choices from them), restored afterwards; `buckets`: smaller
-    maxima of the symbol m as a decode entry's batch buckets (the default kernel then runs only above the
-    largest: launches["run"][0].kernel)."""
+    `env` set (the codegen reads its path choices from them), restored afterwards."""
     g, plan, upper = built
     saved = {var: os.environ.get(var) for var in env}
     os.environ.update(env)
     try:
-        return g, plan, generate_module({"run": (g, plan)}, {"run": upper},
-                                        buckets={"run": ("m", buckets)} if buckets else None)
+        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
     finally:
         for var, value in saved.items():
             if value is None:

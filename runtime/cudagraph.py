@@ -27,8 +27,13 @@ class EdgeData(ctypes.Structure):
                 ("reserved", ctypes.c_ubyte * 5)]
 
 
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
 class CudaGraphError(AtlasError):
-    """A CUDA graph driver call failed."""
+    """A CUDA graph driver call failed; `code` is its CUresult (0 when no driver call gave one)."""
+
+    code = 0
 
 
 _lib = None
@@ -49,7 +54,9 @@ def _check(result: int, what: str) -> None:
     if result != 0:
         msg = ctypes.c_char_p()
         _libcuda().cuGetErrorString(result, ctypes.byref(msg))
-        raise CudaGraphError(f"{what} failed: {msg.value.decode() if msg.value else result}")
+        error = CudaGraphError(f"{what} failed: {msg.value.decode() if msg.value else result}")
+        error.code = result
+        raise error
 
 
 def make_programmatic(graph) -> int:

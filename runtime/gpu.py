@@ -21,7 +21,7 @@ import numpy as np
 
 from atlasc.artifact import Artifact
 from atlasc.runtime.bind import bind_call, output_shape
-from atlasc.runtime.cudagraph import PDL_ENV, CapturedGraph, CudaGraphError
+from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
@@ -72,7 +72,7 @@ class GpuModel:
                 self.dev.synchronize()
             except BaseException as e:  # a failed load keeps nothing on the device
                 self.close()
-                if isinstance(e, CudaGraphError) and "out of memory" in str(e):
+                if isinstance(e, CudaGraphError) and e.code == CUDA_ERROR_OUT_OF_MEMORY:
                     raise DeviceOutOfMemoryError(f"the model's CUDA graphs do not fit beside its arena: {e}",
                                                  hint="compile with a smaller --max-batch / --max-seq, or run "
                                                       "with --no-cuda-graphs") from None

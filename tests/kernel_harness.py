@@ -71,13 +71,10 @@ def device():
 
 def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
                state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
-               plan_fn=None, repeat: int = 1, buckets: tuple | None = None) -> dict[str, np.ndarray]:
+               plan_fn=None, repeat: int = 1) -> dict[str, np.ndarray]:
     """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
-    kernels must leave their scratch ready for the next launch); return its outputs by name. `buckets`
-    (symbol, values): also generate each node for those smaller maxima of the symbol, as a decode entry's
-    batch buckets, and launch the tightest kernel for the inputs' value (runtime/launches.py node_launch)."""
+    kernels must leave their scratch ready for the next launch); return its outputs by name."""
     from atlasc.runtime.device import KernelTable
-    from atlasc.runtime.launches import node_launch  # the runtime's rule: the tightest bucket's kernel
 
     dev = device()
     env = bind_symbols(graph, inputs, symbols)
@@ -88,12 +85,10 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     if kv is not None:
         kv_spec = {"offset": kv_offset, "layers": kv.shape[0], "max_batch": kv.shape[2], "kv_heads": kv.shape[3],
                    "max_seq": kv.shape[4], "head_dim": kv.shape[5], "dtype": str(kv.dtype)}
-    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec,
-                          buckets={"run": buckets} if buckets else None)
+    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec)
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
-    launches = [(*node_launch(launch, env), launch.node) for launch in mod.launches["run"]]
-    table = KernelTable(dev, module, sorted({kernel for kernel, *_ in launches}))
+    table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
     arena = dev.alloc_arena(mod.arena_bytes)
     dev.upload(arena, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison everything but the scratch
     if mod.scratch_bytes:  # kernels' counters start at 0 (GeneratedModule)
@@ -106,8 +101,8 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     for v in graph.inputs:
         _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
     for _ in range(repeat):
-        for kernel, grid, block, smem, node in launches:
-            table.launch(kernel, grid, block, smem, arena, node=node)
+        for launch in mod.launches["run"]:
+            table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
     dev.synchronize()
     out = {}
     for v in graph.outputs:

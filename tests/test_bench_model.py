@@ -43,6 +43,7 @@ class _FakeGraphDriver:
 
     def __init__(self, durations_us: dict[str, float]):
         self.durations, self.capturing, self.graphs, self.stamps, self.next_id = durations_us, None, {}, {}, 1
+        self.uploaded = 0  # graphs uploaded (cuGraphUpload)
 
     def _id(self, out) -> int:
         self.next_id += 1
@@ -64,7 +65,7 @@ class _FakeGraphDriver:
 
     def cuGraphUpload(self, exec_, stream):
         assert exec_.value in self.graphs  # an instantiated graph
-        self.uploaded = getattr(self, "uploaded", 0) + 1
+        self.uploaded += 1
         return 0
 
     def cuGraphLaunch(self, exec_, stream):

@@ -41,4 +41,3 @@ def test_gemm_auto_linear(monkeypatch):
     tiles wide) stays on the MMA prefill until M = 1000 (64 tiles: still below GEMM_TC_MIN_TILES)."""
     monkeypatch.delenv(gemm.PREFILL_ENV, raising=False)
     _run(build_linear("float16", 1000, ks=(64, 4096), ns=(8, 1000, 4096)), MS, "float16", seed=23)
-
