@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A/B of one codegen switch inside a real decode step: a LAYERS-layer decoder of CONFIG's shapes is compiled
+# once per value of the switch and `atlasc profile`d (CUDA events, graphs off) at each batch and context, so a
+# kernel's time in the step can be compared across values (the labs time it alone). Run on the GPU machine after
+# the install line; logs under $OUT, the rows of the kernels matching KERNELS printed last.
+#   AB=ATLAS_ATTENTION_PREFETCH=0,3 bash examples/step_ab.sh
+# Settings: AB (required: ENV=v1,v2,...), CONFIG (llama-3-8b), LAYERS (2), BATCHES (1,32), CONTEXTS (256,4096),
+# KERNELS (regex of the profile rows to summarize, default Attention).
+set -uo pipefail
+out="${OUT:-gpu-logs}"
+mkdir -p "$out"
+export ATLAS_CACHE_DIR="${ATLAS_CACHE_DIR:-/tmp/atlasc-cache}"
+: "${AB:?set AB=ENV=v1,v2,...}"
+config="${CONFIG:-llama-3-8b}"
+layers="${LAYERS:-2}"
+batches="${BATCHES:-1,32}"
+contexts="${CONTEXTS:-256,4096}"
+kernels="${KERNELS:-Attention}"
+work="${WORKDIR:-/tmp/step-ab}"
+name="${AB%%=*}"
+values="${AB#*=}"
+max_batch=$(tr , '\n' <<<"$batches" | sort -n | tail -1)
+max_ctx=$(tr , '\n' <<<"$contexts" | sort -n | tail -1)
+mkdir -p "$work"
+python3 examples/build_llama.py "$config" "$work/m.onnx" --layers "$layers" 2>&1 | tail -1
+status=0
+for v in ${values//,/ }; do
+    env "$name=$v" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
+        -o "$work/m-$v.atlas" 2>&1 | tail -1 || status=1
+    for b in ${batches//,/ }; do
+        for c in ${contexts//,/ }; do
+            atlasc profile "$work/m-$v.atlas" --batch "$b" --context "$c" --top 60 > "$out/profile_${v}_b${b}_c${c}.log" 2>&1 ||
+                status=1
+        done
+    done
+done
+echo "== $name: rows matching '$kernels' (config $config, $layers layers) =="
+for v in ${values//,/ }; do
+    for b in ${batches//,/ }; do
+        for c in ${contexts//,/ }; do
+            echo "-- $name=$v batch $b context $c"
+            grep -E "$kernels|decode step|total" "$out/profile_${v}_b${b}_c${c}.log" | head -8
+        done
+    done
+done
+exit "$status"
