@@ -274,11 +274,171 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT.
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
 // latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
+// MMA: scores and values on tensor cores (decode_warp_mma; attention.py: ATLAS_ATTENTION_MMA).
 constexpr long long ATT_SPLIT_TARGET = 256;
 constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
 
+// prefetch the bytes [p, p + n) into L2, one request per 128-byte line
+template <int N> __device__ __forceinline__ void prefetch_l2(const void* p) {
+  const char* c = reinterpret_cast<const char*>(p);
+#pragma unroll
+  for (int o = 0; o < N; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
+// d += A * B for one m16n8k16 tile (linear.cu, included after this file)
+__device__ __forceinline__ void lin_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool ATT_MMA_ARCH = false;  // no mma.sync: the MMA decode path runs the SIMT one
+#else
+constexpr bool ATT_MMA_ARCH = true;
+#endif
+
+__device__ __forceinline__ unsigned att_word(const uint4& v, int w) {  // w a compile-time constant once unrolled
+  return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
+}
+// two floats rounded to a half2 (lo, hi); their rounded values added to sum
+__device__ __forceinline__ unsigned att_pack(float lo, float hi, float& sum) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  const float2 f = __half22float2(h);
+  sum += f.x + f.y;
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ unsigned att_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// MMA decode (attention.py: ATLAS_ATTENTION_MMA): one warp's share of a unit's keys on tensor cores, float16,
+// R <= 8 rows, D 64 or 128; the rest of attention_decode (split, merges) is the SIMT path's. Per block of 32
+// keys: S = Q K^T by mma.m16n8k16 with the tile's rows as M (rows R..15 zero) and 4 n-tiles of 8 keys; then
+// O += P V with P (rounded to fp16) as the A operand taken straight from S's accumulators (keys 16 kk + 2c,
+// 2c + 1 | 2c + 8, 2c + 9 of k-step kk). K's B fragments come from 16-byte row loads (lane g, c: key row g of
+// the n-tile, dims 32 p + 8 c .. + 7: k of the first k16 step is 32 p + 8 c + (0, 1 | 2, 3), of the second
+// + (4, 5 | 6, 7), Q's A fragments are built with the same permutation, as lin_mma_step's). V's B fragments
+// come from 16-byte loads of the four key rows the lane's fragment needs, dims 64 h + 8 g .. + 7, paired by
+// byte_perm: output column n of n-tile nt is dim 64 (nt / 8) + 8 n + nt % 8. The warp's (m, l, O) rows go to
+// mls / part as the SIMT path writes them. Numerics: q, K, V exact in fp16, float32 scores and accumulation,
+// P rounded to fp16 (the same P summed in l), as attention_fa2.
+template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, bool VPF, typename KROW, typename VROW>
+__device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, const float* q_s, const int* lim,
+                                                const long long* moff, float* part, float* mls, int kb_lo,
+                                                int kb_hi, int kend, int nw, float scale, long long pos_g,
+                                                KROW krow, VROW vrow) {
+  static_assert(R <= 8 && (D == 64 || D == 128), "MMA decode: at most 8 rows, head dim 64 or 128");
+  constexpr int KP = D / 32, KS = D / 16, NT = D / 8, VH = D / 64;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int lim_g = g < R ? lim[g] : -1;  // -1: no row (its scores are all hidden)
+  const long long moff_g = g < R ? moff[g] : 0;
+  unsigned qa[KS][2];  // row g's A fragments (rows g + 8: zero)
+#pragma unroll
+  for (int p = 0; p < KP; ++p) {
+    const float* q = q_s + (g < R ? g : 0) * D + 32 * p + 8 * c;
+    const float z = g < R ? 1.f : 0.f;
+    qa[2 * p][0] = att_half2(z * q[0], z * q[1]);
+    qa[2 * p][1] = att_half2(z * q[2], z * q[3]);
+    qa[2 * p + 1][0] = att_half2(z * q[4], z * q[5]);
+    qa[2 * p + 1][1] = att_half2(z * q[6], z * q[7]);
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  float m_run = -INFINITY, l_part = 0.f;
+  for (int kb = kb_lo + warp; kb < kb_hi; kb += nw) {
+    const int j0 = kb * 32;
+    if constexpr (VPF) prefetch_l2<D * 2>(vrow(imin(j0 + lane, kend - 1)));
+    uint4 kv[4][KP];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const uint4* kp = reinterpret_cast<const uint4*>(krow(imin(j0 + 8 * nt + g, kend - 1)));
+#pragma unroll
+      for (int p = 0; p < KP; ++p) kv[nt][p] = __ldg(kp + 4 * p + c);
+    }
+    float s[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int p = 0; p < KP; ++p) {
+        lin_mma(s[nt], qa[2 * p][0], 0u, qa[2 * p][1], 0u, kv[nt][p].x, kv[nt][p].y);
+        lin_mma(s[nt], qa[2 * p + 1][0], 0u, qa[2 * p + 1][1], 0u, kv[nt][p].z, kv[nt][p].w);
+      }
+    }
+    // online softmax of row g over the block (the quad c = 0..3 holds its 32 scores)
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + 8 * nt + 2 * c + e;
+        float sc = -INFINITY;
+        if (j < kend && j <= lim_g) {
+          float bias = 0.f;
+          if constexpr (HAS_MASK) bias = row_key_bias<KEYS>(a, moff_g, j, pos_g);
+          sc = s[nt][e] * scale + bias;
+        }
+        s[nt][e] = sc;
+        mx = fmaxf(mx, sc);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (!__any_sync(0xffffffffu, mx != -INFINITY)) continue;  // every key of the block hidden: no change
+    const float mn = fmaxf(m_run, mx);
+    const float mu = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet: p = 0
+    const float corr = expf(m_run - mu);          // 0 when m_run was -inf
+    m_run = mn;
+    l_part *= corr;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      o[nt][0] *= corr;
+      o[nt][1] *= corr;
+    }
+    unsigned pa[2][2];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      pa[kk][0] = att_pack(expf(s[2 * kk][0] - mu), expf(s[2 * kk][1] - mu), l_part);
+      pa[kk][1] = att_pack(expf(s[2 * kk + 1][0] - mu), expf(s[2 * kk + 1][1] - mu), l_part);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int jb = j0 + 16 * kk + 2 * c;
+      uint4 v[4][VH];  // key rows jb, jb + 1, jb + 8, jb + 9 (past the end: the last key, its p is 0)
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const uint4* vp = reinterpret_cast<const uint4*>(vrow(imin(jb + (q4 & 1) + 8 * (q4 >> 1), kend - 1)));
+#pragma unroll
+        for (int h = 0; h < VH; ++h) v[q4][h] = __ldg(vp + 8 * h + g);
+      }
+#pragma unroll
+      for (int h = 0; h < VH; ++h)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
+          const unsigned b0 = __byte_perm(att_word(v[0][h], e >> 1), att_word(v[1][h], e >> 1), sel);
+          const unsigned b1 = __byte_perm(att_word(v[2][h], e >> 1), att_word(v[3][h], e >> 1), sel);
+          lin_mma(o[8 * h + e], pa[kk][0], 0u, pa[kk][1], 0u, b0, b1);
+        }
+    }
+  }
+  float l = l_part;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < R) {
+    float* pr = part + (warp * R + g) * D;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      pr[64 * (nt / 8) + 8 * (2 * c) + nt % 8] = o[nt][0];
+      pr[64 * (nt / 8) + 8 * (2 * c + 1) + nt % 8] = o[nt][1];
+    }
+    if (c == 0) {
+      mls[(warp * R + g) * 2] = m_run;
+      mls[(warp * R + g) * 2 + 1] = l;
+    }
+  }
+}
+
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
-          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true>
+          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true, bool MMA = false>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
@@ -295,6 +455,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   static_assert(NV * VEC == D && NV % KC == 0, "K: whole 16-byte vectors");
   static_assert(MIN_KEYS >= 1, "a run has at least one key");
   static_assert(EV <= VEC && LPR * KPI == 32 && VPL * LPR * EV == D, "V: lanes split the head dim");
+  static_assert(!MMA || std::is_same<T, __half>::value, "MMA decode: float16");
 
   const long long B = a.q.shape[0], Hq = a.q.shape[1], Sq = a.q.shape[2];
   const long long Hk = a.k.shape[1], S_new = a.k.shape[2];
@@ -338,6 +499,24 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     const long long item = unit / splits, sp = unit % splits;
     const long long tile = item % tiles, hk = (item / tiles) % Hk, b = item / (tiles * Hk);
     const long long r0 = tile * R;
+    // keys this tile can see: all, or (causal) up to its last row's limit
+    int kend = (int)Skv;
+    if constexpr (CAUSAL) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + P + 1);
+    if (keys_causal) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + Skv - Sq + 1);
+    const T* kbase = a.k.p + b * a.k.stride[0] + hk * a.k.stride[1];
+    const T* vbase = a.v.p + b * a.v.stride[0] + hk * a.v.stride[1];
+    const T* pkbase = HAS_PAST ? a.pk.p + b * a.pk.stride[0] + hk * a.pk.stride[1] : kbase;
+    const T* pvbase = HAS_PAST ? a.pv.p + b * a.pv.stride[0] + hk * a.pv.stride[1] : vbase;
+    auto krow = [&](int j) -> const T* {
+      if (HAS_PAST && j < P) return pkbase + j * a.pk.stride[2];
+      return kbase + (j - P) * a.k.stride[2];
+    };
+    auto vrow = [&](int j) -> const T* {
+      if (HAS_PAST && j < P) return pvbase + j * a.pv.stride[2];
+      return vbase + (j - P) * a.v.stride[2];
+    };
+    const int nblk = (kend + 31) / 32;
+    const int kb_lo = (int)(sp * nblk / splits), kb_hi = (int)((sp + 1) * nblk / splits);
     __syncthreads();  // the previous item's readers of the shared arrays are done
     for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
       const int r = idx / D, dd = idx % D;
@@ -358,149 +537,132 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       moff[threadIdx.x] = HAS_MASK ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
     }
     __syncthreads();
-    // keys this tile can see: all, or (causal) up to its last row's limit
-    int kend = (int)Skv;
-    if constexpr (CAUSAL) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + P + 1);
-    if (keys_causal) kend = (int)imin(Skv, (imin(rows, r0 + R) - 1) / group + Skv - Sq + 1);
     int kpos[R];  // KEYS: each row's query position
 #pragma unroll
     for (int r = 0; r < R; ++r) kpos[r] = KEYS ? (int)(Skv - Sq + (r0 + r) / group) : 0;
-    const T* kbase = a.k.p + b * a.k.stride[0] + hk * a.k.stride[1];
-    const T* vbase = a.v.p + b * a.v.stride[0] + hk * a.v.stride[1];
-    const T* pkbase = HAS_PAST ? a.pk.p + b * a.pk.stride[0] + hk * a.pk.stride[1] : kbase;
-    const T* pvbase = HAS_PAST ? a.pv.p + b * a.pv.stride[0] + hk * a.pv.stride[1] : vbase;
-    auto krow = [&](int j) -> const T* {
-      if (HAS_PAST && j < P) return pkbase + j * a.pk.stride[2];
-      return kbase + (j - P) * a.k.stride[2];
-    };
-    auto vrow = [&](int j) -> const T* {
-      if (HAS_PAST && j < P) return pvbase + j * a.pv.stride[2];
-      return vbase + (j - P) * a.v.stride[2];
-    };
 
-    float m_run[R], l_part[R], acc[R][NA];
+    if constexpr (MMA && ATT_MMA_ARCH) {
+      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, VPF>(a, q_s, lim, moff, part, mls, kb_lo, kb_hi, kend, NW, scale,
+                                                     Skv - Sq + (r0 + (lane >> 2)) / group, krow, vrow);
+    } else {
+      float m_run[R], l_part[R], acc[R][NA];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      m_run[r] = -INFINITY;
-      l_part[r] = 0.f;
+      for (int r = 0; r < R; ++r) {
+        m_run[r] = -INFINITY;
+        l_part[r] = 0.f;
 #pragma unroll
-      for (int t = 0; t < NA; ++t) acc[r][t] = 0.f;
-    }
-    const int nblk = (kend + 31) / 32;
-    const int kb_lo = (int)(sp * nblk / splits), kb_hi = (int)((sp + 1) * nblk / splits);
-    for (int kb = kb_lo + warp; kb < kb_hi; kb += NW) {
-      // scores of the block's 32 keys: lane owns key j
-      const int j = kb * 32 + lane;
-      const bool valid = j < kend;
-      const uint4* kp = reinterpret_cast<const uint4*>(krow(valid ? j : kend - 1));
-      if constexpr (VPF) {
-        const char* vb = reinterpret_cast<const char*>(vrow(valid ? j : kend - 1));
-#pragma unroll
-        for (int o = 0; o < D * (int)sizeof(T); o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + o));
+        for (int t = 0; t < NA; ++t) acc[r][t] = 0.f;
       }
-      float dot0[R], dot1[R];
+      for (int kb = kb_lo + warp; kb < kb_hi; kb += NW) {
+        // scores of the block's 32 keys: lane owns key j
+        const int j = kb * 32 + lane;
+        const bool valid = j < kend;
+        const uint4* kp = reinterpret_cast<const uint4*>(krow(valid ? j : kend - 1));
+        if constexpr (VPF) prefetch_l2<D * (int)sizeof(T)>(vrow(valid ? j : kend - 1));
+        float dot0[R], dot1[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = 0.f;
+        for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = 0.f;
 #pragma unroll 1
-      for (int c = 0; c < NV; c += KC) {  // chunks not unrolled: ptxas would hoist every chunk's loads
-        uint4 kv[KC];
+        for (int c = 0; c < NV; c += KC) {  // chunks not unrolled: ptxas would hoist every chunk's loads
+          uint4 kv[KC];
 #pragma unroll
-        for (int u = 0; u < KC; ++u) kv[u] = __ldg(kp + c + u);
+          for (int u = 0; u < KC; ++u) kv[u] = __ldg(kp + c + u);
 #pragma unroll
-        for (int u = 0; u < KC; ++u) {
-          float kf[VEC];
-          to_float16B<T>(kv[u], kf);
+          for (int u = 0; u < KC; ++u) {
+            float kf[VEC];
+            to_float16B<T>(kv[u], kf);
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const float4* qv = reinterpret_cast<const float4*>(q_s + r * D + (c + u) * VEC);
-            float& dot = (u & 1) ? dot1[r] : dot0[r];
+            for (int r = 0; r < R; ++r) {
+              const float4* qv = reinterpret_cast<const float4*>(q_s + r * D + (c + u) * VEC);
+              float& dot = (u & 1) ? dot1[r] : dot0[r];
 #pragma unroll
-            for (int e = 0; e < VEC / 4; ++e) {
-              const float4 qq = qv[e];
-              dot = fmaf(qq.x, kf[4 * e], dot);
-              dot = fmaf(qq.y, kf[4 * e + 1], dot);
-              dot = fmaf(qq.z, kf[4 * e + 2], dot);
-              dot = fmaf(qq.w, kf[4 * e + 3], dot);
+              for (int e = 0; e < VEC / 4; ++e) {
+                const float4 qq = qv[e];
+                dot = fmaf(qq.x, kf[4 * e], dot);
+                dot = fmaf(qq.y, kf[4 * e + 1], dot);
+                dot = fmaf(qq.z, kf[4 * e + 2], dot);
+                dot = fmaf(qq.w, kf[4 * e + 3], dot);
+              }
+            }
+          }
+        }
+        // online softmax over the block, per query row
+        float p[R];
+        bool live = false;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float s = -INFINITY;
+          if (valid && j <= lim[r]) {
+            float bias = 0.f;
+            if constexpr (HAS_MASK) bias = row_key_bias<KEYS>(a, moff[r], j, kpos[r]);
+            s = (dot0[r] + dot1[r]) * scale + bias;
+          }
+          const float m_new = fmaxf(m_run[r], warp_max(s));
+          if (m_new == -INFINITY) {  // every key so far masked for this row: nothing to add
+            p[r] = 0.f;
+            continue;
+          }
+          live = true;
+          const float corr = expf(m_run[r] - m_new);  // 0 when m_run was -inf
+          p[r] = expf(s - m_new);                     // 0 for masked keys
+          l_part[r] = l_part[r] * corr + p[r];
+#pragma unroll
+          for (int t = 0; t < NA; ++t) acc[r][t] *= corr;
+          m_run[r] = m_new;
+        }
+        if (!live) continue;  // warp-uniform: a fully masked block reads no values
+        // values: lane reads elements (vi + w * LPR) * EV + [0, EV) of key row kb * 32 + it * KPI + kk
+        // V chunks: unrolled for one load per lane and row; rows of more than 32 loads run them as a
+        // loop (fp32 D=256 spilled when unrolled)
+#pragma unroll(VPL == 1 ? ITERS / IC : 1)
+        for (int it0 = 0; it0 < ITERS; it0 += IC) {
+          typename RawVec<EV * sizeof(T)>::type vv[IC][VPL];
+#pragma unroll
+          for (int it = 0; it < IC; ++it) {
+            const int jj = kb * 32 + (it0 + it) * KPI + kk;
+            const T* vp = vrow(jj);
+#pragma unroll
+            for (int w = 0; w < VPL; ++w) {  // keys past the end: zeros (their p is 0)
+              vv[it][w] = {};
+              if (jj < kend) vv[it][w] = ldg_vec<T, EV>(vp + (vi + w * LPR) * EV);
+            }
+          }
+#pragma unroll
+          for (int it = 0; it < IC; ++it) {
+            float pj[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], (it0 + it) * KPI + kk);
+#pragma unroll
+            for (int w = 0; w < VPL; ++w) {
+              float vf[EV];
+              raw_to_float<T, EV>(vv[it][w], vf);
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int e = 0; e < EV; ++e) acc[r][w * EV + e] = fmaf(pj[r], vf[e], acc[r][w * EV + e]);
             }
           }
         }
       }
-      // online softmax over the block, per query row
-      float p[R];
-      bool live = false;
+
+      // the warp's state: lanes with the same vi hold partial sums over different keys
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        float s = -INFINITY;
-        if (valid && j <= lim[r]) {
-          float bias = 0.f;
-          if constexpr (HAS_MASK) bias = row_key_bias<KEYS>(a, moff[r], j, kpos[r]);
-          s = (dot0[r] + dot1[r]) * scale + bias;
+        const float l = warp_sum(l_part[r]);
+#pragma unroll
+        for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+          for (int t = 0; t < NA; ++t) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+        if (lane < LPR) {
+#pragma unroll
+          for (int w = 0; w < VPL; ++w)
+#pragma unroll
+            for (int e = 0; e < EV; ++e) part[(warp * R + r) * D + (vi + w * LPR) * EV + e] = acc[r][w * EV + e];
         }
-        const float m_new = fmaxf(m_run[r], warp_max(s));
-        if (m_new == -INFINITY) {  // every key so far masked for this row: nothing to add
-          p[r] = 0.f;
-          continue;
+        if (lane == 0) {
+          mls[(warp * R + r) * 2] = m_run[r];
+          mls[(warp * R + r) * 2 + 1] = l;
         }
-        live = true;
-        const float corr = expf(m_run[r] - m_new);  // 0 when m_run was -inf
-        p[r] = expf(s - m_new);                     // 0 for masked keys
-        l_part[r] = l_part[r] * corr + p[r];
-#pragma unroll
-        for (int t = 0; t < NA; ++t) acc[r][t] *= corr;
-        m_run[r] = m_new;
-      }
-      if (!live) continue;  // warp-uniform: a fully masked block reads no values
-      // values: lane reads elements (vi + w * LPR) * EV + [0, EV) of key row kb * 32 + it * KPI + kk
-      // V chunks: unrolled for one load per lane and row; rows of more than 32 loads run them as a
-      // loop (fp32 D=256 spilled when unrolled)
-#pragma unroll(VPL == 1 ? ITERS / IC : 1)
-      for (int it0 = 0; it0 < ITERS; it0 += IC) {
-        typename RawVec<EV * sizeof(T)>::type vv[IC][VPL];
-#pragma unroll
-        for (int it = 0; it < IC; ++it) {
-          const int jj = kb * 32 + (it0 + it) * KPI + kk;
-          const T* vp = vrow(jj);
-#pragma unroll
-          for (int w = 0; w < VPL; ++w) {  // keys past the end: zeros (their p is 0)
-            vv[it][w] = {};
-            if (jj < kend) vv[it][w] = ldg_vec<T, EV>(vp + (vi + w * LPR) * EV);
-          }
-        }
-#pragma unroll
-        for (int it = 0; it < IC; ++it) {
-          float pj[R];
-#pragma unroll
-          for (int r = 0; r < R; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], (it0 + it) * KPI + kk);
-#pragma unroll
-          for (int w = 0; w < VPL; ++w) {
-            float vf[EV];
-            raw_to_float<T, EV>(vv[it][w], vf);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-              for (int e = 0; e < EV; ++e) acc[r][w * EV + e] = fmaf(pj[r], vf[e], acc[r][w * EV + e]);
-          }
-        }
-      }
-    }
-
-    // the warp's state: lanes with the same vi hold partial sums over different keys
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float l = warp_sum(l_part[r]);
-#pragma unroll
-      for (int o = LPR; o < 32; o <<= 1)
-#pragma unroll
-        for (int t = 0; t < NA; ++t) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
-      if (lane < LPR) {
-#pragma unroll
-        for (int w = 0; w < VPL; ++w)
-#pragma unroll
-          for (int e = 0; e < EV; ++e) part[(warp * R + r) * D + (vi + w * LPR) * EV + e] = acc[r][w * EV + e];
-      }
-      if (lane == 0) {
-        mls[(warp * R + r) * 2] = m_run[r];
-        mls[(warp * R + r) * 2 + 1] = l;
       }
     }
     __syncthreads();

@@ -15,7 +15,8 @@ Attention has two kernels, chosen at code generation by the environment variable
   pack into a warp (fp16: 8, 16, 32, 64, 128, 256; fp32: 4 ... 256), unit stride along the head dim,
   optional past, bool / additive mask, causal; `fast_decline` names why a node keeps `attention_rows`
   (softcap, qk or present outputs, other head dims, a non-unit head-dim stride). At run time the kernel
-  also checks that K/V rows are 16-byte aligned and otherwise runs attention_rows itself.
+  also checks that K/V rows are 16-byte aligned and otherwise runs attention_rows itself. float16 at head
+  dim 64 or 128 computes the scores and values on tensor cores (MMA, ATLAS_ATTENTION_MMA; default on).
 - "rows": `attention_rows` everywhere, one block per (batch, query head, query row) whose warps walk
   the keys one at a time. Every variant (softcap, qk / present outputs, any layout).
 Measured on the H200 (docs/perf.md v5, `python3 examples/attention_lab.py`): fast is 3.5-12x faster
@@ -49,9 +50,10 @@ MAX_HEAD_DIM = 1024
 PATH_ENV = "ATLAS_ATTENTION_PATH"
 PATHS = ("rows", "fast")
 FAST_WARPS = 8  # NW of attention_decode: warps per block, splitting the keys
-# ... but 4 for head dim 128 in a kernel that runs only batches above FAST_WARPS_WIDE_BATCH (a decode
-# batch bucket's default kernel): 22.6 vs 26.7 us at 8B shapes, batch 32, 256 keys, tied at 4096 keys;
-# 8 warps won for head dim 64 and at batch 1 (attention_lab, docs/perf.md v14); other head dims: not measured
+# ... but 4 in a kernel that runs only batches above FAST_WARPS_WIDE_BATCH (a decode batch bucket's default
+# kernel) on tensor cores (MMA, head dims 64 and 128: 8B shapes at batch 32 18.4 vs 23.3 us at 256 keys, 155.4 vs
+# 164.9 at 4096; 1B 11.8 vs 15.7 and 114.6 vs 119.0, docs/perf.md v15), or on the SIMT path at head dim 128
+# (22.6 vs 26.7 us at 256 keys, v14; 8 warps won there for head dim 64); 8 at batch 1 everywhere
 FAST_WARPS_WIDE = 4
 FAST_WARPS_WIDE_HEAD_DIM = 128
 FAST_WARPS_WIDE_BATCH = 8
@@ -65,6 +67,11 @@ FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
 FAST_VPREFETCH = True  # VPF of attention.cu: V rows prefetched into L2 with the K reads (perf.md v14: won)
 VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # overrides FAST_VPREFETCH (0 / 1, A/B timing)
+# MMA of attention.cu: scores and values on tensor cores (float16, head dim 64 / 128, sm80+). 8B shapes: batch 32,
+# 4096 keys 252 -> 155 us, batch 1, 256 keys 10.9 -> 8.6 us (attention_lab, docs/perf.md v15)
+FAST_MMA = True
+MMA_ENV = "ATLAS_ATTENTION_MMA"  # overrides FAST_MMA (0 / 1, A/B timing)
+MMA_HEAD_DIMS = (64, 128)
 WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # auto (fast_warps' rule), or 2, 4 or 8 for every kernel (A/B timing)
 
 
@@ -196,7 +203,8 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     items = ctx.upper(batch) * hk * max(1, -(-rows_up // r))
     mask_t, has_past, has_mask, causal = flags
     ev = fast_v_elems(d, to_numpy(q_v.dtype).itemsize)
-    nw = fast_warps(d, ctx.lower(batch))
+    mma = mma_setting() and mma_fits(q_v.dtype, d, r)
+    nw = fast_warps(d, ctx.lower(batch), mma)
     rows_smem = 4 * (((dk_up + 3) // 4) * 4 + nw * (dv_up + 2))
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
@@ -206,9 +214,9 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
         scratch = counters + 4 * items * split * r * (d + 2)
         ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
         ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
-        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys)}>(args, att_ws, att_cnt);"
+        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys, mma)}>(args, att_ws, att_cnt);"
     else:
-        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys)}>(args);"
+        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, mma)}>(args);"
     smem = max(fast_smem(d, r, nw), rows_smem)
     threads = nw * 32
     # a declaration of the wrapper that adds "at least 1 block per SM" to its launch bounds: without it
@@ -218,7 +226,9 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # per SM) to 142 (1 block), 1.5x slower at batch 32 (attention_lab, docs/perf.md v5); asking for 2
     # blocks gives 128 registers without spills (ptxas, sm80 / sm90; fp32 or head dim 128 would spill:
     # tests/test_codegen_matmul_attention.py::test_attention_decode_compiles_without_spills)
-    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" else 1
+    # ... and the tensor-core path, which holds its accumulators in registers (1 block: 224 at head dim 128; 2
+    # blocks spilled at head dim 64, ptxas sm90)
+    min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" and not mma else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
     # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
@@ -254,15 +264,15 @@ def warps_setting() -> str:
     return text
 
 
-def fast_warps(head_dim: int, batch_above: int) -> int:
+def fast_warps(head_dim: int, batch_above: int, mma: bool = False) -> int:
     """Warps per attention_decode block for a kernel of this head dim that runs only batches above
-    `batch_above` (0: any batch): ATLAS_ATTENTION_WARPS when set, else FAST_WARPS_WIDE for head dim
-    FAST_WARPS_WIDE_HEAD_DIM above FAST_WARPS_WIDE_BATCH, FAST_WARPS otherwise (fewer warps: less idle
-    warps and a cheaper merge when a block's keys are few)."""
+    `batch_above` (0: any batch), on tensor cores or not (`mma`): ATLAS_ATTENTION_WARPS when set, else
+    FAST_WARPS_WIDE above FAST_WARPS_WIDE_BATCH on tensor cores or at head dim FAST_WARPS_WIDE_HEAD_DIM,
+    FAST_WARPS otherwise (fewer warps: less idle warps and a cheaper merge when a block's keys are few)."""
     text = warps_setting()
     if text != "auto":
         return int(text)
-    wide = head_dim == FAST_WARPS_WIDE_HEAD_DIM and batch_above >= FAST_WARPS_WIDE_BATCH
+    wide = (mma or head_dim == FAST_WARPS_WIDE_HEAD_DIM) and batch_above >= FAST_WARPS_WIDE_BATCH
     return FAST_WARPS_WIDE if wide else FAST_WARPS
 
 
@@ -275,12 +285,27 @@ def v_prefetch() -> bool:
     return text == "1"
 
 
-def decode_template_tail(split: int, keys: bool) -> str:
-    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, each given
+def mma_setting() -> bool:
+    """ATLAS_ATTENTION_MMA (default FAST_MMA): 1 runs attention_decode's scores and values on tensor cores where
+    mma_fits; CodegenError unless 0 or 1."""
+    text = os.environ.get(MMA_ENV, "") or str(int(FAST_MMA))
+    if text not in ("0", "1"):
+        raise CodegenError(f"{MMA_ENV}={text!r} is not 0 or 1")
+    return text == "1"
+
+
+def mma_fits(dtype: str, d: int, r: int) -> bool:
+    """The tensor-core decode path serves float16 at head dim 64 or 128 with tiles of at most 8 query rows."""
+    return dtype == "float16" and d in MMA_HEAD_DIMS and r <= 8
+
+
+def decode_template_tail(split: int, keys: bool, mma: bool = False) -> str:
+    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, MMA, each given
     only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS and FAST_VPREFETCH
     equal ATT_SPLIT_MIN_KEYS and VPF there: the text names only what a switch changes)."""
-    args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false"]
-    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false"]
+    args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false",
+            "true" if mma else "false"]
+    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false", "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(f", {a}" for a in args)

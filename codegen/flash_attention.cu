@@ -83,13 +83,6 @@ __device__ __forceinline__ void fa2_ldsm4_t(unsigned (&r)[4], const void* p) {
 #endif
 }
 
-__device__ __forceinline__ unsigned fa2_pack(float lo, float hi, float& sum) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  const float2 f = __half22float2(h);
-  sum += f.x + f.y;
-  return *reinterpret_cast<const unsigned*>(&h);
-}
-
 // Q rows readable as 4-byte words: unit stride along D, even strides, a 4-byte aligned base
 __device__ __forceinline__ bool fa2_q_ok(const View<__half, 4>& q) {
   if (q.stride[3] != 1 || (reinterpret_cast<unsigned long long>(q.p) & 3ULL) != 0) return false;
@@ -272,10 +265,10 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
         // O += P V: P's C fragments of key n-tiles 2 kt2, 2 kt2 + 1 are the A fragment of k-step kt2
 #pragma unroll
         for (int kt2 = 0; kt2 < BC / 16; ++kt2) {
-          const unsigned p0 = fa2_pack(s[2 * kt2][0], s[2 * kt2][1], l[0]);
-          const unsigned p1 = fa2_pack(s[2 * kt2][2], s[2 * kt2][3], l[1]);
-          const unsigned p2 = fa2_pack(s[2 * kt2 + 1][0], s[2 * kt2 + 1][1], l[0]);
-          const unsigned p3 = fa2_pack(s[2 * kt2 + 1][2], s[2 * kt2 + 1][3], l[1]);
+          const unsigned p0 = att_pack(s[2 * kt2][0], s[2 * kt2][1], l[0]);
+          const unsigned p1 = att_pack(s[2 * kt2][2], s[2 * kt2][3], l[1]);
+          const unsigned p2 = att_pack(s[2 * kt2 + 1][0], s[2 * kt2 + 1][1], l[0]);
+          const unsigned p3 = att_pack(s[2 * kt2 + 1][2], s[2 * kt2 + 1][3], l[1]);
 #pragma unroll
           for (int d2 = 0; d2 < NT / 2; ++d2) {  // head-dim n-tiles 2 d2, 2 d2 + 1: (k half, n-tile) per matrix
             unsigned vb[4];

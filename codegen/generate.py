@@ -336,6 +336,7 @@ def codegen_choices() -> dict:
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
+            "attention_mma": attention.mma_setting(),
             "attention_warps": attention.warps_setting(),
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)

@@ -99,17 +99,21 @@ def build(model: str, ctx: int, batch: int, mask: str = "tensor"):
 # the short-context A/B variants of "fast" (not in the default set), each spelled in full so that its meaning
 # stays as measured in docs/perf.md v13 / v14: the split's runs of at least 32 / 64 / 256 keys, V rows
 # prefetched into L2 with the K reads or not, 4 or 2 warps per block (attention.py MIN_KEYS_ENV,
-# VPREFETCH_ENV, WARPS_ENV). "fast" is the default kernel of a one-node graph (since v14: runs of 256 keys, V
-# prefetch, 8 warps; a compiled decoder's kernels for batches above 8 take 4 warps at head dim 128, as
-# "w4mk256vpf"); "v13" is v13's default (64 keys, no prefetch).
-def _ab(min_keys: int, vpf: bool, warps: int = 8) -> dict[str, str]:
+# VPREFETCH_ENV, WARPS_ENV, MMA_ENV). "fast" is the default kernel of a one-node graph (since v15: runs of 256
+# keys, V prefetch, 8 warps, tensor cores as "mma"; a compiled decoder's kernels for batches above 8 take 4 warps,
+# as "w4mma"); "mk256vpf" is v14's default (SIMT), "v13" v13's (64 keys, no prefetch).
+def _ab(min_keys: int, vpf: bool, warps: int = 8, mma: bool = False) -> dict[str, str]:
     return {attention.MIN_KEYS_ENV: str(min_keys), attention.VPREFETCH_ENV: str(int(vpf)),
-            attention.WARPS_ENV: str(warps)}
+            attention.WARPS_ENV: str(warps), attention.MMA_ENV: str(int(mma))}
 
 
 AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False), "mk256": _ab(256, False),
             "mk256vpf": _ab(256, True), "w4": _ab(64, False, 4), "w2": _ab(64, False, 2),
-            "w4vpf": _ab(64, True, 4), "w4mk256vpf": _ab(256, True, 4)}
+            "w4vpf": _ab(64, True, 4), "w4mk256vpf": _ab(256, True, 4),
+            # mma*: scores and values on tensor cores (ATLAS_ATTENTION_MMA=1, the default since v15), runs of at
+            # least 256 / 64 / 32 keys, 8 or 4 warps
+            "mma": _ab(256, True, 8, True), "mma64": _ab(64, True, 8, True), "mma32": _ab(32, True, 8, True),
+            "w4mma": _ab(256, True, 4, True), "w4mma64": _ab(64, True, 4, True)}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
@@ -285,7 +289,8 @@ def generate(model: str, ctx: int, batch: int, path: str, mask: str = "tensor"):
     sequence split; an AB_PATHS name: fast with that variant's switches; the others' switches cleared)."""
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
         attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
-    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: ""} | AB_PATHS.get(path, {})
+    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: "",
+            attention.MMA_ENV: ""} | AB_PATHS.get(path, {})
     return generate_with_env(build(model, ctx, batch, mask), env)
 
 
@@ -333,6 +338,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default=",".join(map(str, PREFILL_SEQS)), help="--prefill: comma-separated T")
     ap.add_argument("--mask", default="tensor", help=f"the mask form, of {', '.join(MASKS)} (decode: tensor or "
                                                      "keys; keys is what a compiled decoder's step reads)")
+    ap.add_argument("--arenas", type=int, default=0,
+                    help="arena copies to rotate among (default: enough that K/V come from DRAM; 1: from L2)")
     args = ap.parse_args(argv)
     if args.prefill:
         return main_prefill(args, ap)
@@ -374,7 +381,8 @@ def main(argv=None) -> int:
                     module = dev.load_module(cubins[(model, ctx, batch, path)])
                     launch = mod.launches["run"][0]
                     table = KernelTable(dev, module, [launch.kernel])
-                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(arena_count(mod.arena_bytes))]
+                    copies = args.arenas or arena_count(mod.arena_bytes)
+                    arenas = [dev.alloc_arena(mod.arena_bytes) for _ in range(copies)]
                     at = {v.name: plan.placement(v).offset for v in g.inputs + g.outputs}
                     for i, a in enumerate(arenas):
                         dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison (NaN in fp16)

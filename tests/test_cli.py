@@ -178,7 +178,8 @@ def test_inspect_names_the_opt_in_kernel_choices():
                      "attention_prefill": "off"}) == \
         "ATLAS_LINEAR_FT=2, ATLAS_PREFETCH=1, ATLAS_LINEAR_PREFILL=tc, ATLAS_ATTENTION_PREFILL=off"
     assert _opt_ins({**defaults, "attention_split_min_keys": 256, "attention_v_prefetch": True,
-                     "attention_warps": "auto"}) == ""
+                     "attention_mma": True, "attention_warps": "auto"}) == ""
     assert _opt_ins({**defaults, "attention_split_min_keys": 64, "attention_v_prefetch": False,
-                     "attention_warps": 4}) == ("ATLAS_ATTENTION_SPLIT_MIN_KEYS=64, "
-                                                "ATLAS_ATTENTION_VPREFETCH=0, ATLAS_ATTENTION_WARPS=4")
+                     "attention_mma": False, "attention_warps": 4}) == (
+        "ATLAS_ATTENTION_SPLIT_MIN_KEYS=64, ATLAS_ATTENTION_VPREFETCH=0, ATLAS_ATTENTION_MMA=0, "
+        "ATLAS_ATTENTION_WARPS=4")

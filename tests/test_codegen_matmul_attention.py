@@ -617,13 +617,16 @@ def test_attention_decode_sequence_split():
     """Generated for one query position (seq upper 1), attention_decode may cut a row's keys into up
     to FAST_MAX_SPLIT runs (its partials and counters in the module's scratch, after the arena); with
     more query rows than one tile holds (seq upper 3 with GQA groups 4 and 8) it does not."""
+    import re
+
     from atlasc.codegen import attention
 
     b = build_attention_decode("float16")
     graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
     one = generate_module({"d": (graph, plan)}, {"d": {**DECODE_UPPER, "seq": 1}})
-    split = f", {attention.FAST_MAX_SPLIT}>(args, att_ws, att_cnt);"
-    assert one.source.count(split) == 11  # every attention_decode node (the transposed K is declined)
+    # SPLIT, then the defaults or MIN_KEYS, VPF, MMA (tensor cores at head dims 64 / 128)
+    split = re.compile(rf", {attention.FAST_MAX_SPLIT}(, \w+, \d+, \w+, \w+)?>\(args, att_ws, att_cnt\);")
+    assert len(split.findall(one.source)) == 11  # every attention_decode node (the transposed K is declined)
     assert one.scratch_bytes > 0 and one.scratch_offset >= plan.arena_bytes
     assert one.arena_bytes == one.scratch_offset + one.scratch_bytes
     # the grid: the split's target (batch 5 x 2 kv heads x 32 runs would be 320), never fewer than items
@@ -632,9 +635,10 @@ def test_attention_decode_sequence_split():
     assert f"ATT_SPLIT_TARGET = {attention.FAST_SPLIT_TARGET};" in cu
     # the defaults decode_template_tail leaves out are attention.cu's
     assert f"ATT_SPLIT_MIN_KEYS = {attention.FAST_SPLIT_MIN_KEYS};" in cu
-    assert f"int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = {str(attention.FAST_VPREFETCH).lower()}>" in cu
+    assert f"int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = {str(attention.FAST_VPREFETCH).lower()}, " in cu
+    assert "bool VPF = true, bool MMA = false>" in cu  # MMA spelled out where it applies
     three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
-    assert 0 < three.source.count(split) < 11  # group 1: 3 rows fit one tile, the others do not
+    assert 0 < len(split.findall(three.source)) < 11  # group 1: 3 rows fit one tile, the others do not
     # prefill-sized maxima never split (their scratch would be huge)
     assert attention.fast_split(rows_up=4 * 4352, r=4, items_up=32 * 8 * 4352, d=128) == 1
     assert attention.fast_split(rows_up=4, r=4, items_up=32 * 8, d=128) == attention.FAST_MAX_SPLIT
@@ -704,10 +708,11 @@ def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
 
 
 def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
-    """attention_decode takes FAST_WARPS_WIDE (4) warps for head dim 128 in a decode bucket's default kernel
-    (batches above 8 of 32: the measured batch-32 win), or in any kernel of an entry that runs only above
-    batch 8 (generate_module's `lower`), and FAST_WARPS (8) in the batch-1 / batch-8 kernels and for head
-    dims 64 and 256 (not measured); ATLAS_ATTENTION_WARPS=8 gives 8 everywhere."""
+    """attention_decode takes FAST_WARPS_WIDE (4) warps on tensor cores (float16 head dims 64 and 128) or at
+    head dim 128 in a decode bucket's default kernel (batches above 8 of 32: the measured batch-32 win), or in
+    any kernel of an entry that runs only above batch 8 (generate_module's `lower`), and FAST_WARPS (8) in the
+    batch-1 / batch-8 kernels and for head dim 256 (SIMT, not measured); ATLAS_ATTENTION_WARPS=8 gives 8
+    everywhere."""
     from atlasc.codegen import attention
 
     monkeypatch.setitem(DECODE_UPPER, "batch", 32)
@@ -716,7 +721,8 @@ def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
     upper = {"d": {**DECODE_UPPER, "seq": 1}}
     heads = {}  # launch index -> head dim of its K
     for i, node in enumerate(n for n in graph.nodes if plan.needs_kernel(n)):
-        heads[i] = node.inputs[1].shape[-1] if len(node.inputs[1].shape) == 4 else None
+        k = node.inputs[1]
+        heads[i] = k.shape[-1] if len(k.shape) == 4 else k.shape[-1] // node.attrs["kv_num_heads"]
 
     def warps(env: str | None, **kw) -> dict[int, tuple[int, list[int]]]:
         if env is None:
@@ -730,7 +736,7 @@ def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
     auto = warps(None)
     for i, (default, variants) in auto.items():
         assert variants and all(v == attention.FAST_WARPS for v in variants), (i, variants)
-        assert default == (attention.FAST_WARPS_WIDE if heads[i] == 128 else attention.FAST_WARPS), (i, heads[i])
+        assert default == (attention.FAST_WARPS_WIDE if heads[i] in (64, 128) else attention.FAST_WARPS), (i, heads[i])
     assert {64, 128, 256} <= {heads[i] for i in auto}
     assert all(default == 8 and set(variants) == {8} for default, variants in warps("8").values())
     # no buckets, but the entry runs only above batch 8 (split-decode's `decode`): the same rule
@@ -746,7 +752,8 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     as without them, so default builds keep their cached cubins. v13's kernels (64 keys, no prefetch) and
     the default ones with 4 or 2 warps compile (sm90; v13's and the default for sm80 too), and the default
     kernels spill no more than v13's (the 2-blocks-per-SM fp16 head-dim-64 split kernels spill a few bytes
-    either way)."""
+    either way). These are the SIMT path's switches (ATLAS_ATTENTION_MMA=0); ATLAS_ATTENTION_MMA=1 (the
+    default) adds `, true` to the head-dim 64 / 128 kernels only, which compile (sm90, sm80) without spills."""
     import re
 
     from atlasc.codegen import attention
@@ -754,7 +761,13 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     b = build_attention_decode("float16")
     graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
     upper = {"d": {**DECODE_UPPER, "seq": 1}}
+    mma = generate_module({"d": (graph, plan)}, upper).source
+    monkeypatch.setenv(attention.MMA_ENV, "0")
     default = generate_module({"d": (graph, plan)}, upper).source
+    kernels = re.findall(r"attention_decode<__half, \w+, (\d+),[^>]*>", default)
+    tails = re.findall(r"attention_decode<__half, \w+, (\d+),[^>]*?(, \d+, \w+, \d+, \w+, true)?>", mma)
+    assert len(tails) == len(kernels) == 11
+    assert all(bool(tail) == (d in ("64", "128")) for d, tail in tails) and sum(bool(t) for _, t in tails) >= 6
     monkeypatch.setenv(attention.MIN_KEYS_ENV, str(attention.FAST_SPLIT_MIN_KEYS))
     monkeypatch.setenv(attention.VPREFETCH_ENV, "1")
     assert generate_module({"d": (graph, plan)}, upper).source == default
@@ -780,12 +793,16 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
         return {name: int(n) for name, n in found}
 
     # every switch on sm90, the min-keys + V-prefetch build on sm80 too (CI time: each is a full module)
-    jobs = [(v13, "sm90"), (default, "sm90"), (four, "sm90"), (two, "sm90"), (v13, "sm80"), (default, "sm80")]
+    jobs = [(v13, "sm90"), (default, "sm90"), (four, "sm90"), (two, "sm90"), (v13, "sm80"), (default, "sm80"),
+            (mma, "sm90"), (mma, "sm80")]
     found = [spills(log) for log in _nvcc_logs(jobs, tmp_path)]
-    for before, others, arch in ((found[0], found[1:4], "sm90"), (found[4], found[5:], "sm80")):
+    for before, others, arch in ((found[0], found[1:4], "sm90"), (found[4], found[5:6], "sm80")):
         for after in others:
             assert before.keys() == after.keys() and len(after) == 12  # + the transposed-K node (attention_rows)
             assert all(after[k] <= before[k] for k in after), (arch, before, after)
+    for tensor_cores, simt in ((found[6], found[1]), (found[7], found[5])):
+        assert tensor_cores.keys() == simt.keys()
+        assert all(tensor_cores[k] <= simt[k] for k in simt), (tensor_cores, simt)
 
 
 def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
@@ -800,10 +817,15 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
 
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")  # must not leak into "fast" or "mk256vpf"
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "2")  # nor into any path but w2
-    want = {"fast": ", 32>(args", "v13": ", 32, false, 64, false>(args", "vpf": ", 32, false, 64>(args",
+    monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")  # nor into "fast" or the mma paths
+    mma = ", 32, false, 256, true, true>(args"
+    want = {"fast": mma, "v13": ", 32, false, 64, false>(args", "vpf": ", 32, false, 64>(args",
             "mk32": ", 32, false, 32, false>(args", "mk256": ", 32, false, 256, false>(args",
             "mk256vpf": ", 32>(args", "w4": ", 32, false, 64, false>(args", "w2": ", 32, false, 64, false>(args",
-            "w4vpf": ", 32, false, 64>(args", "w4mk256vpf": ", 32>(args"}
+            "w4vpf": ", 32, false, 64>(args", "w4mk256vpf": ", 32>(args", "mma": mma,
+            "mma64": ", 32, false, 64, true, true>(args", "mma32": ", 32, false, 32, true, true>(args",
+            "w4mma": mma, "w4mma64": ", 32, false, 64, true, true>(args"}
+    assert set(want) == {"fast", *lab.AB_PATHS}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)
         calls = [line for line in mod.source.splitlines() if "atlas::attention_decode<" in line]
@@ -848,4 +870,5 @@ def test_attention_lab_keys_mask_is_the_compiled_decoders_kernel(tmp_path):
     assert "long long" in step[0] and step[0].endswith(", true>")  # int64 attention_mask, KEYS
     assert call(lab.generate("8B", 256, 1, "fast", mask="keys")[2], "run") == step
     tensor = call(lab.generate("8B", 256, 1, "fast")[2], "run")
-    assert tensor != step and tensor[0].replace("__half, __half", "__half, long long")[:-1] in step[0]
+    assert tensor[1] == step[1] and tensor[0].replace("__half, __half", "__half, long long").replace(
+        ", 32, false, ", ", 32, true, ") == step[0]

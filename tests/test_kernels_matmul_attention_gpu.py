@@ -157,17 +157,19 @@ def test_attention_decode_sequence_split(monkeypatch, dtype):
                                 plan_fn=_decode_plan, repeat=3)
 
 
-@pytest.mark.parametrize("min_keys,vpf,warps", [("32", "0", "8"), ("256", "1", "8"), ("64", "1", "4"),
-                                                ("32", "0", "2")])
-def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, warps):
+@pytest.mark.parametrize("min_keys,vpf,warps,mma", [("32", "0", "8", "0"), ("256", "1", "8", "0"),
+                                                    ("64", "1", "4", "0"), ("32", "0", "2", "0"),
+                                                    ("32", "0", "2", "1")])
+def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, warps, mma):
     """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 64 / 256 keys), ATLAS_ATTENTION_VPREFETCH=1 (V rows
-    prefetched into L2) and ATLAS_ATTENTION_WARPS (4 / 2 warps per block) keep attention_decode equal to the
-    reference at every one-position context of DECODE_ENVS, launched three times in one arena (the split
-    counters return to 0)."""
+    prefetched into L2) and ATLAS_ATTENTION_WARPS (4 / 2 warps per block), on the SIMT path (ATLAS_ATTENTION_MMA=0)
+    and on tensor cores, keep attention_decode equal to the reference at every one-position context of
+    DECODE_ENVS, launched three times in one arena (the split counters return to 0)."""
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", vpf)
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", warps)
+    monkeypatch.setenv("ATLAS_ATTENTION_MMA", mma)
     b = build_attention_decode("float16")
     graph = b.done()
     rtol, atol = TOL["other"]["float16"]
@@ -178,14 +180,37 @@ def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, war
                                 plan_fn=_decode_plan, repeat=3)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("min_keys,warps", [("256", "8"), ("32", "4")])
+def test_attention_decode_mma(monkeypatch, min_keys, warps):
+    """attention_decode's scores and values on tensor cores (ATLAS_ATTENTION_MMA, on by default: float16, head
+    dims 64 / 128; 256 keeps the SIMT path) equal the reference on build_attention_decode's nodes (GQA groups
+    1 / 4 / 8, masks with a fully masked batch row, causal, past inputs, 3-D inputs) at every context of
+    DECODE_ENVS, with runs of at least 256 keys and 8 warps, and of 32 keys and 4 warps (the split's merge),
+    three launches per arena. Tolerance as the other float16 attention tests: P is rounded to fp16 as in
+    attention_fa2."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    monkeypatch.setenv("ATLAS_ATTENTION_MMA", "1")
+    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
+    monkeypatch.setenv("ATLAS_ATTENTION_WARPS", warps)
+    b = build_attention_decode("float16")
+    graph = b.done()
+    rtol, atol = TOL["other"]["float16"]
+    rng = np.random.default_rng(9)
+    for env in DECODE_ENVS:
+        feeds = b.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=_decode_plan, repeat=3)
+
+
+@pytest.mark.parametrize("path,mma", [("rows", ""), ("fast", ""), ("fast", "0")], ids=["rows", "fast", "fast-simt"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_attention_decode(monkeypatch, path, dtype):
+def test_attention_decode(monkeypatch, path, mma, dtype):
     """Decode shapes (build_attention_decode): K/V as KV-cache views with row strides of the maximal
     context (4103), GQA groups 1/4/8, head dims 64/128/256, left-padded bool and additive masks with a
     fully masked batch row (batch 0 when B > 1: output 0), causal, past inputs, 3-D inputs, the
-    [B, S, H*D] output; plus a transposed K and an unaligned K, which attention_rows serves."""
+    [B, S, H*D] output; plus a transposed K and an unaligned K, which attention_rows serves. fast-simt:
+    ATLAS_ATTENTION_MMA=0 (float16 off tensor cores)."""
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
+    monkeypatch.setenv("ATLAS_ATTENTION_MMA", mma)
     b = build_attention_decode(dtype)
     graph = b.done()
     rtol, atol = TOL["other"][dtype]
@@ -196,15 +221,17 @@ def test_attention_decode(monkeypatch, path, dtype):
         check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=_decode_plan)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path,mma", [("rows", ""), ("fast", ""), ("fast", "0")])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_attention_key_mask(monkeypatch, path, dtype):
+def test_attention_key_mask(monkeypatch, path, mma, dtype):
     """key_mask=1 (mask-as-lengths, ATLAS_MASK_LENGTHS=1; not yet run on a GPU when written): the kernels
     read attention_mask [B, T] and apply causal / window / the export's fill themselves
     (build_attention_keys: int64 / int32 / bool masks, windows 5 and 3, fills float32 min, float16 min
     and -inf, a fully hidden batch row, prefill / chunk / decode shapes). Generated for prefill maxima
-    and for decode (seq 1: the sequence split); same tolerances as test_attention (one fp16 rounding)."""
+    and for decode (seq 1: the sequence split); same tolerances as test_attention (one fp16 rounding).
+    The fast path with its defaults (float16 on tensor cores) and with ATLAS_ATTENTION_MMA=0 (SIMT)."""
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
+    monkeypatch.setenv("ATLAS_ATTENTION_MMA", mma)
     b = build_attention_keys(dtype)
     graph = b.done()
     rtol, atol = TOL["other"][dtype]
