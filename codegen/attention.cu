@@ -304,8 +304,8 @@ __device__ __forceinline__ unsigned att_pack(float lo, float hi, float& sum) {
   sum += f.x + f.y;
   return *reinterpret_cast<const unsigned*>(&h);
 }
-__device__ __forceinline__ unsigned att_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
+__device__ __forceinline__ unsigned att_pair(__half lo, __half hi) {
+  const __half2 h = __halves2half2(lo, hi);
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
@@ -320,25 +320,35 @@ __device__ __forceinline__ unsigned att_half2(float lo, float hi) {
 // byte_perm: output column n of n-tile nt is dim 64 (nt / 8) + 8 n + nt % 8. The warp's (m, l, O) rows go to
 // mls / part as the SIMT path writes them. Numerics: q, K, V exact in fp16, float32 scores and accumulation,
 // P rounded to fp16 (the same P summed in l), as attention_fa2.
+// The lane's row g of the tile is given by the caller: qrow (its q row, nullptr past the tile's rows; 16-byte
+// loads when q_vec, else element loads along q's head-dim stride), lim_g (its last visible key, -1: no row),
+// moff_g and pos_g (its mask offset and query position), so the q tile needs no staging nor barrier.
 template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, bool VPF, typename KROW, typename VROW>
-__device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, const float* q_s, const int* lim,
-                                                const long long* moff, float* part, float* mls, int kb_lo,
-                                                int kb_hi, int kend, int nw, float scale, long long pos_g,
+__device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, const __half* qrow, bool q_vec,
+                                                int lim_g, long long moff_g, long long pos_g, float* part,
+                                                float* mls, int kb_lo, int kb_hi, int kend, int nw, float scale,
                                                 KROW krow, VROW vrow) {
   static_assert(R <= 8 && (D == 64 || D == 128), "MMA decode: at most 8 rows, head dim 64 or 128");
   constexpr int KP = D / 32, KS = D / 16, NT = D / 8, VH = D / 64;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int lim_g = g < R ? lim[g] : -1;  // -1: no row (its scores are all hidden)
-  const long long moff_g = g < R ? moff[g] : 0;
-  unsigned qa[KS][2];  // row g's A fragments (rows g + 8: zero)
+  unsigned qa[KS][2];  // row g's A fragments (rows g + 8, and rows past the tile: zero)
 #pragma unroll
   for (int p = 0; p < KP; ++p) {
-    const float* q = q_s + (g < R ? g : 0) * D + 32 * p + 8 * c;
-    const float z = g < R ? 1.f : 0.f;
-    qa[2 * p][0] = att_half2(z * q[0], z * q[1]);
-    qa[2 * p][1] = att_half2(z * q[2], z * q[3]);
-    qa[2 * p + 1][0] = att_half2(z * q[4], z * q[5]);
-    qa[2 * p + 1][1] = att_half2(z * q[6], z * q[7]);
+    uint4 qv = make_uint4(0u, 0u, 0u, 0u);
+    if (qrow != nullptr) {
+      if (q_vec) {
+        qv = __ldg(reinterpret_cast<const uint4*>(qrow + 32 * p + 8 * c));
+      } else {
+        const long long qs = a.q.stride[3];
+        const __half* q = qrow + (32 * p + 8 * c) * qs;
+        qv = make_uint4(att_pair(q[0], q[qs]), att_pair(q[2 * qs], q[3 * qs]), att_pair(q[4 * qs], q[5 * qs]),
+                        att_pair(q[6 * qs], q[7 * qs]));
+      }
+    }
+    qa[2 * p][0] = qv.x;
+    qa[2 * p][1] = qv.y;
+    qa[2 * p + 1][0] = qv.z;
+    qa[2 * p + 1][1] = qv.w;
   }
   float o[NT][4];
 #pragma unroll
@@ -474,6 +484,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   // KEYS, causal, fill -inf: a hidden future key adds exactly 0, so keys past a row's position are skipped
   // like CAUSAL's (query i at Skv - Sq + i); with a finite fill every key counts, as with the mask tensor
   const bool keys_causal = KEYS && a.keys_causal && a.keys_fill == -INFINITY;
+  const bool q_vec = MMA && rows_vec_ok(a.q, VEC);  // MMA: q rows read as 16-byte vectors
   const long long tiles = (rows + R - 1) / R;
   const long long items = B * Hk * tiles;
   long long splits = 1;
@@ -518,33 +529,41 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     const int nblk = (kend + 31) / 32;
     const int kb_lo = (int)(sp * nblk / splits), kb_hi = (int)((sp + 1) * nblk / splits);
     __syncthreads();  // the previous item's readers of the shared arrays are done
-    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
-      const int r = idx / D, dd = idx % D;
-      const long long rr = r0 + r;
-      float x = 0.f;
-      if (rr < rows) {
-        const long long h = hk * group + rr % group, i = rr / group;
-        x = load(a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] + dd * a.q.stride[3]);
-      }
-      q_s[idx] = x;
-    }
-    if (threadIdx.x < R) {
-      const long long rr = r0 + threadIdx.x;
+    if constexpr (MMA && ATT_MMA_ARCH) {  // the lane's row g: no q staging (decode_warp_mma)
+      const long long rr = r0 + (lane >> 2);
+      const bool has_row = (lane >> 2) < R && rr < rows;
       const long long h = hk * group + rr % group, i = rr / group;
-      lim[threadIdx.x] = rr < rows ? (int)(CAUSAL ? imin(i + P, Skv - 1)
-                                                  : (keys_causal ? imin(Skv - Sq + i, Skv - 1) : Skv - 1))
-                                   : -1;
-      moff[threadIdx.x] = HAS_MASK ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
-    }
-    __syncthreads();
-    int kpos[R];  // KEYS: each row's query position
-#pragma unroll
-    for (int r = 0; r < R; ++r) kpos[r] = KEYS ? (int)(Skv - Sq + (r0 + r) / group) : 0;
-
-    if constexpr (MMA && ATT_MMA_ARCH) {
-      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, VPF>(a, q_s, lim, moff, part, mls, kb_lo, kb_hi, kend, NW, scale,
-                                                     Skv - Sq + (r0 + (lane >> 2)) / group, krow, vrow);
+      const int lim_g = has_row ? (int)(CAUSAL ? imin(i + P, Skv - 1)
+                                               : (keys_causal ? imin(Skv - Sq + i, Skv - 1) : Skv - 1))
+                                : -1;
+      const long long moff_g =
+          HAS_MASK && has_row ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
+      const T* qrow = has_row ? a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] : nullptr;
+      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, VPF>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
+                                                     kb_hi, kend, NW, scale, krow, vrow);
     } else {
+      for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, dd = idx % D;
+        const long long rr = r0 + r;
+        float x = 0.f;
+        if (rr < rows) {
+          const long long h = hk * group + rr % group, i = rr / group;
+          x = load(a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] + dd * a.q.stride[3]);
+        }
+        q_s[idx] = x;
+      }
+      if (threadIdx.x < R) {
+        const long long rr = r0 + threadIdx.x;
+        const long long h = hk * group + rr % group, i = rr / group;
+        lim[threadIdx.x] = rr < rows ? (int)(CAUSAL ? imin(i + P, Skv - 1)
+                                                    : (keys_causal ? imin(Skv - Sq + i, Skv - 1) : Skv - 1))
+                                     : -1;
+        moff[threadIdx.x] = HAS_MASK ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
+      }
+      __syncthreads();
+      int kpos[R];  // KEYS: each row's query position
+#pragma unroll
+      for (int r = 0; r < R; ++r) kpos[r] = KEYS ? (int)(Skv - Sq + (r0 + r) / group) : 0;
       float m_run[R], l_part[R], acc[R][NA];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
