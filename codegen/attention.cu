@@ -364,6 +364,16 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 #pragma unroll
       for (int p = 0; p < KP; ++p) kv[nt][p] = __ldg(kp + 4 * p + c);
     }
+    // the mask's part of each score, read while the K rows are on their way (-inf: not visible)
+    float bias[4][2];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + 8 * nt + 2 * c + e;
+        bias[nt][e] = -INFINITY;
+        if (j < kend && j <= lim_g) bias[nt][e] = HAS_MASK ? row_key_bias<KEYS>(a, moff_g, j, pos_g) : 0.f;
+      }
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -380,15 +390,8 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int j = j0 + 8 * nt + 2 * c + e;
-        float sc = -INFINITY;
-        if (j < kend && j <= lim_g) {
-          float bias = 0.f;
-          if constexpr (HAS_MASK) bias = row_key_bias<KEYS>(a, moff_g, j, pos_g);
-          sc = s[nt][e] * scale + bias;
-        }
-        s[nt][e] = sc;
-        mx = fmaxf(mx, sc);
+        s[nt][e] = bias[nt][e] == -INFINITY ? -INFINITY : s[nt][e] * scale + bias[nt][e];
+        mx = fmaxf(mx, s[nt][e]);
       }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
