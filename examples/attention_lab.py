@@ -111,9 +111,9 @@ AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False),
             "mk256vpf": _ab(256, True), "w4": _ab(64, False, 4), "w2": _ab(64, False, 2),
             "w4vpf": _ab(64, True, 4), "w4mk256vpf": _ab(256, True, 4),
             # mma*: scores and values on tensor cores (ATLAS_ATTENTION_MMA=1, the default since v15), runs of at
-            # least 256 / 64 / 32 keys, 8 or 4 warps
+            # least 256 / 64 / 32 keys, 8, 4 or 2 warps
             "mma": _ab(256, True, 8, True), "mma64": _ab(64, True, 8, True), "mma32": _ab(32, True, 8, True),
-            "w4mma": _ab(256, True, 4, True), "w4mma64": _ab(64, True, 4, True)}
+            "w4mma": _ab(256, True, 4, True), "w4mma64": _ab(64, True, 4, True), "w2mma": _ab(256, True, 2, True)}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
