@@ -195,16 +195,17 @@ __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
 // One block of NW warps per item (b, kv head hk, tile of up to R query rows): the rows of a tile are
 // the (query head, query row) pairs that share hk (GQA: rows rr = i * group + g of head hk * group + g),
 // so every K/V row is read from DRAM once per tile (once per (b, hk) at decode, where group * Sq <= R).
-// The tile's query rows are staged in shared memory as float. Warps take blocks of 32 keys
-// (kb = warp, warp + NW, ...). Scores: lane l owns key kb * 32 + l and reads its whole K row with
+// Warps take blocks of 32 keys (kb = warp, warp + NW, ...). With MMA (float16, head dim 64 / 128) a warp
+// computes its blocks on tensor cores (decode_warp_mma, below); otherwise (SIMT) the tile's query rows are
+// staged in shared memory as float, and per block: lane l owns key kb * 32 + l and reads its whole K row with
 // 16-byte loads (KC vectors in flight), dotting it with every row of the tile. Online softmax per row
 // over the block (warp max; each lane keeps its partial sum l). Values: lanes split the head dim
 // (EV elements per lane and load, LPR = D / EV lanes cover one V row, coalesced, KPI = 32 / LPR rows
 // per warp-wide load, or VPL = LPR / 32 loads per lane and row when D > 32 * EV; VC loads in flight per
 // lane); a key's probability comes from its owner lane by a shuffle. The warps'
 // (m, l, acc[R][D]) are merged through shared memory and Y is rounded once when stored.
-// Numerics as attention_rows: float32 scores and accumulation; masked keys contribute 0; a row whose
-// every key is masked (-inf) yields 0. Requires unit stride along the head dim and 16-byte aligned K/V
+// Numerics as attention_rows: float32 scores and accumulation (MMA: P rounded to fp16 for the values, as
+// attention_fa2); masked keys contribute 0; a row whose every key is masked (-inf) yields 0. Requires unit stride along the head dim and 16-byte aligned K/V
 // rows (checked at run time: otherwise the whole launch runs attention_rows, which takes any layout).
 template <typename T> __device__ __forceinline__ void to_float16B(const uint4& u, float* f);
 template <> __device__ __forceinline__ void to_float16B<__half>(const uint4& u, float* f) {
