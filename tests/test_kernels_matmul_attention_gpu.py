@@ -157,6 +157,23 @@ def test_attention_decode_sequence_split(monkeypatch, dtype):
                                 plan_fn=_decode_plan, repeat=3)
 
 
+def _check_decode_switched(monkeypatch, switches: dict[str, str], seed: int, one_position: bool) -> None:
+    """attention_decode (ATLAS_ATTENTION_PATH=fast, the given ATLAS_ATTENTION_* switches) against the reference on
+    build_attention_decode's nodes, three launches per arena (the split counters return to 0): at the
+    one-position contexts of DECODE_ENVS generated for seq 1 (the sequence split), or at all of them."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
+    for name, value in switches.items():
+        monkeypatch.setenv(f"ATLAS_ATTENTION_{name}", value)
+    b = build_attention_decode("float16")
+    graph = b.done()
+    rtol, atol = TOL["other"]["float16"]
+    rng = np.random.default_rng(seed)
+    upper = {**DECODE_UPPER, "seq": 1} if one_position else b.upper
+    for env in [e for e in DECODE_ENVS if e["seq"] == 1 or not one_position]:
+        feeds = b.inputs(rng, env)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=_decode_plan, repeat=3)
+
+
 @pytest.mark.parametrize("min_keys,vpf,warps,mma", [("32", "0", "8", "0"), ("256", "1", "8", "0"),
                                                     ("64", "1", "4", "0"), ("32", "0", "2", "0"),
                                                     ("32", "0", "2", "1")])
@@ -164,20 +181,9 @@ def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, war
     """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 64 / 256 keys), ATLAS_ATTENTION_VPREFETCH=1 (V rows
     prefetched into L2) and ATLAS_ATTENTION_WARPS (4 / 2 warps per block), on the SIMT path (ATLAS_ATTENTION_MMA=0)
     and on tensor cores, keep attention_decode equal to the reference at every one-position context of
-    DECODE_ENVS, launched three times in one arena (the split counters return to 0)."""
-    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
-    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
-    monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", vpf)
-    monkeypatch.setenv("ATLAS_ATTENTION_WARPS", warps)
-    monkeypatch.setenv("ATLAS_ATTENTION_MMA", mma)
-    b = build_attention_decode("float16")
-    graph = b.done()
-    rtol, atol = TOL["other"]["float16"]
-    rng = np.random.default_rng(7)
-    for env in [e for e in DECODE_ENVS if e["seq"] == 1]:
-        feeds = b.inputs(rng, env)
-        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper={**DECODE_UPPER, "seq": 1},
-                                plan_fn=_decode_plan, repeat=3)
+    DECODE_ENVS."""
+    _check_decode_switched(monkeypatch, {"SPLIT_MIN_KEYS": min_keys, "VPREFETCH": vpf, "WARPS": warps, "MMA": mma},
+                           seed=7, one_position=True)
 
 
 @pytest.mark.parametrize("min_keys,warps", [("256", "8"), ("32", "4")])
@@ -185,20 +191,10 @@ def test_attention_decode_mma(monkeypatch, min_keys, warps):
     """attention_decode's scores and values on tensor cores (ATLAS_ATTENTION_MMA, on by default: float16, head
     dims 64 / 128; 256 keeps the SIMT path) equal the reference on build_attention_decode's nodes (GQA groups
     1 / 4 / 8, masks with a fully masked batch row, causal, past inputs, 3-D inputs) at every context of
-    DECODE_ENVS, with runs of at least 256 keys and 8 warps, and of 32 keys and 4 warps (the split's merge),
-    three launches per arena. Tolerance as the other float16 attention tests: P is rounded to fp16 as in
-    attention_fa2."""
-    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "fast")
-    monkeypatch.setenv("ATLAS_ATTENTION_MMA", "1")
-    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", min_keys)
-    monkeypatch.setenv("ATLAS_ATTENTION_WARPS", warps)
-    b = build_attention_decode("float16")
-    graph = b.done()
-    rtol, atol = TOL["other"]["float16"]
-    rng = np.random.default_rng(9)
-    for env in DECODE_ENVS:
-        feeds = b.inputs(rng, env)
-        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=b.upper, plan_fn=_decode_plan, repeat=3)
+    DECODE_ENVS, with runs of at least 256 keys and 8 warps, and of 32 keys and 4 warps (the split's merge).
+    Tolerance as the other float16 attention tests: P is rounded to fp16 as in attention_fa2."""
+    _check_decode_switched(monkeypatch, {"MMA": "1", "SPLIT_MIN_KEYS": min_keys, "WARPS": warps}, seed=9,
+                           one_position=False)
 
 
 @pytest.mark.parametrize("path,mma", [("rows", ""), ("fast", ""), ("fast", "0")], ids=["rows", "fast", "fast-simt"])
