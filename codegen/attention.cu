@@ -205,8 +205,9 @@ __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {
 // lane); a key's probability comes from its owner lane by a shuffle. The warps'
 // (m, l, acc[R][D]) are merged through shared memory and Y is rounded once when stored.
 // Numerics as attention_rows: float32 scores and accumulation (MMA: P rounded to fp16 for the values, as
-// attention_fa2); masked keys contribute 0; a row whose every key is masked (-inf) yields 0. Requires unit stride along the head dim and 16-byte aligned K/V
-// rows (checked at run time: otherwise the whole launch runs attention_rows, which takes any layout).
+// attention_fa2); masked keys contribute 0; a row whose every key is masked (-inf) yields 0. Requires unit
+// stride along the head dim and 16-byte aligned K/V rows (checked at run time: otherwise the whole launch
+// runs attention_rows, which takes any layout).
 template <typename T> __device__ __forceinline__ void to_float16B(const uint4& u, float* f);
 template <> __device__ __forceinline__ void to_float16B<__half>(const uint4& u, float* f) {
   const __half2* h = reinterpret_cast<const __half2*>(&u);
