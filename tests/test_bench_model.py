@@ -19,7 +19,7 @@ from fake_gpu import FakeDevice
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_decode_bytes_counts_weights_once_embedding_rows_and_the_cache(tmp_path):
+def test_decode_bytes_counts_weights_once_embedding_rows_and_the_cache(tmp_path, no_nvcc):
     path = tmp_path / "llama.atlas"
     compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm80",), max_batch=4, max_seq=64))
     with open_artifact(path) as art:
@@ -104,7 +104,7 @@ class _FakeGraphDriver:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatch):
+def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatch, no_nvcc):
     """`atlasc profile`'s graph timing, with a simulated driver: every launched decode kernel gets exactly
     the time between the events around it (the batch-1 variants at batch 1), method "graph"."""
     from types import SimpleNamespace
@@ -171,7 +171,7 @@ def _fake_gpu(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("fixture,max_batch,batches", [("llama", 4, (1, 2)), ("llama-fp16", 16, (3, 12))])
-def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch, fixture, max_batch, batches):
+def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch, fixture, max_batch, batches, no_nvcc):
     """No device allocation after load: GpuModel captures, instantiates and uploads the CUDA graph of every
     (entry, batch bucket) while loading (a simulated driver and device), so generating at batch sizes that
     take the batch-1 bucket, the default kernels, and (max batch 16) the decode_small twin or decode,
@@ -201,7 +201,7 @@ def test_gpu_model_captures_every_graph_at_load(tmp_path, monkeypatch, fixture, 
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_path, monkeypatch):
+def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_path, monkeypatch, no_nvcc):
     """A graph upload that runs out of device memory at load: DeviceOutOfMemoryError (one line, a hint),
     the arena and every graph made so far freed."""
     from atlasc.runtime.device import DeviceOutOfMemoryError

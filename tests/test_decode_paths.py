@@ -175,7 +175,7 @@ def test_one_row_int8_activations_follow_the_rows_of_the_call():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_fused_rows1_kernels_take_int8_only_for_batch_1(tmp_path, monkeypatch):
+def test_fused_rows1_kernels_take_int8_only_for_batch_1(tmp_path, monkeypatch, no_nvcc):
     """The compiled opt-in: each fused NormLinearQ's batch-1 kernel quantizes x to int8 (act8), its kernel
     for batches up to 4 keeps float activations; the accuracy report measures the int8 step at batch 1."""
     from atlasc.artifact import open_artifact

@@ -52,7 +52,7 @@ def test_mapped_import_equals_the_read_import(tiny):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_mapped_compile_gives_the_same_artifact(tiny, tmp_path, monkeypatch):
+def test_mapped_compile_gives_the_same_artifact(tiny, tmp_path, monkeypatch, no_nvcc):
     opts = CompileOptions(archs=("sm90",), max_batch=2, max_seq=32, prefill_logits="last")
     compile_model(tiny, tmp_path / "mapped.atlas", opts)
     monkeypatch.setattr(load, "MAP_MIN_BYTES", 1 << 62)  # nothing mapped
@@ -62,7 +62,7 @@ def test_mapped_compile_gives_the_same_artifact(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("quant", ["none", "int4"])
-def test_spilled_constants_give_the_same_artifact(tiny, tmp_path, monkeypatch, quant):
+def test_spilled_constants_give_the_same_artifact(tiny, tmp_path, monkeypatch, quant, no_nvcc):
     """The merged (and quantized) weights passes make go to files in a temporary directory during a
     compile (Program.new_array), which is gone afterwards; the artifact is the same as from memory."""
     import atlasc.ir.program as program_mod

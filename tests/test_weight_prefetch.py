@@ -89,7 +89,7 @@ def test_off_by_default(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_prefetches_come_before_the_wait_and_stay_in_the_weights(monkeypatch, tmp_path):
+def test_prefetches_come_before_the_wait_and_stay_in_the_weights(monkeypatch, tmp_path, no_nvcc):
     """In a compiled int4 Llama fixture: the decode projections (float and quantized, fused or not) start
     with prefetches of addresses inside the weights region, then atlas::pdl_enter(); no other kernel
     has anything before the wait."""
