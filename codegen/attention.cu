@@ -58,6 +58,27 @@ __device__ __forceinline__ float row_key_bias(const AttnArgs<T, MT>& a, long lon
   }
 }
 
+// row_key_bias in two steps, for a caller that issues all its mask reads before it uses the first (a read
+// under row_key_bias's conditions is a branch, and ptxas then waits for each read in turn): mask_at reads
+// key j's element unconditionally (j clamped into the mask's last dim: in bounds), key_bias_of gives the bias
+// from it, equal to row_key_bias(a, moff, j, pos)
+template <typename T, typename MT>
+__device__ __forceinline__ MT mask_at(const AttnArgs<T, MT>& a, long long moff, long long j) {
+  const View<MT, 4>& m = a.mask;
+  return m.p[moff + (j < m.shape[3] ? j : m.shape[3] - 1) * m.stride[3]];
+}
+template <bool KEYS, typename T, typename MT>
+__device__ __forceinline__ float key_bias_of(const AttnArgs<T, MT>& a, MT v, long long j, long long pos) {
+  const View<MT, 4>& m = a.mask;
+  if constexpr (KEYS) {
+    const bool keep = j < m.shape[3] && v != MT(0) && (!a.keys_causal || j <= pos) &&
+                      (a.keys_window <= 0 || pos - j < a.keys_window);
+    return keep ? 0.f : a.keys_fill;
+  } else {
+    return j < m.shape[3] ? mask_bias(load(&v)) : -INFINITY;
+  }
+}
+
 // PRESENT: bit 0 writes present_key, bit 1 present_value; QK_MODE: -1 none, else the qk output mode;
 // KEYS: the mask is attention_mask with causal / window applied here (key_bias)
 template <typename T, typename MT, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, int PRESENT, int QK_MODE,
@@ -366,7 +387,15 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 #pragma unroll
       for (int p = 0; p < KP; ++p) kv[nt][p] = __ldg(kp + 4 * p + c);
     }
-    // the mask's part of each score, read while the K rows are on their way (-inf: not visible)
+    // the mask's part of each score, read while the K rows are on their way (-inf: not visible): every
+    // element first (all 8 reads in flight at once), then the biases
+    MT mv[4][2];
+    if constexpr (HAS_MASK) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mv[nt][e] = mask_at(a, moff_g, j0 + 8 * nt + 2 * c + e);
+    }
     float bias[4][2];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -374,7 +403,7 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
       for (int e = 0; e < 2; ++e) {
         const int j = j0 + 8 * nt + 2 * c + e;
         bias[nt][e] = -INFINITY;
-        if (j < kend && j <= lim_g) bias[nt][e] = HAS_MASK ? row_key_bias<KEYS>(a, moff_g, j, pos_g) : 0.f;
+        if (j < kend && j <= lim_g) bias[nt][e] = HAS_MASK ? key_bias_of<KEYS>(a, mv[nt][e], j, pos_g) : 0.f;
       }
     float s[4][4];
 #pragma unroll
