@@ -35,7 +35,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
-from atlasc.ir.archs import max_dynamic_smem
+from atlasc.ir.archs import block_smem
 from atlasc.ir.graph import Node
 
 THREADS = 256  # LIN_THREADS in linear.cu (also matmul_tiled's block)
@@ -208,6 +208,17 @@ def red_floats(runs: list) -> int:
     return 4 * WARPS * 32 * max([j for _, _, j in runs], default=0)
 
 
+# linear_tiled's static tiles (matmul.cu: float As[MM_BK][MM_BM + 1], Bs[MM_BK][MM_BN + 1], MM_BK 16, MM_BM = MM_BN 64)
+TILED_STATIC_BYTES = 2 * 16 * (64 + 1) * 4
+
+
+def static_smem(rows: int, red: int, tiled: bool) -> int:
+    """Bytes of a Linear kernel's __shared__ arrays: lin_xoff and lin_yoff (`rows` each), lin_red (`red`
+    floats) and, with the tiled fallback, its two tiles (ptxas: 43136 bytes for a float16 prefill kernel
+    with both MMA paths, the figure a compile for sm86 counts against its 99 KB)."""
+    return 2 * 8 * rows + 4 * red + (TILED_STATIC_BYTES if tiled else 0)
+
+
 @emitter("Linear")
 def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     x_v, w_v = node.inputs[0], node.inputs[1]
@@ -235,8 +246,10 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     mma_prefill = tiled and dt == "float16" and isinstance(k_static, int) and k_static % 32 == 0 \
         and path_choice() != "simt"
     prefill = gemm.prefill_choice() if mma_prefill else "mma"
-    if gemm.gemm_smem() > max_dynamic_smem(ctx.archs):  # the tiled GEMM's stages do not fit the smallest arch
-        prefill = "mma"
+    mma_red = 4 * WARPS * 32 * (MMA_M // 8)  # linear_mma_prefill's partial C fragments (J = 8)
+    if prefill != "mma" and gemm.gemm_smem() + static_smem(
+            gemm.GEMM_BM, max(red_floats(runs), mma_red if prefill == "auto" else 0), tiled) > block_smem(ctx.archs):
+        prefill = "mma"  # the tiled GEMM's stages do not fit beside the kernel's own arrays on the smallest arch
     tc = prefill in ("tc", "auto")  # linear_gemm_tc (auto: by output tiles at run time) ...
     mma_big = mma_prefill and prefill in ("mma", "auto")  # ... and / or linear_mma_prefill
     args = "x, w, bias, bias_stride, y, M, N, K, lin_xoff, lin_yoff"
@@ -248,7 +261,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
     if runs or mma_big:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
-        red = max(red_floats(runs), 4 * WARPS * 32 * (MMA_M // 8) if mma_big else 0)
+        red = max(red_floats(runs), mma_red if mma_big else 0)
         lines.append(f"  __shared__ float lin_red[{red}];")
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",

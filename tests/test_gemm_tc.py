@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import REPO
-from test_codegen_matmul_attention import _nvcc_logs, generate
+from test_codegen_matmul_attention import ARCHS, _nvcc_logs, generate
 from test_fuse_linear import STRIDED_PLAN, build_linear
 
 from atlasc.codegen import gemm, linear
@@ -104,9 +104,10 @@ def _spills(log: str) -> dict[str, int]:
             re.findall(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
 
 
+@pytest.mark.slow
 def test_tc_adds_no_spills(monkeypatch, tmp_path):
     """The prefill-sized Linear graph of the GPU tests (K 64 / 4096, N 8 / 1000 / 4096, bias, 3-D x with
-    padded rows), sm90: the default kernels (auto: linear_gemm_tc and the MMA prefill in one)
+    padded rows), sm80 and sm90: the default kernels (auto: linear_gemm_tc and the MMA prefill in one)
     spill no more in all than the same kernels with the MMA prefill alone (ATLAS_LINEAR_PREFILL=mma), and
     at most 16 bytes more in any one. (Not zero: with nvcc 13, ptxas caps these kernels at 128 registers
     on sm90 and the decode branch they share spills a few bytes either way; measured here: mma alone
@@ -120,11 +121,8 @@ def test_tc_adds_no_spills(monkeypatch, tmp_path):
     tc = {launch.kernel for launch in auto.launches[b.g.name]
           if any(CALL in k and f" {launch.kernel}(" in k for k in _kernels(auto.source))}
     assert len(tc) >= 12
-    # sm90 only (sm80 too doubled the test's nvcc time, CI time: .ci/run); test_linear_kernels_compile and
-    # the fixture compiles build these templates for sm80
-    archs = ("sm90",)
-    logs = _nvcc_logs([(src, arch) for arch in archs for src in (auto.source, base.source)], tmp_path)
-    for arch, (after_log, before_log) in zip(archs, zip(logs[::2], logs[1::2])):
+    logs = _nvcc_logs([(src, arch) for arch in ARCHS for src in (auto.source, base.source)], tmp_path)
+    for arch, (after_log, before_log) in zip(ARCHS, zip(logs[::2], logs[1::2])):
         spills, before = _spills(after_log), _spills(before_log)
         assert tc <= set(spills)
         assert sum(spills[k] for k in tc) <= sum(before[k] for k in tc), arch
@@ -142,6 +140,27 @@ def test_tc_not_for_a_compile_that_targets_sm75(monkeypatch):
         mod = generate_module({"run": (g, plan)}, {"run": upper}, archs=archs)
         assert (CALL in mod.source) == tc, archs
         assert mod.launches["run"][0].smem == (gemm.gemm_smem() if tc else 0)
+
+
+def test_auto_keeps_the_mma_prefill_alone_where_tc_and_its_arrays_do_not_fit(monkeypatch):
+    """auto (the default) puts linear_gemm_tc's 60 KB of stages beside linear_mma_prefill's 32 KB of partial
+    sums and the kernel's other arrays (43136 static bytes in all, ptxas): 104576 bytes, over the 99 KB of
+    sm86 / sm89 / sm120, so a compile that targets one of them keeps the MMA prefill alone (the compile of
+    llama-fp16 for sm86 failed with a shared-memory error before); tc alone (ATLAS_LINEAR_PREFILL=tc) has
+    fewer arrays and fits."""
+    from atlasc.codegen.generate import generate_module
+    from atlasc.codegen.linear import static_smem
+
+    monkeypatch.delenv(gemm.PREFILL_ENV, raising=False)
+    g, plan, upper = kernel_lab.build(4096, 6144, 512)
+    assert gemm.gemm_smem() + static_smem(gemm.GEMM_BM, 8192, True) == 104576
+    for archs, tc, mma in [(("sm80",), True, True), (("sm90",), True, True), (("sm86",), False, True),
+                           (("sm89", "sm90"), False, True), (("sm120",), False, True)]:
+        source = generate_module({"run": (g, plan)}, {"run": upper}, archs=archs).source
+        assert (CALL in source, "atlas::linear_mma_prefill<" in source) == (tc, mma), archs
+    monkeypatch.setenv(gemm.PREFILL_ENV, "tc")
+    source = generate_module({"run": (g, plan)}, {"run": upper}, archs=("sm86",)).source
+    assert CALL in source and "atlas::linear_mma_prefill<" not in source
 
 
 def test_shared_memory_over_an_arch_limit_is_a_one_line_error():

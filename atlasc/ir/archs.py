@@ -22,7 +22,13 @@ MAX_SMEM_PER_BLOCK = {
 STATIC_SMEM_RESERVE = 16 * KB
 
 
+def block_smem(archs: tuple[str, ...]) -> int:
+    """The shared memory bytes (static + dynamic) one block may have in a compile for `archs`: the
+    smallest arch's limit (the H200's when archs is empty)."""
+    return min(MAX_SMEM_PER_BLOCK[a] for a in (archs or ("sm90",)))
+
+
 def max_dynamic_smem(archs: tuple[str, ...]) -> int:
-    """The dynamic shared memory bytes a kernel may ask for in a compile for `archs`: the smallest
-    arch's block limit less STATIC_SMEM_RESERVE (the H200's when archs is empty)."""
-    return min(MAX_SMEM_PER_BLOCK[a] for a in (archs or ("sm90",))) - STATIC_SMEM_RESERVE
+    """The dynamic shared memory bytes a kernel may ask for in a compile for `archs`: block_smem less
+    STATIC_SMEM_RESERVE (for a kernel that knows its static bytes, block_smem less those)."""
+    return block_smem(archs) - STATIC_SMEM_RESERVE
