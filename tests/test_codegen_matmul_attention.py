@@ -746,14 +746,9 @@ def test_attention_decode_warps_by_head_dim_and_batch_bucket(monkeypatch):
     assert attention.fast_warps(128, 0) == attention.fast_warps(64, 8) == attention.FAST_WARPS == 8
 
 
-def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
-    """ATLAS_ATTENTION_SPLIT_MIN_KEYS / ATLAS_ATTENTION_VPREFETCH reach attention_decode's MIN_KEYS / VPF
-    template arguments; unset (or at their defaults: 256 keys, prefetch on) the generated text is the same
-    as without them, so default builds keep their cached cubins. v13's kernels (64 keys, no prefetch) and
-    the default ones with 4 or 2 warps compile (sm90), and the default kernels spill no more than v13's (the
-    2-blocks-per-SM fp16 head-dim-64 split kernels spill a few bytes either way). These are the SIMT path's
-    switches (ATLAS_ATTENTION_MMA=0); ATLAS_ATTENTION_MMA=1 (the default) adds `, true` to the head-dim 64 /
-    128 kernels only, which compile for sm90 spilling no more than the SIMT ones, and for sm80 without spills."""
+def _ab_sources(monkeypatch) -> tuple[str, str, str, str, str]:
+    """The decode graph's source with v13's switches, the SIMT default, 4 and 2 warps, and the tensor-core
+    default (see test_attention_ab_switches_change_only_their_kernels)."""
     import re
 
     from atlasc.codegen import attention
@@ -787,12 +782,32 @@ def test_attention_ab_switches_change_only_their_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv(attention.WARPS_ENV, "2")
     two = generate_module({"d": (graph, plan)}, upper).source
     assert "__launch_bounds__(128" in four and "__launch_bounds__(64" in two
+    return v13, default, four, two, mma
+
+
+def test_attention_ab_switches_change_only_their_kernels(monkeypatch):
+    """ATLAS_ATTENTION_SPLIT_MIN_KEYS / ATLAS_ATTENTION_VPREFETCH reach attention_decode's MIN_KEYS / VPF
+    template arguments; unset (or at their defaults: 256 keys, prefetch on) the generated text is the same
+    as without them, so default builds keep their cached cubins; ATLAS_ATTENTION_WARPS sets the launch bounds.
+    These are the SIMT path's switches (ATLAS_ATTENTION_MMA=0); ATLAS_ATTENTION_MMA=1 (the default) adds
+    `, true` to the head-dim 64 / 128 kernels only. (Their spills: test_attention_ab_switch_kernels_spill_no_more.)"""
+    _ab_sources(monkeypatch)
+
+
+@pytest.mark.slow
+def test_attention_ab_switch_kernels_spill_no_more(monkeypatch, tmp_path):
+    """ptxas on _ab_sources: the default kernels spill no more than v13's, nor the 4- and 2-warp ones, all
+    on sm90 (the 2-blocks-per-SM fp16 head-dim-64 split kernels spill a few bytes either way); the
+    tensor-core kernels no more than the SIMT ones on sm90, none on sm80."""
+    import re
+
+    v13, default, four, two, mma = _ab_sources(monkeypatch)
 
     def spills(log: str) -> dict[str, int]:
         found = re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores", log)
         return {name: int(n) for name, n in found}
 
-    # every switch on sm90, the default (tensor-core) build on sm80 too (CI time: each is a full module)
+    # every switch on sm90, the default (tensor-core) build on sm80 too (each is a full module)
     jobs = [(v13, "sm90"), (default, "sm90"), (four, "sm90"), (two, "sm90"), (mma, "sm90"), (mma, "sm80")]
     found = [spills(log) for log in _nvcc_logs(jobs, tmp_path)]
     for after in found[1:4]:

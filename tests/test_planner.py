@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import atlasc.compiler as compiler_mod
 import atlasc.passes.plan_memory as pm
 from atlasc.artifact import open_artifact
 from atlasc.compiler import compile_model
@@ -332,11 +331,6 @@ def test_check_plan_catches_a_value_overrunning_its_region():
     assert any(name in p and "outside" in p for p in pm.check_plan(program))
 
 
-def _fake_cubins(module, archs, *, on_done=None):
-    # the CPU executor never reads cubins: skip nvcc, this test is about the memory plan
-    return {arch: [b"\x7fELF" + arch.encode()] for arch in archs}
-
-
 def _prefill_case():
     z = np.load(FIXTURES / "llama.prefill.npz")
     return ({k[3:]: z[k] for k in z.files if k.startswith("in.")},
@@ -354,9 +348,8 @@ def _run_prefill(path):
     return out["logits"], want["logits"]
 
 
-def test_wrong_plan_corrupts_the_arena_executor(tmp_path, monkeypatch):
-    monkeypatch.setattr(compiler_mod, "compile_module", _fake_cubins)
-    monkeypatch.setattr(compiler_mod, "check_shared_memory", lambda *a, **k: None)  # nothing to read in fakes
+def test_wrong_plan_corrupts_the_arena_executor(tmp_path, monkeypatch, no_nvcc):
+    # the CPU executor never reads cubins (no_nvcc): this test is about the memory plan
     options = CompileOptions(archs=("sm80",), max_batch=2, max_seq=32, verify=True)
 
     good = compile_model(FIXTURES / "llama.onnx", tmp_path / "good.atlas", options)

@@ -456,12 +456,24 @@ def test_quant_emitter_paths(monkeypatch):
     assert "linear_quant_mma" not in "".join(kernels("float16")[1])
 
 
+def test_quant_kernels_generate():
+    """LinearQ8 / LinearQ4 of the GPU test's graphs (fp16 and fp32 x, with and without bias, strided x) take
+    their templates (their compile and spills: test_quant_kernels_no_spills; their numbers: the GPU tests)."""
+    from test_codegen_matmul_attention import generate
+    from test_kernels_quant_gpu import build_quant
+
+    builders = [build_quant(dt) for dt in ("float32", "float16")]
+    source = generate(*builders, plan_kw={b.g.name: {"transposed": {"xt", "xt8"}} for b in builders}).source
+    assert "atlas::linear_quant<__half, 2, 4, true>" in source
+    assert "atlas::linear_quant<float, 3, 8, false>" in source
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.slow
 def test_quant_kernels_no_spills():
     """Every quantized Linear kernel (LinearQ8 / LinearQ4, fp16 and fp32 x, with and without bias, strided x)
-    of the GPU test's graphs compiles for sm80 and sm90, and those of the 8B decode shapes (M <= 8, the
-    kernels examples/quant_lab.py times) for sm90, without register spills. (The 8B shapes on sm80 too
-    doubled this test's nvcc time: CI time, .ci/run.)"""
+    of the GPU test's graphs and of the 8B decode shapes (M <= 8, the kernels examples/quant_lab.py times)
+    compiles for sm80 and sm90 without register spills."""
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
@@ -481,7 +493,8 @@ def test_quant_kernels_no_spills():
     jobs = [(graphs, "sm80"), (graphs, "sm90")]
     for name in ("8B qkv", "8B gate_up", "8B lm_head"):
         k, n = SHAPES[name]
-        jobs += [(lab_generate(k, n, 8, mode)[2].source, "sm90") for mode in ("int4", "int8")]
+        sources = [lab_generate(k, n, 8, mode)[2].source for mode in ("int4", "int8")]
+        jobs += [(source, arch) for source in sources for arch in ("sm80", "sm90")]
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda job: ptxas_report(*job), jobs))
     seen = 0

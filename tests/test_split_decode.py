@@ -104,7 +104,7 @@ def test_small_decode_computes_what_decode_computes():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
+def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli, no_nvcc):
     """compile_model with --max-batch 16: the manifest's decode_small narrows decode to batch <= 8,
     bind_call picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
     gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12."""
@@ -149,7 +149,7 @@ def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_gpu_runtime_routes_small_batches_to_the_twin(tmp_path):
+def test_gpu_runtime_routes_small_batches_to_the_twin(tmp_path, no_nvcc):
     """GpuModel (on a fake device: launches recorded, no GPU) runs decode_small's kernels for a decode call
     of 3 sequences and decode's for 12, whatever entry name the caller uses."""
     from atlasc.artifact import open_artifact
