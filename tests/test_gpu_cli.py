@@ -24,8 +24,8 @@ def atlasc(*args, env=None):
 @pytest.fixture(scope="module")
 def llama_artifact(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpu-cli") / "llama.atlas"
-    r = atlasc("compile", FIXTURES / "llama.onnx", "-o", path, "--arch", "sm80,sm90", "--max-seq", "64",
-               "--max-batch", "4", "--json")
+    r = atlasc("compile", FIXTURES / "llama.onnx", "-o", path, "--arch", "sm90", "--max-seq", "64",
+               "--max-batch", "4", "--json")  # tests/test_compile.py's llama build: its cubins are cached
     assert r.returncode == 0, r.stderr
     return path
 
