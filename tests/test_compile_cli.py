@@ -430,8 +430,9 @@ def test_a_stop_that_lost_its_systemexit_still_ends_the_compile(tmp_path):
 @pytest.mark.parametrize("stage", ["passes", "nvcc"])
 def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
     """SIGTERM during a compile (once the spill directory exists, or once nvcc runs in a fresh cache) exits
-    143 promptly (running nvcc processes are terminated) and removes the spill directory, nvcc's folder and
-    the temporary artifact: nothing half-written."""
+    143 with the running nvcc terminated, not waited for (no cubin reached the cache), and removes the spill
+    directory, nvcc's folder and the temporary artifact: nothing half-written. (Not a wall-time bound: under
+    pytest -n on two busy cores the interpreter's exit alone took 25 s once.)"""
     import signal
     import time
 
@@ -447,10 +448,9 @@ def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
         assert proc.poll() is None and time.monotonic() < deadline, f"the compile ended before {marker} showed"
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    t0 = time.monotonic()
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 143, stderr.decode()[-2000:]
-    assert time.monotonic() - t0 < 10  # nvcc was stopped, not waited for
+    assert not list((tmp_path / "cache").rglob("*.cubin"))  # nvcc was stopped, not waited for
     left = [p.name for p in tmpdir.iterdir() if not p.name.endswith(".lock")]  # nvcc's lock files stay
     assert left == []
     assert list(out.iterdir()) == []
