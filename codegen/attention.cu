@@ -27,7 +27,7 @@ template <typename T, typename MT> struct AttnArgs {
   long long past;    // past length P (0 without past inputs); total keys = P + k.shape[2]
   float scale;       // 0: 1/sqrt(Dk)
   float softcap;     // <= 0: none
-  // KEYS (key_mask=1, set by mask-as-lengths; unset otherwise): see key_bias
+  // KEYS (key_mask=1, set by mask-as-lengths; unset otherwise): see key_bias_of
   int keys_causal;
   long long keys_window;  // 0: none
   float keys_fill;        // what a hidden key adds: -INFINITY or the export mask dtype's lowest value
@@ -38,35 +38,7 @@ template <typename T, typename MT> struct AttnArgs {
 // position pos = Skv - Sq + i iff mask[b, j] != 0, and (keys_causal) j <= pos, and (keys_window > 0)
 // pos - j < keys_window; a hidden key adds keys_fill, as the materialized mask it replaces did (the
 // reference: key_mask_visible, atlasc/ir/ops/nn.py), so every score and the all-hidden rows are unchanged.
-template <typename T, typename MT>
-__device__ __forceinline__ float key_bias(const AttnArgs<T, MT>& a, long long moff, long long j, long long pos) {
-  const View<MT, 4>& m = a.mask;
-  const bool keep = j < m.shape[3] && m.p[moff + j * m.stride[3]] != MT(0) && (!a.keys_causal || j <= pos) &&
-                    (a.keys_window <= 0 || pos - j < a.keys_window);
-  return keep ? 0.f : a.keys_fill;
-}
-
-// the additive bias of key j for the query row whose mask offset is moff (at position pos): the KEYS form
-// (key_bias), or the mask tensor's value, keys past its last dim hidden
-template <bool KEYS, typename T, typename MT>
-__device__ __forceinline__ float row_key_bias(const AttnArgs<T, MT>& a, long long moff, long long j, long long pos) {
-  if constexpr (KEYS) {
-    return key_bias(a, moff, j, pos);
-  } else {
-    const View<MT, 4>& m = a.mask;
-    return j < m.shape[3] ? mask_bias(load(m.p + moff + j * m.stride[3])) : -INFINITY;
-  }
-}
-
-// row_key_bias in two steps, for a caller that issues all its mask reads before it uses the first (a read
-// under row_key_bias's conditions is a branch, and ptxas then waits for each read in turn): mask_at reads
-// key j's element unconditionally (j clamped into the mask's last dim: in bounds), key_bias_of gives the bias
-// from it, equal to row_key_bias(a, moff, j, pos)
-template <typename T, typename MT>
-__device__ __forceinline__ MT mask_at(const AttnArgs<T, MT>& a, long long moff, long long j) {
-  const View<MT, 4>& m = a.mask;
-  return m.p[moff + (j < m.shape[3] ? j : m.shape[3] - 1) * m.stride[3]];
-}
+// Otherwise the mask tensor's value (mask_bias). Keys past the mask's last dim are hidden.
 template <bool KEYS, typename T, typename MT>
 __device__ __forceinline__ float key_bias_of(const AttnArgs<T, MT>& a, MT v, long long j, long long pos) {
   const View<MT, 4>& m = a.mask;
@@ -79,8 +51,26 @@ __device__ __forceinline__ float key_bias_of(const AttnArgs<T, MT>& a, MT v, lon
   }
 }
 
+// the additive bias of key j for the query row whose mask offset is moff (at position pos): key_bias_of on
+// the mask element, read only when j is inside the mask
+template <bool KEYS, typename T, typename MT>
+__device__ __forceinline__ float row_key_bias(const AttnArgs<T, MT>& a, long long moff, long long j, long long pos) {
+  const View<MT, 4>& m = a.mask;
+  if (j >= m.shape[3]) return KEYS ? a.keys_fill : -INFINITY;
+  return key_bias_of<KEYS>(a, m.p[moff + j * m.stride[3]], j, pos);
+}
+
+// row_key_bias in two steps, for a caller that issues all its mask reads before it uses the first (a read
+// under row_key_bias's conditions is a branch, and ptxas then waits for each read in turn): mask_at reads
+// key j's element unconditionally (j clamped into the mask's last dim: in bounds), then key_bias_of
+template <typename T, typename MT>
+__device__ __forceinline__ MT mask_at(const AttnArgs<T, MT>& a, long long moff, long long j) {
+  const View<MT, 4>& m = a.mask;
+  return m.p[moff + (j < m.shape[3] ? j : m.shape[3] - 1) * m.stride[3]];
+}
+
 // PRESENT: bit 0 writes present_key, bit 1 present_value; QK_MODE: -1 none, else the qk output mode;
-// KEYS: the mask is attention_mask with causal / window applied here (key_bias)
+// KEYS: the mask is attention_mask with causal / window applied here (key_bias_of)
 template <typename T, typename MT, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL, int PRESENT, int QK_MODE,
           bool KEYS = false>
 __device__ __forceinline__ void attention_rows(const AttnArgs<T, MT>& a) {

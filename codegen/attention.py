@@ -28,7 +28,7 @@ on tensor cores); the others keep the kernel chosen above, the decline reason re
 Both kernels take a `KEYS` variant for key_mask=1 nodes (pass mask-as-lengths, ATLAS_MASK_LENGTHS=1):
 the mask input is attention_mask [B, T] (int64 / int32 / bool), viewed as [B, Hq, Sq, T] with stride 0
 on heads and queries, and the kernel applies causal / window and the export's fill itself
-(attention.cu key_bias); compile-checked, not yet run on a GPU.
+(attention.cu key_bias_of); compile-checked, not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def fast_split(rows_up: int, r: int, items_up: int, d: int) -> int:
 
 def _bind_key_mask(ctx: KernelContext, node: Node, args: str, q: str, mask_v: Value) -> None:
     """key_mask=1 (mask-as-lengths): args.mask is attention_mask [B, T] viewed as [B, Hq, Sq, T] (stride 0
-    on heads and queries) and the kernel applies causal / window itself (attention.cu key_bias)."""
+    on heads and queries) and the kernel applies causal / window itself (attention.cu key_bias_of)."""
     if mask_v is None or len(mask_v.shape) != 2 or mask_v.dtype not in ("int64", "int32", "bool"):
         raise CodegenError(f"{node.name}: Attention key_mask needs attention_mask [B, T] of int64, int32 or bool")
     if len(node.inputs) > 4:

@@ -21,7 +21,7 @@
 // At the end O / l is rounded once to fp16 and stored.
 //
 // Masks, as attention_rows (reference: Attention in atlasc/ir/ops/nn.py): the mask tensor (bool or
-// additive, broadcast to [B, Hq, Sq, T], keys past its last dim hidden), the KEYS form (key_bias: the
+// additive, broadcast to [B, Hq, Sq, T], keys past its last dim hidden), the KEYS form (key_bias_of: the
 // attention_mask [B, T] with causal / window / fill), the causal attribute (query i at P + i), keys past
 // Skv. Skipping: (1) CAUSAL: key tiles past the block's last row are never loaded (their bias is -inf,
 // exact). (2) KEYS causal / window with a fill at or below FA2_HIDDEN: key tiles outside the block's

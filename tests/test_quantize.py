@@ -488,9 +488,7 @@ def test_quant_kernels_no_spills():
 
     builders = [build_quant(dt) for dt in ("float32", "float16")]
     graphs = generate(*builders, plan_kw={b.g.name: {"transposed": {"xt", "xt8"}} for b in builders}).source
-    assert "atlas::linear_quant<__half, 2, 4, true>" in graphs
-    assert "atlas::linear_quant<float, 3, 8, false>" in graphs
-    jobs = [(graphs, "sm80"), (graphs, "sm90")]
+    jobs = [(graphs, "sm80"), (graphs, "sm90")]  # their templates: test_quant_kernels_generate
     for name in ("8B qkv", "8B gate_up", "8B lm_head"):
         k, n = SHAPES[name]
         sources = [lab_generate(k, n, 8, mode)[2].source for mode in ("int4", "int8")]
