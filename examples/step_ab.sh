@@ -5,7 +5,11 @@
 # the install line; logs under $OUT, the rows of the kernels matching KERNELS printed last.
 #   AB=ATLAS_ATTENTION_PREFETCH=0,3 bash examples/step_ab.sh
 # Settings: AB (required: ENV=v1,v2,...), CONFIG (llama-3-8b), LAYERS (2), BATCHES (1,32), CONTEXTS (256,4096),
-# KERNELS (regex of the profile rows to summarize, default Attention).
+# KERNELS (regex of the profile rows to summarize, default Attention). BENCH_ROUNDS=n (default 0) then runs
+# `atlasc bench` (CUDA graphs, --prompt 128 --gen 128) on the artifacts in turn, n rounds of every value, and
+# prints each round's decode ms/step (one bench moves ~3% between runs, docs/perf.md v16: alternate).
+# REPLAY_ROUNDS=n (default 5) times the decode step alone, every artifact in one process, n rounds in turn
+# (examples/replay_ab.py: steps replayed back to back in one CUDA graph); 0 skips it.
 set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
@@ -43,4 +47,36 @@ for v in ${values//,/ }; do
         done
     done
 done
+if [ "${REPLAY_ROUNDS:-5}" -gt 0 ]; then
+    echo "== $name: decode step replayed in one process (examples/replay_ab.py) =="
+    arts=""
+    for v in ${values//,/ }; do arts="$arts $work/m-$v.atlas"; done
+    python3 examples/replay_ab.py $arts --batch "$batches" --context "$contexts" --rounds "${REPLAY_ROUNDS:-5}" \
+        2>&1 | tee "$out/replay.log" || status=1
+fi
+rounds="${BENCH_ROUNDS:-0}"
+if [ "$rounds" -gt 0 ]; then
+    for r in $(seq "$rounds"); do
+        for v in ${values//,/ }; do
+            atlasc bench "$work/m-$v.atlas" --batch "$batches" --prompt 128 --gen 128 --json \
+                > "$out/bench_${v}_r$r.json" 2> "$out/bench_${v}_r$r.err" || status=1
+        done
+    done
+    echo "== $name: decode ms/step per round (atlasc bench, graphs on) =="
+    python3 - "$out" "$name" "$values" "$rounds" <<'PY'
+import json, statistics, sys
+out, name, values, rounds = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
+for v in values:
+    per_batch = {}
+    for r in range(1, rounds + 1):
+        try:
+            rows = json.load(open(f"{out}/bench_{v}_r{r}.json"))["rows"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for row in rows:
+            per_batch.setdefault(row["batch"], []).append(row["decode_ms_per_step"])
+    for b, ms in sorted(per_batch.items()):
+        print(f"{name}={v} batch {b}: " + " ".join(f"{x:.4f}" for x in ms) + f"  median {statistics.median(ms):.4f} ms")
+PY
+fi
 exit "$status"

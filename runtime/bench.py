@@ -118,13 +118,9 @@ def _numel(shape_json, env) -> int:
     return n
 
 
-def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", repeats: int = 20) -> list[KernelRow]:
-    """Median per-kernel time of one step of `entry` at (batch, context). The step is captured as a CUDA
-    graph with an event-record node before every kernel and after the last (GraphEvents), and replayed:
-    the GPU runs the kernels back to back, and a kernel's time is the span between its two events (the
-    gap before the next kernel included), so the rows add up to the replayed step. Where the driver
-    refuses event nodes in a capture, each kernel is launched from the host between two events instead
-    (KernelRow.method "host"), which counts the host's launch time for kernels shorter than it."""
+def _write_step_inputs(model, batch: int, context: int, entry: str) -> tuple[dict, object]:
+    """Upload inputs for one step of `entry` at (batch, context) (token ids 1, zero floats, greedy sampling);
+    returns the symbol values and the manifest entry that serves the call (decode_small when it is narrower)."""
     m = model.manifest
     e = m.entries[entry]
     roles = m.report.get("roles", {})
@@ -145,7 +141,50 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
         else:
             feeds[spec.name] = np.zeros(shape, np.dtype(spec.dtype))
     model.write_inputs(entry, feeds, {roles.get("past", "past_seq"): past})
-    e = m.entries[model.routed.get(entry, entry)]  # the narrower twin (decode_small) when it serves the batch
+    return env, m.entries[model.routed.get(entry, entry)]
+
+
+def step_times(model, batch: int = 1, context: int = 128, replays: int = 10, steps: int = 10) -> list[float]:
+    """Microseconds per decode step at (batch, context), one value per replay: `steps` copies of the step's
+    launches captured back to back in one CUDA graph (programmatic edges when the model loaded with ATLAS_PDL=1)
+    between two event nodes, replayed `replays` times after one warm-up. The GPU runs the steps without the
+    host in between, so two artifacts timed in turn in one process compare their kernels alone."""
+    env, e = _write_step_inputs(model, batch, context, "decode")
+    launches = [(*node_launch(n, env), n.name) for n in e.nodes if n.kernel]
+    stream = model.dev.stream
+    events = GraphEvents(2)
+    graph = None
+    try:
+
+        def record():
+            events.record(stream, 0)
+            for _ in range(steps):
+                model._launch_all(launches)
+            events.record(stream, 1)
+
+        graph = CapturedGraph(stream, record, programmatic=model.pdl)
+        graph.launch()  # warm-up
+        events.elapsed_ms()
+        out = []
+        for _ in range(replays):
+            graph.launch()
+            out.append(events.elapsed_ms()[0] * 1e3 / steps)
+        return out
+    finally:
+        if graph is not None:
+            graph.close()
+        events.close()
+
+
+def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", repeats: int = 20) -> list[KernelRow]:
+    """Median per-kernel time of one step of `entry` at (batch, context). The step is captured as a CUDA
+    graph with an event-record node before every kernel and after the last (GraphEvents), and replayed:
+    the GPU runs the kernels back to back, and a kernel's time is the span between its two events (the
+    gap before the next kernel included), so the rows add up to the replayed step. Where the driver
+    refuses event nodes in a capture, each kernel is launched from the host between two events instead
+    (KernelRow.method "host"), which counts the host's launch time for kernels shorter than it."""
+    m = model.manifest
+    env, e = _write_step_inputs(model, batch, context, entry)
     cuda = model.dev.cuda
     values = {v.name: v for v in e.values}
     weights = {w.name: w for w in m.weights}
