@@ -49,17 +49,18 @@ ELEMENTWISE_MAX_M = 1
 # ATLAS_QUANT_PROLOGUE=0 keeps quantized projections' norms separate (GPU-validated and measured on the H200,
 # docs/perf.md v8: Llama-3.2-1B int4 batch 1 1.104 -> 0.904 ms/step)
 QUANT_ENV = "ATLAS_QUANT_PROLOGUE"
-# the rotary + cache append as the QKV projection's epilogue (NormLinearRotary): by default only for quantized
-# projections. H200, Llama-3.2-1B decode (docs/perf.md v8): int4 batch 1 0.904 -> 0.823 ms/step, but float16
-# 1.120 -> 1.199 (the fused float kernel is slower than the two it replaces; not yet understood).
-# ATLAS_ROTARY_EPILOGUE=1: for float projections too; =0: never.
+# the rotary + cache append as the QKV projection's epilogue (NormLinearRotary), float and quantized projections
+# (ATLAS_ROTARY_EPILOGUE=1, the default). H200: Llama-3.2-1B int4 batch 1 0.904 -> 0.823 ms/step (docs/perf.md
+# v8); float16, 8 layers of Llama-3-8B shapes, the decode step replayed alone (examples/replay_ab.py, v17): batch
+# 1 1297.8 -> 1277.2 us, batch 32 2148.6 -> 2147.1 (v8's float16 loss, 1.120 -> 1.199 ms/step on Llama-3.2-1B,
+# was measured under relocatable code, v12). auto: quantized projections only; 0: never.
 ROTARY_ENV = "ATLAS_ROTARY_EPILOGUE"
 ROTARY_MODES = ("auto", "1", "0")
 
 
 def rotary_mode() -> str:
-    """ATLAS_ROTARY_EPILOGUE (default auto); UsageError (exit 2) for an unknown value."""
-    mode = os.environ.get(ROTARY_ENV, "") or "auto"
+    """ATLAS_ROTARY_EPILOGUE (default 1); UsageError (exit 2) for an unknown value."""
+    mode = os.environ.get(ROTARY_ENV, "") or "1"
     if mode not in ROTARY_MODES:
         raise UsageError(f"{ROTARY_ENV}={mode!r} is not one of {', '.join(ROTARY_MODES)}")
     return mode

@@ -6,6 +6,11 @@ attention_mask 0, position ids count only real tokens (as Hugging Face's generat
 KV cache holds the padding too, so every sequence shares one past length.
 
 Shapes: ids [B, S] (prefill) then [B, 1]; attention_mask [B, past + S]; position_ids [B, S].
+
+On the GPU runtime (GpuModel.submit) the decode steps are pipelined: step t + 1 is enqueued, its input ids
+copied on the device from step t's next_tokens, before the host reads step t's tokens, so the GPU does not
+wait for the host between steps (8 layers of Llama-3-8B shapes: docs/perf.md v17). Not with keep_logits,
+which reads every step's logits (one step at a time, as on the CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class GenerationResult:
     prefill_logits: np.ndarray | None = None  # [B, S, vocab] of the prefill, for tests
     step_logits: list[np.ndarray] = field(default_factory=list)  # [B, vocab] per decode step
     prefill_seconds: float = 0.0
-    decode_seconds: list[float] = field(default_factory=list)  # wall time of each decode step
+    decode_seconds: list[float] = field(default_factory=list)  # wall time from each step's tokens to the next's
 
     def timing(self) -> dict:
         """prefill ms, median decode ms/step, generated tokens/s over the decode steps."""
@@ -96,10 +101,10 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
     result = GenerationResult([[] for _ in range(b)], prefill_logits=out.get(roles["logits"]),
                               prefill_seconds=time.perf_counter() - t0)
     done = np.zeros(b, bool)
-    past = s
+    steps = _DecodeCalls(model, m, roles, sampling, b, wanted)
+    nxt, past, t_last = out["next_tokens"], s, time.perf_counter()
     for step in range(max_new_tokens):
-        nxt = out["next_tokens"]
-        for i in range(b):
+        for i in range(b):  # nxt: the tokens of call `step` (the prefill's at step 0)
             if not done[i]:
                 result.tokens[i].append(int(nxt[i]))
                 if int(nxt[i]) in stop_tokens:
@@ -108,16 +113,64 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
             on_token(step, [int(t) for t in nxt])
         if done.all() or step == max_new_tokens - 1:
             break
-        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)
-        feed = {**_feed(m, "decode", roles, nxt.reshape(b, 1).astype(np.int64), mask, past),
-                **sampling.inputs(step + 1)}
-        t0 = time.perf_counter()
-        out = model.run("decode", feed, {roles["past"]: past}, outputs=wanted)
-        result.decode_seconds.append(time.perf_counter() - t0)
-        if keep_logits:
-            result.step_logits.append(out[roles["logits"]][:, -1, :])
+        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)  # call step + 1's
+        if steps.pipelined:
+            if step == 0:
+                steps.submit(mask, past)
+            if step + 2 < max_new_tokens:  # call step + 2 goes behind call step + 1 before the host reads it
+                steps.submit(np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1), past + 1)
+            nxt = steps.collect()
+        else:
+            out = steps.run(nxt, mask, past)
+            nxt = out["next_tokens"]
+            if keep_logits:
+                result.step_logits.append(out[roles["logits"]][:, -1, :])
+        now = time.perf_counter()
+        result.decode_seconds.append(now - t_last)
+        t_last = now
         past += 1
+    steps.drain()
     return result
+
+
+class _DecodeCalls:
+    """generate's decode calls, in order. run: one call, waited for. Pipelined (a GpuModel, int64 input ids,
+    no per-step logits wanted): submit enqueues a call behind the previous one (GpuModel.submit), its input
+    ids taken on the device from that call's next_tokens, and collect waits for the oldest call not yet
+    collected, so the GPU runs the next step while the host reads this one's tokens."""
+
+    def __init__(self, model, manifest, roles, sampling: Sampling, batch: int, wanted: tuple[str, ...]):
+        self.model, self.manifest, self.roles, self.sampling, self.wanted = model, manifest, roles, sampling, wanted
+        ids = next((i for i in manifest.entries["decode"].inputs if i.name == roles["input_ids"]), None)
+        self.pipelined = (hasattr(model, "submit") and wanted == ("next_tokens",) and ids is not None
+                          and ids.dtype == "int64")
+        self.placeholder = np.zeros((batch, 1), np.int64)  # overwritten on the device (submit's tokens_from)
+        self.tokens_from = model.tokens_offset("prefill") if self.pipelined else None
+        self.calls = 0  # decode calls made (step of the sampler: calls + 1)
+        self.queued: list[int] = []  # slots of submitted calls not yet collected, oldest first
+
+    def _inputs(self, ids, mask, past: int) -> dict[str, np.ndarray]:
+        self.calls += 1
+        return {**_feed(self.manifest, "decode", self.roles, ids, mask, past), **self.sampling.inputs(self.calls)}
+
+    def run(self, nxt, mask, past: int) -> dict[str, np.ndarray]:
+        ids = nxt.reshape(-1, 1).astype(np.int64)
+        return self.model.run("decode", self._inputs(ids, mask, past), {self.roles["past"]: past},
+                              outputs=self.wanted)
+
+    def submit(self, mask, past: int) -> None:
+        inputs = self._inputs(self.placeholder, mask, past)
+        self.queued.append(self.model.submit("decode", inputs, {self.roles["past"]: past},
+                                             tokens_from=self.tokens_from, tokens_to=self.roles["input_ids"]))
+        self.tokens_from = self.model.tokens_offset("decode")
+
+    def collect(self) -> np.ndarray:
+        return self.model.collect(self.queued.pop(0))
+
+    def drain(self) -> None:
+        """Wait for calls enqueued past the last token used (a stop token ended the generation early)."""
+        while self.queued:
+            self.collect()
 
 
 def _feed(manifest, entry: str, roles, ids, mask, past: int) -> dict[str, np.ndarray]:

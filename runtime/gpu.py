@@ -5,10 +5,12 @@ artifact has), make the one device allocation (an out-of-memory error gives the 
 free), upload the weights image in one copy, and capture the CUDA graph of every entry and batch bucket
 (instantiated and uploaded: the driver's own allocation for them happens here too). Run: write the dims
 buffer and the inputs into the arena, launch the entry's kernels (or replay its captured CUDA graph), read
-the outputs back. No device allocation happens after load. ATLAS_PDL=1 (sm90+; opt-in: 3% faster at batch
-1 in docs/perf.md v7, 5% slower in v9) makes the captured graphs' kernel-to-kernel edges programmatic, so a
-kernel's blocks launch while the previous kernel drains (each kernel waits for its inputs in
-atlas::pdl_enter and lets the next one launch in atlas::pdl_leave, its last statement).
+the outputs back. No device allocation happens after load. On sm90+ the captured graphs' kernel-to-kernel
+edges are programmatic (ATLAS_PDL=0 turns that off), so a kernel's blocks launch while the previous kernel
+drains (each kernel waits for its inputs in atlas::pdl_enter and lets the next one launch in
+atlas::pdl_leave, its last statement): the decode step replayed alone, 8 layers of Llama-3-8B shapes, batch 1
+1298.3 -> 1277.9 us, batch 32 2149.1 -> 2132.1 (docs/perf.md v17; earlier one-bench measurements, v7 / v9,
+were inside a bench's own +-3%).
 """
 
 from __future__ import annotations
@@ -16,14 +18,37 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from atlasc.artifact import Artifact
+from atlasc.errors import UsageError
+from atlasc.artifact.dims import evaluate_dim
 from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
+
+
+@dataclass
+class _Stage:
+    """One pipelined call's pinned host memory (GpuModel.submit): its inputs, its dims, its tokens coming back,
+    and the event recorded behind it."""
+
+    inputs: np.ndarray
+    dims: np.ndarray
+    tokens: np.ndarray
+    done: object
+    count: int = 0
+
+
+def pdl_setting() -> bool:
+    """ATLAS_PDL (default 1): programmatic edges in the captured graphs; UsageError for a value not 0 or 1."""
+    value = os.environ.get(PDL_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise UsageError(f"{PDL_ENV}={value!r} is not 0 or 1")
+    return value == "1"
 
 
 class GpuModel:
@@ -53,14 +78,16 @@ class GpuModel:
         self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, node)], built on first use
         self.last_env = {}  # entry -> the symbol values of its latest write_inputs
         self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
+        self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
+        self._submitted = 0
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.modules, kernels)
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
-        # programmatic dependent launch inside the captured graphs: opt-in (ATLAS_PDL=1; measured 3% at batch
-        # 1, +-1% at 8 / 32: docs/perf.md v7); needs sm90+ and kernels starting with atlas::pdl_enter (report.codegen)
-        self.pdl = (os.environ.get(PDL_ENV, "0") == "1" and int(self.dev.arch[2:]) >= 90
+        # programmatic dependent launch inside the captured graphs (ATLAS_PDL=0: plain edges; measured in
+        # docs/perf.md v17); needs sm90+ and kernels starting with atlas::pdl_enter (report.codegen)
+        self.pdl = (pdl_setting() and int(self.dev.arch[2:]) >= 90
                     and bool(m.report.get("codegen", {}).get("pdl_wait")))
         self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
         self.graphs = {}
@@ -154,20 +181,83 @@ class GpuModel:
             self.graphs[key] = graph
         return graph
 
-    def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> dict:
+    def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+                     stage: _Stage | None = None) -> dict:
         """Bind and upload one call's inputs and symbols for `entry_name`, or for the narrower twin that
-        serves the call (bind_call; enqueue then runs that one); returns the symbol values."""
+        serves the call (bind_call; enqueue then runs that one); returns the symbol values. With `stage`
+        (submit) the bytes go through its pinned buffers, so the copies never wait for the stream."""
         called = entry_name
         entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols, self.bounds)
         self.routed[called] = entry_name
         entry = self.manifest.entries[entry_name]
         self.last_env[entry_name] = env
-        self.dims_host[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
-        self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, self.dims_host,
-                                        self.dev.stream)
+        dims = self.dims_host if stage is None else stage.dims
+        dims[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
+        self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
+        at = 0
         for spec in entry.inputs:
-            self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
+            data = np.ascontiguousarray(inputs[spec.name])
+            if stage is None:
+                self.dev.upload(self.arena, spec.offset, data)
+                continue
+            raw = data.view(np.uint8).reshape(-1)
+            if raw.size:
+                view = stage.inputs[at: at + raw.size]
+                view[:] = raw
+                self.dev.cuda.memcpy_htod_async(int(self.arena) + spec.offset, view, self.dev.stream)
+                at += -(-raw.size // 16) * 16
         return env
+
+    # -- pipelined calls (runtime/generate.py's decode loop) ------------------------------------------
+    def submit(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int], *,
+               tokens_from: int | None = None, tokens_to: str = "") -> int:
+        """Enqueue one call of `entry_name` without waiting for it or for earlier ones; returns its slot for
+        collect(). Its inputs and dims go through one of two pinned stages, in turn: the call two submits back
+        must have been collected (its stage is then free). With `tokens_from` (an arena offset: tokens_offset of
+        the previous call), the input `tokens_to` is then overwritten on the device by the int64 tokens there,
+        so the host need not have read them yet. The call's next_tokens are copied back behind it."""
+        slot = self._submitted % 2
+        self._submitted += 1
+        stage = self._stage(slot)
+        env = self.write_inputs(entry_name, inputs, symbols, stage)
+        entry = self.manifest.entries[self.routed[entry_name]]
+        if tokens_from is not None:
+            spec = next(i for i in entry.inputs if i.name == tokens_to)
+            nbytes = np.asarray(inputs[tokens_to]).nbytes
+            self.dev.cuda.memcpy_dtod_async(int(self.arena) + spec.offset, int(self.arena) + tokens_from, nbytes,
+                                            self.dev.stream)
+        self.enqueue(entry_name)
+        out = next(o for o in entry.outputs if o.name == "next_tokens")
+        stage.count = int(np.prod(output_shape(out, env), dtype=np.int64))
+        self.dev.cuda.memcpy_dtoh_async(stage.tokens[: stage.count], int(self.arena) + out.offset, self.dev.stream)
+        stage.done.record(self.dev.stream)
+        return slot
+
+    def collect(self, slot: int) -> np.ndarray:
+        """The next_tokens of the call submitted in `slot`, once it has run (waits for it)."""
+        stage = self._stages[slot]
+        stage.done.synchronize()
+        return stage.tokens[: stage.count].copy()
+
+    def tokens_offset(self, entry_name: str) -> int:
+        """Arena offset of next_tokens of the entry that served the latest call of `entry_name`."""
+        entry = self.manifest.entries[self.routed.get(entry_name, entry_name)]
+        return next(o.offset for o in entry.outputs if o.name == "next_tokens")
+
+    def _stage(self, slot: int) -> _Stage:
+        stage = self._stages.get(slot)
+        if stage is None:  # pinned host memory for the largest call of any entry, at the compiled maxima
+            upper = {s: hi for s, (_, hi) in self.bounds.items()}
+            most = max(sum(-(-int(np.prod([evaluate_dim(d, {**upper, **e.bindings}) for d in i.shape], dtype=np.int64))
+                                * np.dtype(i.dtype).itemsize // 16) * 16 for i in e.inputs)
+                       for e in self.manifest.entries.values())
+            batch = self.manifest.kv_cache.max_batch if self.manifest.kv_cache is not None else 1
+            cuda = self.dev.cuda
+            stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8),
+                           cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64),
+                           cuda.pagelocked_zeros(max(batch, 1), np.int64), cuda.Event())
+            self._stages[slot] = stage
+        return stage
 
     def run(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int] | None = None,
             outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:

@@ -35,11 +35,23 @@ class FakeDevice:
             def prepared_async_call(self, *_, **__):
                 dev.on_launch(self.name)
 
+        self.ops: list[tuple] = []  # stream operations of the pipelined calls (GpuModel.submit), in order
+
+        class Event:
+            def record(self, stream):
+                dev.ops.append(("event", id(self)))
+
+            def synchronize(self):
+                pass
+
         self.cuda = SimpleNamespace(
             LogicError=KeyError, Error=RuntimeError,
             function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=0),
-            memset_d8_async=lambda *a: None, memcpy_htod_async=lambda *a: None,
-            pagelocked_zeros=lambda n, dt: np.zeros(n, dt))
+            memset_d8_async=lambda *a: None,
+            memcpy_htod_async=lambda dst, src, stream=None: self.ops.append(("htod", dst, src)),
+            memcpy_dtod_async=lambda dst, src, n, stream=None: self.ops.append(("dtod", dst, src, n)),
+            memcpy_dtoh_async=lambda dst, src, stream=None: self.ops.append(("dtoh", dst, src)),
+            pagelocked_zeros=lambda n, dt: np.zeros(n, dt), Event=Event)
         self.module = SimpleNamespace(get_function=Func)
 
     def load_module(self, cubin):

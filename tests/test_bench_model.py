@@ -137,6 +137,40 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
     art.close()
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_step_times_replay_the_decode_step_between_two_events(tmp_path, monkeypatch, no_nvcc):
+    """bench.step_times with a simulated driver: one graph holds `steps` copies of the batch's decode launches
+    between two events; each replay gives their summed duration / steps."""
+    from types import SimpleNamespace
+
+    from atlasc.runtime import bench, cudagraph
+    from atlasc.runtime.launches import node_launch
+
+    path = tmp_path / "llama.atlas"
+    compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64))
+    art = open_artifact(path)
+    m = art.manifest
+    env = {"batch": 3, "past_seq": 15, **m.entries["decode"].bindings}
+    kernels = [node_launch(n, env)[0] for n in m.entries["decode"].nodes if n.kernel]
+    durations = {k: 1.0 + i for i, k in enumerate(dict.fromkeys(kernels))}
+    driver = _FakeGraphDriver(durations)
+    monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
+    captured = []
+
+    def launch_all(launches):
+        for kernel, *_ in launches:
+            driver.capturing.append(("kernel", kernel))
+        captured.append([k for k, *_ in launches])
+
+    model = SimpleNamespace(manifest=m, arena=0, _launch_all=launch_all, pdl=False,
+                            dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
+                            write_inputs=lambda entry, feeds, symbols: None, routed={})
+    times = bench.step_times(model, batch=3, context=16, replays=4, steps=5)
+    assert captured == [kernels] * 5  # the batch-3 variants (bucket 4), five steps in one capture
+    assert times == pytest.approx([sum(durations[k] for k in kernels)] * 4, rel=1e-5)
+    art.close()
+
+
 def test_fused_projections_count_their_matmul_flops():
     """`atlasc profile`'s FLOPs of NormLinear / NormLinearQ / NormLinearRotary (artifact nodes: names as
     inputs): 2 x rows x N x K of the projection they hold (not one per output element)."""
@@ -160,6 +194,7 @@ def _fake_gpu(monkeypatch):
     from atlasc.runtime import cudagraph
 
     driver = _FakeGraphDriver({})
+    monkeypatch.setenv("ATLAS_PDL", "0")  # the simulated driver has plain edges only
     replayed = []
     driver.cuGraphLaunch = lambda exec_, stream: replayed.append(exec_.value) or 0
     monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
@@ -224,3 +259,18 @@ def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_
             GpuModel(art, device=device)
     assert "\n" not in str(info.value) and "--no-cuda-graphs" in info.value.hint
     assert device.freed == 1 and len(destroyed) == 2  # the graph that failed, and the one before it
+
+
+def test_programmatic_launch_is_on_unless_atlas_pdl_is_0(monkeypatch):
+    """ATLAS_PDL: programmatic graph edges by default (docs/perf.md v17), 0 turns them off, anything else is a
+    one-line usage error."""
+    from atlasc.errors import UsageError
+    from atlasc.runtime.gpu import pdl_setting
+
+    monkeypatch.delenv("ATLAS_PDL", raising=False)
+    assert pdl_setting() is True
+    monkeypatch.setenv("ATLAS_PDL", "0")
+    assert pdl_setting() is False
+    monkeypatch.setenv("ATLAS_PDL", "on")
+    with pytest.raises(UsageError, match="ATLAS_PDL='on'"):
+        pdl_setting()

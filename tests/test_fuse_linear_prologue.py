@@ -251,10 +251,11 @@ def test_rotary_prologue_kernels_compile(arch):
     assert all(compile_cubins(src, (arch,))[arch] for src in chosen.values())
 
 
-@pytest.mark.parametrize("mode,quant,fused", [("0", "int8", False), ("auto", "none", False), ("1", "none", True)])
+@pytest.mark.parametrize("mode,quant,fused", [("0", "int8", False), ("auto", "none", False), ("auto", "int8", True),
+                                             ("1", "none", True), ("", "none", True)])
 def test_rotary_epilogue_modes(mode, quant, fused):
-    """ATLAS_ROTARY_EPILOGUE: 0 keeps QKVRotary its own kernel even for quantized projections, auto (the
-    default) fuses quantized ones only, 1 float ones too; declined candidates say nothing of it (not a
+    """ATLAS_ROTARY_EPILOGUE: 0 keeps QKVRotary its own kernel even for quantized projections, auto fuses
+    quantized ones only, 1 (the default, unset) float ones too; declined candidates say nothing of it (not a
     decline: the NormLinear is made either way)."""
     program, _, _ = before_after("llama", quant=quant, rotary=mode)
     decode = Counter(n.op for n in program.entries["decode"].nodes)

@@ -111,14 +111,14 @@ def test_rmsnorm_and_attention_fire_on_every_llama_spelling(name):
 def test_decode_layer_is_a_handful_of_kernels(name):
     """QKV split + rotary + cache appends fold into one QKVRotary, the attention writes [B, S, H*D],
     SwiGLU reads the merged gate/up halves in place, reshapes alias: per layer at most 9 launches at
-    prefill, 6 at decode (the norms and SwiGLU run inside the projections; float projections keep
-    QKVRotary by default: tests/test_fuse_linear_prologue.py has the 5-kernel layer)."""
+    prefill, 5 at decode (the norms, SwiGLU and the rotary + cache appends run inside the projections)."""
     program = compiled(name, True)
     layers = program.kv_cache.layers
     for entry in ("prefill", "decode"):
         counted = ops(program, entry)
         assert counted["QKVRotary"] + counted["NormLinearRotary"] == layers and counted["KVAppend"] == 0, counted
-        assert counted["NormLinearRotary"] == 0, counted  # float projections: ATLAS_ROTARY_EPILOGUE=auto
+        # decode: the QKV projection takes the rotary (ATLAS_ROTARY_EPILOGUE=1); prefill keeps QKVRotary
+        assert counted["NormLinearRotary"] == (layers if entry == "decode" else 0), counted
         assert counted["Split"] == 0 and counted["Transpose"] == 0, counted
         graph, plan = program.entries[entry], program.plans[entry]
         launched = [n for n in graph.nodes if plan.needs_kernel(n)]

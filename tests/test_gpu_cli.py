@@ -119,3 +119,29 @@ def test_gpu_profile_and_bench_json(llama_artifact):
     bench = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
     assert [row["batch"] for row in bench] == [1, 2]
     assert all(row["decode_ms_per_step"] > 0 and row["tokens_per_s"] > 0 for row in bench)
+
+
+@needs_nvcc
+@pytest.mark.gpu
+def test_gpu_step_replay_and_pipelined_generation(llama_artifact):
+    """examples/replay_ab.py's step_times on the GPU: positive, finite us per step for two artifacts loaded on
+    one device; and the pipelined generation loop (GpuModel.submit) gives the plain loop's greedy tokens."""
+    from atlasc.artifact import open_artifact
+    from atlasc.runtime.bench import step_times
+    from atlasc.runtime.device import Device
+    from atlasc.runtime.generate import generate
+    from atlasc.runtime.gpu import GpuModel
+
+    dev = Device()
+    a = GpuModel(open_artifact(llama_artifact), device=dev, cuda_graphs=False)
+    b = GpuModel(open_artifact(llama_artifact), device=dev)
+    for model in (a, b, a):
+        times = step_times(model, batch=2, context=16, replays=3, steps=4)
+        assert len(times) == 3 and all(0 < t < 1e5 for t in times)
+    prompts = [[5, 17, 42, 7, 99], [3, 8]]
+    plain = generate(b, prompts, 12, keep_logits=True)  # keep_logits: one step at a time
+    piped = generate(b, prompts, 12)
+    assert piped.tokens == plain.tokens and b._submitted == 11
+    a.close()
+    b.close()
+    dev.close()  # pops the context: later tests in this process use their own device's
