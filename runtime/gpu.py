@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlasc.artifact import Artifact
-from atlasc.errors import UsageError
 from atlasc.artifact.dims import evaluate_dim
+from atlasc.errors import UsageError
 from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
@@ -40,7 +40,8 @@ class _Stage:
     dims: np.ndarray
     tokens: np.ndarray
     done: object
-    count: int = 0
+    count: int = 0  # tokens of its latest call
+    used: bool = False  # done has been recorded
 
 
 def pdl_setting() -> bool:
@@ -212,13 +213,16 @@ class GpuModel:
     def submit(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int], *,
                tokens_from: int | None = None, tokens_to: str = "") -> int:
         """Enqueue one call of `entry_name` without waiting for it or for earlier ones; returns its slot for
-        collect(). Its inputs and dims go through one of two pinned stages, in turn: the call two submits back
-        must have been collected (its stage is then free). With `tokens_from` (an arena offset: tokens_offset of
-        the previous call), the input `tokens_to` is then overwritten on the device by the int64 tokens there,
-        so the host need not have read them yet. The call's next_tokens are copied back behind it."""
+        collect(). Its inputs and dims go through one of two pinned stages, in turn (the call two submits back,
+        which used the same stage, is waited for first: collected already in generate's loop, so at once).
+        With `tokens_from` (an arena offset: tokens_offset of the previous call), the input `tokens_to` is then
+        overwritten on the device by the int64 tokens there, so the host need not have read them yet. The
+        call's next_tokens are copied back behind it."""
         slot = self._submitted % 2
         self._submitted += 1
         stage = self._stage(slot)
+        if stage.used:
+            stage.done.synchronize()
         env = self.write_inputs(entry_name, inputs, symbols, stage)
         entry = self.manifest.entries[self.routed[entry_name]]
         if tokens_from is not None:
@@ -231,6 +235,7 @@ class GpuModel:
         stage.count = int(np.prod(output_shape(out, env), dtype=np.int64))
         self.dev.cuda.memcpy_dtoh_async(stage.tokens[: stage.count], int(self.arena) + out.offset, self.dev.stream)
         stage.done.record(self.dev.stream)
+        stage.used = True
         return slot
 
     def collect(self, slot: int) -> np.ndarray:
@@ -248,9 +253,14 @@ class GpuModel:
         stage = self._stages.get(slot)
         if stage is None:  # pinned host memory for the largest call of any entry, at the compiled maxima
             upper = {s: hi for s, (_, hi) in self.bounds.items()}
-            most = max(sum(-(-int(np.prod([evaluate_dim(d, {**upper, **e.bindings}) for d in i.shape], dtype=np.int64))
-                                * np.dtype(i.dtype).itemsize // 16) * 16 for i in e.inputs)
-                       for e in self.manifest.entries.values())
+
+            def staged_bytes(entry) -> int:  # write_inputs' layout: each input at a 16-byte boundary
+                env = {**upper, **entry.bindings}
+                sizes = (int(np.prod([evaluate_dim(d, env) for d in i.shape], dtype=np.int64)) *
+                         np.dtype(i.dtype).itemsize for i in entry.inputs)
+                return sum(-(-n // 16) * 16 for n in sizes)
+
+            most = max(staged_bytes(e) for e in self.manifest.entries.values())
             batch = self.manifest.kv_cache.max_batch if self.manifest.kv_cache is not None else 1
             cuda = self.dev.cuda
             stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8),

@@ -42,7 +42,7 @@ class FakeDevice:
                 dev.ops.append(("event", id(self)))
 
             def synchronize(self):
-                pass
+                dev.ops.append(("sync", id(self)))
 
         self.cuda = SimpleNamespace(
             LogicError=KeyError, Error=RuntimeError,

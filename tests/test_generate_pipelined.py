@@ -112,7 +112,8 @@ def test_per_step_logits_take_the_plain_loop(llama):
 def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_tokens_back(llama):
     """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims and every input from
     its stage's pinned buffers, then the previous call's tokens copied over the input ids on the device, the
-    step's kernels, next_tokens back into the stage, the stage's event; two stages in turn."""
+    step's kernels, next_tokens back into the stage, the stage's event; two stages in turn, a stage's earlier
+    call waited for before its reuse."""
     from fake_gpu import FakeDevice
 
     from atlasc.runtime.gpu import GpuModel
@@ -125,11 +126,13 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
              "position_ids": np.full((3, 1), 8, np.int64), **Sampling().inputs(1)}
     feeds = {i.name: feeds[i.name] for i in entry.inputs}
     slots = []
-    for _call in range(3):
+    for call in range(3):
         dev.ops.clear()
         dev.launched.clear()
         slots.append(model.submit("decode", feeds, {"past_seq": 8}, tokens_from=4096, tokens_to="input_ids"))
         stage = model._stages[slots[-1]]
+        if call == 2:  # slot 0 again: its first call is waited for before its buffers are rewritten
+            assert dev.ops.pop(0) == ("sync", id(stage.done))
         kinds = [op[0] for op in dev.ops]
         assert kinds == ["htod"] * (1 + len(entry.inputs)) + ["dtod", "dtoh", "event"]
         assert dev.ops[0][1] == m.memory.dims_offset and dev.ops[0][2] is stage.dims
