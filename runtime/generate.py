@@ -146,7 +146,7 @@ class _DecodeCalls:
                           and ids.dtype == "int64")
         self.placeholder = np.zeros((batch, 1), np.int64)  # overwritten on the device (submit's tokens_from)
         self.tokens_from = model.tokens_offset("prefill") if self.pipelined else None
-        self.calls = 0  # decode calls made (step of the sampler: calls + 1)
+        self.calls = 0  # decode calls made so far; call k samples with step k (Sampling.inputs)
         self.queued: list[int] = []  # slots of submitted calls not yet collected, oldest first
 
     def _inputs(self, ids, mask, past: int) -> dict[str, np.ndarray]:
