@@ -255,24 +255,27 @@ def test_greedy_without_fusion_matches_onnxruntime(name, build_dir):
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
 
 
+@pytest.mark.parametrize("pdl", ["", "0"], ids=["default", "plain"])
 @pytest.mark.parametrize("name", ["llama", "llama-fp16", "gpt2"])
-def test_programmatic_dependent_launch_keeps_the_tokens(name, build_dir, monkeypatch):
-    """ATLAS_PDL=1 (sm90+): the captured graphs' kernel-to-kernel edges become programmatic (every kernel
-    waits for its inputs in atlas::pdl_enter) and greedy generation gives onnxruntime's tokens, as the
-    plain graphs do."""
+def test_programmatic_dependent_launch_keeps_the_tokens(name, pdl, build_dir, monkeypatch):
+    """By default (sm90+) the captured graphs' kernel-to-kernel edges are programmatic (every kernel waits for
+    its inputs in atlas::pdl_enter); ATLAS_PDL=0 keeps them plain. Greedy generation gives onnxruntime's
+    tokens either way, through the pipelined loop (no per-step logits) and one step at a time."""
     from atlasc.runtime.gpu import GpuModel
 
     if int(device().arch[2:]) < 90:
         pytest.skip("programmatic dependent launch needs sm90")
-    monkeypatch.setenv("ATLAS_PDL", "1")
+    monkeypatch.setenv("ATLAS_PDL", pdl)
     model = GpuModel(open_artifact(artifact_path(name, build_dir)), device=device())
-    assert model.pdl
+    assert model.pdl == (pdl != "0")
     prompts, want_tokens, want_logits = stored_greedy(name, 4, 17)
     got = generate(model, prompts, 32, keep_logits=True)
-    assert model.pdl, model.pdl_error  # the driver took the programmatic edges
-    assert model.graphs and all(g.programmatic > 0 for g in model.graphs.values())
+    piped = generate(model, prompts, 32)
+    assert model.pdl == (pdl != "0"), model.pdl_error  # the driver took the programmatic edges
+    assert model.graphs and all((g.programmatic > 0) == model.pdl for g in model.graphs.values())
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
+    assert piped.tokens == got.tokens
 
 
 def test_chunked_build_runs_on_the_gpu(build_dir, monkeypatch):
