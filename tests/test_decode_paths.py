@@ -208,7 +208,12 @@ def _type(shape, dtype):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_the_artifact_records_the_decision(tmp_path, monkeypatch):
+def test_the_artifact_records_the_decision(tmp_path, monkeypatch, no_nvcc):
+    """The manifest's report and `atlasc inspect` say which path each rows bucket took and why (the cubins do
+    not matter here: empty ones, tests/conftest.py no_nvcc)."""
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+
     monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
     out = tmp_path / "q.atlas"
 
@@ -218,8 +223,8 @@ def test_the_artifact_records_the_decision(tmp_path, monkeypatch):
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    atlasc("compile", FIXTURES / "llama.onnx", "-o", out, "--arch", "sm90", "--max-seq", "32", "--max-batch", "2",
-           "--quant", "int4", "--group-size", "32")
+    compile_model(FIXTURES / "llama.onnx", out, CompileOptions(archs=("sm90",), max_seq=32, max_batch=2,
+                                                              quant="int4", group_size=32))
     report = json.loads(atlasc("inspect", out, "--json").splitlines()[-1])
     want = {"paths": {"rows 1": "w4a16", "rows 2..8": "w4a16"},
             "source": "table decode_paths.yaml: sm90 measured 2026-11-30"}
