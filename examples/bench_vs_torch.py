@@ -3,8 +3,9 @@
 Builds the model (examples/build_llama.py: real shapes, seeded random fp16 weights), compiles it
 for this GPU, runs `atlasc bench`, then measures transformers' LlamaForCausalLM of the same config
 (random weights too: timing only) with eager generation and with the static cache, and prints one
-table with the ratios. The peers are measured here, never quoted. --pdl-ab benches atlasc's artifact
-twice, with plain CUDA graphs and with ATLAS_PDL=1 (programmatic dependent launch).
+table with the ratios. The peers are measured here, never quoted. atlasc runs with the runtime's defaults
+(programmatic dependent launch on sm90+, unless ATLAS_PDL=0 is set); --pdl-ab benches its artifact twice,
+with ATLAS_PDL=0 (plain CUDA graphs) and ATLAS_PDL=1.
 
     python examples/bench_vs_torch.py --config llama-3.2-1b --batch 1,32 --prompt 128 --gen 128
 """
@@ -37,7 +38,7 @@ def compile_options(arch: str, batches: list[int], prompt: int, gen: int, quant:
 
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
                  quant: str = "none", pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
-    """atlasc's bench rows (each with "engine"); pdl_ab: each artifact again with ATLAS_PDL=1; compile_ab:
+    """atlasc's bench rows (each with "engine"); pdl_ab: each artifact with ATLAS_PDL=0, then =1; compile_ab:
     a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g. ATLAS_PREFETCH) or NAME=a,b,...
     (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
     from atlasc.artifact import open_artifact
@@ -63,14 +64,16 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
         kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
         print(f"[atlasc{label}] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, "
               f"stages {result.seconds}", flush=True)
-        for pdl in ("0", "1") if pdl_ab else (os.environ.get("ATLAS_PDL", "0"),):
-            os.environ["ATLAS_PDL"] = pdl  # read by GpuModel at load
+        # the runtime's default (programmatic edges on sm90+, or ATLAS_PDL as set); pdl_ab: plain, then programmatic
+        for pdl in ("0", "1") if pdl_ab else (None,):
+            if pdl is not None:
+                os.environ["ATLAS_PDL"] = pdl  # read by GpuModel at load
             model = GpuModel(open_artifact(art_path), device=dev)
             measured = rows_as_dicts(bench(model, batches, prompt, gen, repeats))
             # the driver may refuse programmatic edges at the first capture: then the graphs are plain ones
-            engine = ("atlasc+pdl" if model.pdl else "atlasc") + label
+            engine = ("atlasc" if pdl is None else ("atlasc+pdl" if model.pdl else "atlasc plain")) + label
             if model.pdl_error:
-                print(f"[atlasc] ATLAS_PDL=1 refused, plain graphs: {model.pdl_error}", flush=True)
+                print(f"[atlasc] programmatic edges refused, plain graphs: {model.pdl_error}", flush=True)
             rows += [{"engine": engine, **r} for r in measured]
             model.close()
     return rows
@@ -133,7 +136,7 @@ def main() -> None:
                     help="compile atlasc's artifact once per value of this environment switch (0 then 1, or the "
                          "values given, e.g. ATLAS_LINEAR_FT=1,auto) and bench each")
     ap.add_argument("--pdl-ab", action="store_true",
-                    help="bench atlasc's artifact twice: plain CUDA graphs, then ATLAS_PDL=1 (programmatic edges)")
+                    help="bench atlasc's artifact twice: ATLAS_PDL=0 (plain CUDA graphs), then ATLAS_PDL=1")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="keep the ONNX file and the artifact (CONFIG.onnx, CONFIG.atlas) here, e.g. for `atlasc "
                          "profile` afterwards (default: a temporary folder, removed)")
