@@ -146,7 +146,7 @@ def _write_step_inputs(model, batch: int, context: int, entry: str) -> tuple[dic
 
 def step_times(model, batch: int = 1, context: int = 128, replays: int = 10, steps: int = 10) -> list[float]:
     """Microseconds per decode step at (batch, context), one value per replay: `steps` copies of the step's
-    launches captured back to back in one CUDA graph (programmatic edges when the model loaded with ATLAS_PDL=1)
+    launches captured back to back in one CUDA graph (programmatic edges where the model has them, model.pdl)
     between two event nodes, replayed `replays` times after one warm-up. The GPU runs the steps without the
     host in between, so two artifacts timed in turn in one process compare their kernels alone."""
     env, e = _write_step_inputs(model, batch, context, "decode")
