@@ -432,7 +432,10 @@ def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
     """SIGTERM during a compile (once the spill directory exists, or once nvcc runs in a fresh cache) exits
     143 with the running nvcc terminated, not waited for (no cubin reached the cache), and removes the spill
     directory, nvcc's folder and the temporary artifact: nothing half-written. (Not a wall-time bound: under
-    pytest -n on two busy cores the interpreter's exit alone took 25 s once.)"""
+    pytest -n on two busy cores the interpreter's exit alone took 25 s once.) The module compiles as one nvcc
+    translation unit (ATLAS_NVCC_CHUNK): with its default chunks a small one could finish, and be cached,
+    between the folder's appearance and the signal on a loaded machine (seen once in CI), which is correct
+    behaviour but not what this test can tell apart from a compile that waited for nvcc."""
     import signal
     import time
 
@@ -440,7 +443,8 @@ def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
     tmpdir, out = tmp_path / "tmp", tmp_path / "out"
     tmpdir.mkdir()
     out.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmpdir), "ATLAS_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "TMPDIR": str(tmpdir), "ATLAS_CACHE_DIR": str(tmp_path / "cache"),
+           "ATLAS_NVCC_CHUNK": "100000"}
     proc = subprocess.Popen([sys.executable, "-m", "atlasc", "compile", str(GPT2), "-o", str(out / "g.atlas"),
                              *GPT2_FLAGS], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
