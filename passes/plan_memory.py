@@ -6,7 +6,8 @@
 - kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output (and the two `present`
   outputs of QKVRotary / NormLinearRotary) is a strided view of its layer's key or value slot, not a
   buffer of its own;
-- io: the int64 dims buffer (symbol values), then each entry's inputs and outputs, never reused;
+- io: the int64 dims buffer (symbol values), then each entry's inputs (side by side, smallest upper bound
+  first) and outputs, never reused;
 - activations: every other value gets an interval [step defined, last step read] over its entry's
   schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
   whose intervals overlap). Entries never run at once, so they share the region.
@@ -127,7 +128,10 @@ def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
     for entry, graph in program.entries.items():
         upper = program.bounds.get(entry, {})
         io[entry] = {}
-        for v in [*graph.inputs, *graph.outputs]:
+        # inputs smallest first (stable), side by side: the runtime's staged upload copies adjacent inputs in one
+        # piece, and an input whose bytes grow with the sequence (an attention mask) then comes last
+        inputs = sorted(graph.inputs, key=lambda v: value_bytes(v, upper, roles, max_seq))
+        for v in [*inputs, *graph.outputs]:
             if v.name in io[entry] or v.is_constant:
                 continue
             size = align(max(value_bytes(v, upper, roles, max_seq), 1))

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlasc.artifact import Artifact
-from atlasc.artifact.dims import evaluate_dim
 from atlasc.errors import UsageError
 from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
@@ -42,6 +41,11 @@ class _Stage:
     done: object
     count: int = 0  # tokens of its latest call
     used: bool = False  # done has been recorded
+
+
+# bytes of slack (an input below its slot's upper bound) one staged copy may carry rather than split in two: a
+# copy's fixed cost on the stream is microseconds, 4 KB over PCIe well under one
+COPY_GAP = 4096
 
 
 def pdl_setting() -> bool:
@@ -183,10 +187,13 @@ class GpuModel:
         return graph
 
     def write_inputs(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int],
-                     stage: _Stage | None = None) -> dict:
+                     stage: _Stage | None = None, skip: str = "") -> dict:
         """Bind and upload one call's inputs and symbols for `entry_name`, or for the narrower twin that
         serves the call (bind_call; enqueue then runs that one); returns the symbol values. With `stage`
-        (submit) the bytes go through its pinned buffers, so the copies never wait for the stream."""
+        (submit) the bytes go through its pinned buffer, so the copies never wait for the stream: each input at
+        its arena offset relative to the entry's first slot, and inputs in adjacent slots (plan_memory puts an
+        entry's inputs side by side, smallest first) go up in one copy, so a decode step's inputs are one copy
+        besides the dims. Input `skip` is not written (submit overwrites it on the device afterwards)."""
         called = entry_name
         entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols, self.bounds)
         self.routed[called] = entry_name
@@ -195,19 +202,41 @@ class GpuModel:
         dims = self.dims_host if stage is None else stage.dims
         dims[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
         self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
-        at = 0
-        for spec in entry.inputs:
-            data = np.ascontiguousarray(inputs[spec.name])
-            if stage is None:
-                self.dev.upload(self.arena, spec.offset, data)
-                continue
-            raw = data.view(np.uint8).reshape(-1)
-            if raw.size:
-                view = stage.inputs[at: at + raw.size]
-                view[:] = raw
-                self.dev.cuda.memcpy_htod_async(int(self.arena) + spec.offset, view, self.dev.stream)
-                at += -(-raw.size // 16) * 16
+        if stage is None:
+            for spec in entry.inputs:
+                self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
+            return env
+        base = min((spec.offset for spec in entry.inputs), default=0)
+        for start, end in self._stage_inputs(entry, inputs, stage.inputs, skip):
+            self.dev.cuda.memcpy_htod_async(int(self.arena) + start, stage.inputs[start - base: end - base],
+                                            self.dev.stream)
         return env
+
+    @staticmethod
+    def _stage_inputs(entry, inputs: Mapping[str, np.ndarray], pinned: np.ndarray, skip: str) -> list[list[int]]:
+        """Write the entry's inputs into `pinned` (arena layout from the entry's first input slot on) and return
+        the arena spans [start, end) to copy: one per run of adjacent slots, a run broken where the bytes between
+        one input's end and the next slot would exceed COPY_GAP (an input far below its slot's upper bound)."""
+        specs = sorted(entry.inputs, key=lambda spec: spec.offset)
+        base = specs[0].offset if specs else 0
+        spans: list[list[int]] = []
+        slot_end = -1  # end of the last slot the open span covers (-1: no open span)
+        for spec in specs:
+            n = 0
+            if spec.name != skip:
+                raw = np.ascontiguousarray(inputs[spec.name]).view(np.uint8).reshape(-1)
+                n = raw.size
+                pinned[spec.offset - base: spec.offset - base + n] = raw
+            if spec.offset == slot_end and (n == 0 or spec.offset - spans[-1][1] <= COPY_GAP):
+                if n:  # the next slot, near enough: the open span grows over it
+                    spans[-1][1] = spec.offset + n
+                slot_end = spec.offset + spec.nbytes  # (a skipped slot is copied over, stale: skip says why)
+            elif n:
+                spans.append([spec.offset, spec.offset + n])
+                slot_end = spec.offset + spec.nbytes
+            else:
+                slot_end = -1
+        return spans
 
     # -- pipelined calls (runtime/generate.py's decode loop) ------------------------------------------
     def submit(self, entry_name: str, inputs: Mapping[str, np.ndarray], symbols: Mapping[str, int], *,
@@ -223,7 +252,7 @@ class GpuModel:
         stage = self._stage(slot)
         if stage.used:
             stage.done.synchronize()
-        env = self.write_inputs(entry_name, inputs, symbols, stage)
+        env = self.write_inputs(entry_name, inputs, symbols, stage, skip=tokens_to if tokens_from is not None else "")
         entry = self.manifest.entries[self.routed[entry_name]]
         if tokens_from is not None:
             spec = next(i for i in entry.inputs if i.name == tokens_to)
@@ -251,16 +280,12 @@ class GpuModel:
 
     def _stage(self, slot: int) -> _Stage:
         stage = self._stages.get(slot)
-        if stage is None:  # pinned host memory for the largest call of any entry, at the compiled maxima
-            upper = {s: hi for s, (_, hi) in self.bounds.items()}
+        if stage is None:  # pinned host memory for the largest call of any entry: its input slots (write_inputs)
+            def slots_bytes(entry) -> int:
+                return (max(i.offset + i.nbytes for i in entry.inputs) - min(i.offset for i in entry.inputs)
+                        if entry.inputs else 0)
 
-            def staged_bytes(entry) -> int:  # write_inputs' layout: each input at a 16-byte boundary
-                env = {**upper, **entry.bindings}
-                sizes = (int(np.prod([evaluate_dim(d, env) for d in i.shape], dtype=np.int64)) *
-                         np.dtype(i.dtype).itemsize for i in entry.inputs)
-                return sum(-(-n // 16) * 16 for n in sizes)
-
-            most = max(staged_bytes(e) for e in self.manifest.entries.values())
+            most = max(slots_bytes(e) for e in self.manifest.entries.values())
             batch = self.manifest.kv_cache.max_batch if self.manifest.kv_cache is not None else 1
             cuda = self.dev.cuda
             stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8),

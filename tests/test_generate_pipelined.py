@@ -110,10 +110,12 @@ def test_per_step_logits_take_the_plain_loop(llama):
 
 
 def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_tokens_back(llama):
-    """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims and every input from
-    its stage's pinned buffers, then the previous call's tokens copied over the input ids on the device, the
+    """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims, then the inputs from
+    its stage's pinned buffer in one copy (plan_memory puts them side by side, the growing attention mask last;
+    the input ids are not staged), then the previous call's tokens copied over the input ids on the device, the
     step's kernels, next_tokens back into the stage, the stage's event; two stages in turn, a stage's earlier
-    call waited for before its reuse."""
+    call waited for before its reuse. The copies leave every staged input's bytes at its arena offset and write
+    nothing outside the entry's input slots."""
     from fake_gpu import FakeDevice
 
     from atlasc.runtime.gpu import GpuModel
@@ -122,23 +124,34 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
     model = GpuModel(open_artifact(llama), device=dev, cuda_graphs=False)
     m = model.manifest
     entry = m.entries["decode"]
-    feeds = {"input_ids": np.zeros((3, 1), np.int64), "attention_mask": np.ones((3, 9), np.int64),
-             "position_ids": np.full((3, 1), 8, np.int64), **Sampling().inputs(1)}
-    feeds = {i.name: feeds[i.name] for i in entry.inputs}
-    slots = []
+    specs = sorted(entry.inputs, key=lambda i: i.offset)
+    assert specs[-1].name == "attention_mask"  # the largest upper bound last
+    assert all(a.offset + a.nbytes == b.offset for a, b in zip(specs, specs[1:]))  # side by side
+    slots, rng = [], np.random.default_rng(0)
     for call in range(3):
+        past = 8 + call
+        feeds = {"input_ids": np.zeros((3, 1), np.int64), "attention_mask": rng.integers(0, 2, (3, past + 1)),
+                 "position_ids": rng.integers(0, 60, (3, 1)), **Sampling(seed=call).inputs(1)}
+        feeds = {i.name: feeds[i.name] for i in entry.inputs}
         dev.ops.clear()
         dev.launched.clear()
-        slots.append(model.submit("decode", feeds, {"past_seq": 8}, tokens_from=4096, tokens_to="input_ids"))
+        slots.append(model.submit("decode", feeds, {"past_seq": past}, tokens_from=4096, tokens_to="input_ids"))
         stage = model._stages[slots[-1]]
         if call == 2:  # slot 0 again: its first call is waited for before its buffers are rewritten
             assert dev.ops.pop(0) == ("sync", id(stage.done))
         kinds = [op[0] for op in dev.ops]
-        assert kinds == ["htod"] * (1 + len(entry.inputs)) + ["dtod", "dtoh", "event"]
+        assert kinds == ["htod", "htod", "dtod", "dtoh", "event"]
         assert dev.ops[0][1] == m.memory.dims_offset and dev.ops[0][2] is stage.dims
-        for op, spec in zip(dev.ops[1:], entry.inputs):
-            assert op[1] == spec.offset and op[2].base is stage.inputs  # a view of the pinned stage
-            assert np.array_equal(op[2], np.ascontiguousarray(feeds[spec.name]).view(np.uint8).reshape(-1))
+        start, data = dev.ops[1][1], dev.ops[1][2]
+        assert data.base is stage.inputs  # a view of the pinned stage
+        lo, hi = specs[0].offset, specs[-1].offset + specs[-1].nbytes
+        assert lo <= start and start + data.size <= hi  # inside the entry's input slots
+        for spec in specs:
+            if spec.name == "input_ids":
+                continue
+            raw = np.ascontiguousarray(feeds[spec.name]).view(np.uint8).reshape(-1)
+            assert start <= spec.offset and spec.offset + raw.size <= start + data.size
+            assert np.array_equal(data[spec.offset - start: spec.offset - start + raw.size], raw), spec.name
         ids = next(i for i in entry.inputs if i.name == "input_ids")
         assert dev.ops[-3] == ("dtod", ids.offset, 4096, 3 * 8)
         nxt = next(o for o in entry.outputs if o.name == "next_tokens")
@@ -147,3 +160,35 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
         model.collect(slots[-1])
     assert slots == [0, 1, 0]
     assert model.tokens_offset("decode") == next(o.offset for o in entry.outputs if o.name == "next_tokens")
+
+
+def test_staged_copies_split_where_an_input_is_far_below_its_slot():
+    """GpuModel._stage_inputs: adjacent slots go up in one copy while the slack between them stays within
+    COPY_GAP; a larger slack, a gap between slots, or a skipped first input starts a new copy; a skipped input
+    between two others is copied over (stale), not split on."""
+    from types import SimpleNamespace
+
+    from atlasc.runtime.gpu import COPY_GAP, GpuModel
+
+    def spec(name, offset, nbytes):
+        return SimpleNamespace(name=name, offset=offset, nbytes=nbytes)
+
+    def spans(specs, sizes, skip=""):
+        pinned = np.zeros(1 << 16, np.uint8)
+        feeds = {name: np.full(n, 7, np.uint8) for name, n in sizes.items()}
+        got = GpuModel._stage_inputs(SimpleNamespace(inputs=specs), feeds, pinned, skip)
+        base = min(s.offset for s in specs)
+        for s in specs:  # every input not skipped is staged at its slot
+            if s.name != skip:
+                assert (pinned[s.offset - base: s.offset - base + sizes[s.name]] == 7).all()
+        return got
+
+    near = [spec("a", 1000, 256), spec("b", 1256, 256), spec("c", 1512, 8192)]
+    assert spans(near, {"a": 8, "b": 16, "c": 100}) == [[1000, 1612]]
+    assert spans(near, {"a": 8, "b": 16, "c": 100}, skip="a") == [[1256, 1612]]
+    assert spans(near, {"a": 8, "b": 16, "c": 100}, skip="b") == [[1000, 1612]]
+    far = [spec("m", 0, 2 * COPY_GAP), spec("p", 2 * COPY_GAP, 256)]
+    assert spans(far, {"m": 64, "p": 8}) == [[0, 64], [2 * COPY_GAP, 2 * COPY_GAP + 8]]
+    apart = [spec("a", 0, 256), spec("b", 512, 256)]  # not adjacent slots: never merged
+    assert spans(apart, {"a": 8, "b": 8}) == [[0, 8], [512, 520]]
+    assert spans(apart, {"a": 0, "b": 8}) == [[512, 520]]  # an empty input copies nothing
