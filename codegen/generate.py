@@ -295,24 +295,34 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                            scratch_bytes, scratch_offset + scratch_bytes, choices)
 
 
+def prefetch_budget() -> int:
+    """ATLAS_PREFETCH: bytes of each weight the projection kernels prefetch (weight_prefetch); 0 (default, or
+    "0"): off, "1": PREFETCH_BUDGET, "<n>mb" (1 <= n <= 48): n MB. Off by default: on the H200 it made
+    Llama-3.2-1B decode 6-12% slower with plain graphs and did not make up for the programmatic launch's own
+    cost (docs/perf.md v9, kernels triggering their dependents right after their wait)."""
+    value = (os.environ.get(PREFETCH_ENV, "") or "0").lower()
+    if value in ("0", "1"):
+        return PREFETCH_BUDGET if value == "1" else 0
+    mb = value[:-2] if value.endswith("mb") else ""
+    if not mb.isdigit() or not 1 <= int(mb) <= 48:
+        raise CodegenError(f"{PREFETCH_ENV}={value!r} is not 0, 1 or a budget of 1mb .. 48mb per weight")
+    return int(mb) << 20
+
+
 def prefetch_enabled() -> bool:
-    """ATLAS_PREFETCH=1: projection kernels prefetch their weights (weight_prefetch). Off by default: on the
-    H200 it made Llama-3.2-1B decode 6-12% slower with plain graphs and did not make up for the
-    programmatic launch's own cost (docs/perf.md v9)."""
-    value = os.environ.get(PREFETCH_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{PREFETCH_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    """Whether ATLAS_PREFETCH turns the weight prefetch on (prefetch_budget)."""
+    return prefetch_budget() > 0
 
 
 def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
     """The KernelCode.prefetch statement for a projection's constant 2-D weights [rows, ...] (None and
     non-constant ones skipped; row bytes from the static shape and dtype). For each array: the first
-    min(row_bytes, max(PREFETCH_BUDGET / rows, PREFETCH_MIN_ROW)) bytes of each of its first rows, at
-    most PREFETCH_BUDGET bytes in all (atlas::prefetch_rows_l2, sm90+). Decode projections read their
+    min(row_bytes, max(budget / rows, PREFETCH_MIN_ROW)) bytes of each of its first rows, at
+    most budget bytes in all (prefetch_budget) (atlas::prefetch_rows_l2, sm90+). Decode projections read their
     weight rows from k = 0 up, all rows of a wave at once, so the first bytes of the first rows are what
     the kernel waits for first. Empty when disabled, for symbolic shapes, or rows not 16-byte aligned."""
-    if not prefetch_enabled():
+    budget = prefetch_budget()
+    if not budget:
         return ""
     lines = []
     for value in weights:
@@ -322,8 +332,8 @@ def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
         rows, row_bytes = value.shape[0], value.shape[1] * itemsize(value.dtype)
         if row_bytes % 16 or ctx.plan.placement(value).offset % 16 or rows <= 0:
             continue
-        per_row = min(row_bytes, max(PREFETCH_BUDGET // rows, PREFETCH_MIN_ROW)) // 16 * 16
-        count = min(rows, PREFETCH_BUDGET // per_row)
+        per_row = min(row_bytes, max(budget // rows, PREFETCH_MIN_ROW)) // 16 * 16
+        count = min(rows, budget // per_row)
         lines.append(f"  atlas::prefetch_rows_l2({ctx.address(value)}, {row_bytes}LL, {per_row}u, {count});")
     return "\n".join(lines)
 
@@ -341,6 +351,7 @@ def codegen_choices() -> dict:
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "weight_prefetch": prefetch_enabled(),
+            "weight_prefetch_mb": prefetch_budget() >> 20,
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

@@ -83,9 +83,20 @@ def test_off_by_default(monkeypatch):
     assert weight_prefetch(fake_ctx({"w": 0}), w) == ""
     monkeypatch.setenv("ATLAS_PREFETCH", "0")
     assert weight_prefetch(fake_ctx({"w": 0}), w) == ""
-    monkeypatch.setenv("ATLAS_PREFETCH", "yes")
-    with pytest.raises(CodegenError, match="ATLAS_PREFETCH"):
-        weight_prefetch(fake_ctx({"w": 0}), w)
+    for bad in ("yes", "0mb", "49mb", "4 mb", "2"):
+        monkeypatch.setenv("ATLAS_PREFETCH", bad)
+        with pytest.raises(CodegenError, match="ATLAS_PREFETCH"):
+            weight_prefetch(fake_ctx({"w": 0}), w)
+
+
+def test_a_budget_in_megabytes(monkeypatch):
+    """ATLAS_PREFETCH=<n>mb: n MB of each weight instead of PREFETCH_BUDGET (1 KB of each of the first rows)."""
+    monkeypatch.setenv("ATLAS_PREFETCH", "4MB")
+    w = weight("gate_up", (28672, 4096))  # Llama-3-8B merged gate/up: 235 MB
+    ((_, row_bytes, nbytes, rows),) = calls(weight_prefetch(fake_ctx({"gate_up": 0}), w))
+    assert (row_bytes, nbytes, rows) == (8192, PREFETCH_MIN_ROW, 4096) and rows * nbytes == 4 << 20
+    small = weight("o", (2048, 2048))  # 8 MB: a 4 MB budget takes 2 KB of each row... all rows
+    assert calls(weight_prefetch(fake_ctx({"o": 0}), small)) == [(0, 4096, 2048, 2048)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
