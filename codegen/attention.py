@@ -41,7 +41,6 @@ from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, Kerne
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value
-from atlasc.ir.memory import align
 from atlasc.ir.ops.kvcache import KINDS
 
 ATT_THREADS = 128
@@ -208,12 +207,11 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     rows_smem = 4 * (((dk_up + 3) // 4) * 4 + nw * (dv_up + 2))
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
-    scratch = 0
-    if split > 1:  # counters [items], then [items][split][r][d + 2] floats (attention.cu: sequence split)
-        counters = align(4 * items)
-        scratch = counters + 4 * items * split * r * (d + 2)
-        ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.scratch_address(0)});")
-        ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(counters)});")
+    scratch = counters = 0
+    if split > 1:  # counters [items], work space [items][split][r][d + 2] floats (attention.cu: sequence split)
+        counters, scratch = items, 4 * items * split * r * (d + 2)
+        ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
+        ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
         body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys, mma)}>(args, att_ws, att_cnt);"
     else:
         body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, mma)}>(args);"
@@ -235,7 +233,8 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # FAST_SPLIT_TARGET blocks (items when more) leaves none idle at the maximal batch; a smaller batch
     # in between may loop once more over the grid
     blocks = max(items, min(items * split, FAST_SPLIT_TARGET))
-    return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch)
+    return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch,
+                      counters=counters)
 
 
 def split_max() -> int:

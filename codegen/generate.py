@@ -35,6 +35,9 @@ STRIDE_GRID = 4096
 PREFETCH_BUDGET = 16 << 20
 PREFETCH_MIN_ROW = 1024  # a big weight prefetches this much of each of its first rows rather than less of all
 PREFETCH_ENV = "ATLAS_PREFETCH"
+# the scratch's counters, shared by every kernel (GeneratedModule): room for 16384 (an attention split's items,
+# a K-split Linear's feature blocks)
+COUNTER_BYTES = 64 << 10
 
 
 class CodegenError(AtlasError):
@@ -78,7 +81,8 @@ class KernelCode:
     block: tuple[int, int, int] = (256, 1, 1)
     smem: int = 0
     preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
-    scratch: int = 0  # bytes the kernel uses from ctx.scratch_address(0) on (left zeroed, see below)
+    scratch: int = 0  # bytes of work space the kernel uses from ctx.scratch_address(0) on (see GeneratedModule)
+    counters: int = 0  # unsigned int counters it uses from ctx.counters_address() on (left at 0)
     prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
     choice: dict | None = None  # a per-kernel choice worth recording (the report's codegen `kernels`)
 
@@ -87,8 +91,11 @@ class KernelCode:
 class GeneratedModule:
     """The translation unit and launches. Kernels may use a scratch region after every plan's arena
     (`scratch_offset`, `scratch_bytes`): whoever allocates the arena makes it `arena_bytes` long and
-    zeroes the scratch once before the first launch; kernels leave it zeroed (their counters return
-    to 0), and since launches are serialized on one stream every kernel may use all of it."""
+    zeroes the scratch once before the first launch. Its first COUNTER_BYTES are counters
+    (KernelContext.counters_address), which every kernel leaves at 0; the rest is work space
+    (scratch_address), which kernels leave as they please: kept apart, one kernel's partial sums never
+    land on another kernel's counters. Launches are serialized on one stream, so every kernel may use
+    all of it."""
 
     source: str  # the whole translation unit: prelude + every kernel
     launches: dict[str, list[Launch]] = field(default_factory=dict)
@@ -141,8 +148,13 @@ class KernelContext:
         return f"arena + {self.plan.placement(value).offset}LL"
 
     def scratch_address(self, offset: int) -> str:
-        """C address of byte `offset` of the scratch region (KernelCode.scratch says how many are used)."""
-        return f"arena + {self.scratch_offset + offset}LL"
+        """C address of byte `offset` of the scratch's work space (KernelCode.scratch says how many are used)."""
+        return f"arena + {self.scratch_offset + COUNTER_BYTES + offset}LL"
+
+    def counters_address(self) -> str:
+        """C address of the scratch's counters (KernelCode.counters says how many are used; at 0 between
+        launches)."""
+        return f"arena + {self.scratch_offset}LL"
 
     def view(self, value: Value, name: str, rank: int | None = None) -> str:
         """Declare `atlas::View<T, R> name` for value (rank-0 values become [1]); returns the name."""
@@ -265,7 +277,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
                                 above(upper[entry].get(symbol, 0)), archs)
             code = EMITTERS[node.op](ctx, node)
-            scratch_bytes = max(scratch_bytes, code.scratch)
+            scratch_bytes = max(scratch_bytes, _scratch_need(node, code))
             if code.choice:
                 kernel_choices[kernel] = code.choice
             text = _wrapper(ctx, node, code)
@@ -276,7 +288,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                 vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset,
                                      above(value), archs)
                 vcode = EMITTERS[node.op](vctx, node)
-                scratch_bytes = max(scratch_bytes, vcode.scratch)
+                scratch_bytes = max(scratch_bytes, _scratch_need(node, vcode))
                 vtext = _wrapper(vctx, node, vcode)
                 geometry = (vcode.grid, vcode.block, vcode.smem)
                 if vtext.replace(name, kernel) == text:
@@ -338,12 +350,21 @@ def weight_prefetch(ctx: "KernelContext", *weights: Value | None) -> str:
     return "\n".join(lines)
 
 
+def _scratch_need(node: Node, code: KernelCode) -> int:
+    """Scratch bytes a kernel needs: the counters' area and its work space (0 when it uses neither)."""
+    if code.counters > COUNTER_BYTES // 4:
+        raise CodegenError(f"{node.name}: {code.counters} scratch counters, more than the {COUNTER_BYTES // 4} "
+                           f"there is room for")
+    return COUNTER_BYTES + code.scratch if code.scratch or code.counters else 0
+
+
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
     from atlasc.codegen import attention, flash_attention, gemm, linear, quant
 
-    return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(), "quant_path": quant.path_choice(),
+    return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
+            "linear_ksplit": linear.ks_choice(), "quant_path": quant.path_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
             "attention_mma": attention.mma_setting(),

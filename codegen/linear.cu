@@ -24,7 +24,9 @@
 //   and B agree, so fragment k (2c, 2c+1, 2c+8, 2c+9) (c = lane % 4) is read at k 4c .. 4c+3 of the
 //   tile; a 32-k step is then one 16-byte load per lane of each of the weight rows n0 + lane / 4 and
 //   n0 + lane / 4 + 8 (at k0 + 8c .. 8c+7; streamed, U steps in flight) and one 16-byte load of x row
-//   m = lane / 4 + 8j (through L1: every warp reads it), feeding two mma k16 steps.
+//   m = lane / 4 + 8j (through L1: every warp reads it), feeding two mma k16 steps. Narrow plain
+//   projections also split K across KS blocks (linear.py decode_ks), the last block of each feature block
+//   adding the KS partial sums from the scratch in a fixed order.
 // - MMA prefill (M > 32, float16): the same fragments; each warp works on 16 features and a 64-row
 //   tile of M (J = 8, each A fragment reused by the 8 tiles). A block (an item: blocks loop
 //   grid-stride over them) is 8 warps = F blocks of 16 features x S ways of split-K over one M tile,
@@ -549,21 +551,33 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // through red.
 // Paired (see linear_gemv): a block holds 8 pairs p0 + g, its A rows g are rows epi.row_a(p0 + g) and its
 // rows g + 8 rows epi.row_b(p0 + g); each row_a partial is reduced with its row_b partial (q, q + 2).
-template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, typename XS, typename EPI = LinNoEpi>
+// KS > 1 (plain, FT = 1; narrow outputs, whose N / 16 blocks alone leave SMs short of loads in flight): K is
+// also split across KS blocks (an item is a feature block and one of KS contiguous runs of its steps). Each
+// block writes its reduced 16 x 8J partial sums to ws (float32, [item][4J x 32 slots]) and bumps the feature
+// block's counter cnt; the block that arrives last adds the KS partials in run order (deterministic), then
+// adds the bias and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
-                                                  const long long* yoff, float* red, EPI epi = EPI()) {
+                                                  const long long* yoff, float* red, EPI epi = EPI(),
+                                                  float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr) {
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
+  static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
+  constexpr int SLOTS = 4 * J * 32;  // one feature block's partial sums (red's rows r = 4j + q x 32 lanes)
+  __shared__ bool lin_last;  // KS > 1: this block is the feature block's last run to finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const long long H = N / 2;
   const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 16 * FT - 1) / (16 * FT);
+  const long long run = (steps + KS - 1) / KS;  // steps per run of the K split
   const long long yn = y.stride[R - 1];
   int xm[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
-  for (long long nb = blockIdx.x; nb < blocks_n; nb += gridDim.x) {
+  for (long long item = blockIdx.x; item < blocks_n * KS; item += gridDim.x) {
+    const long long nb = item / KS, ks = item % KS;
+    const long long s_end = imin(steps, (ks + 1) * run);
     const long long nblk = GATED ? nb * 8 : nb * 16 * FT;
     const T* w0[FT];
     const T* w1[FT];
@@ -582,8 +596,8 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
       for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
-    long long s = warp;
-    for (; s + LIN_WARPS * (U - 1) < steps; s += LIN_WARPS * U) {
+    long long s = ks * run + warp;
+    for (; s + LIN_WARPS * (U - 1) < s_end; s += LIN_WARPS * U) {
       uint4 wlo[U][FT], whi[U][FT];
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -601,7 +615,7 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
           for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[u][f], whi[u][f], xv);
         }
     }
-    for (; s < steps; s += LIN_WARPS) {
+    for (; s < s_end; s += LIN_WARPS) {
       uint4 wlo[FT], whi[FT];
 #pragma unroll
       for (int f = 0; f < FT; ++f) {
@@ -645,18 +659,42 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
           }
         }
       } else {
-        for (int slot = threadIdx.x; slot < 4 * J * 32; slot += LIN_THREADS) {
+        // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+        auto put = [&](int slot, float sum) {
           const int r = slot >> 5, l = slot & 31, q = r & 3;
-          float sum = 0.f;
-#pragma unroll
-          for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
-          // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
           const long long n = n0 + (l >> 2) + (q >= 2 ? 8 : 0);
           const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
           if (m < M && n < N) {
             float b = 0.f;
             if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
             store(y.p + yoff[m] + n * yn, sum + b);
+          }
+        };
+        for (int slot = threadIdx.x; slot < SLOTS; slot += LIN_THREADS) {
+          const int r = slot >> 5, l = slot & 31;
+          float sum = 0.f;
+#pragma unroll
+          for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
+          if constexpr (KS > 1) {
+            ws[item * SLOTS + slot] = sum;
+          } else {
+            put(slot, sum);
+          }
+        }
+        if constexpr (KS > 1) {  // the feature block's last run adds the KS partials in run order
+          __threadfence();
+          __syncthreads();
+          if (threadIdx.x == 0) lin_last = atomicAdd(cnt + nb, 1u) == (unsigned int)(KS - 1);
+          __syncthreads();
+          if (lin_last) {
+            __threadfence();
+            for (int slot = threadIdx.x; slot < SLOTS; slot += LIN_THREADS) {
+              float sum = 0.f;
+#pragma unroll
+              for (int k = 0; k < KS; ++k) sum += __ldcg(ws + (nb * KS + k) * SLOTS + slot);
+              put(slot, sum);
+            }
+            if (threadIdx.x == 0) cnt[nb] = 0u;  // ready for the next launch
           }
         }
       }

@@ -71,6 +71,17 @@ FT_ENV = "ATLAS_LINEAR_FT"
 # FT 4 never won (ptxas, sm90: 255 registers, one block per SM)
 FT_AUTO_MIN_BLOCKS = 264
 FT_AUTO_MIN_BLOCKS_J4 = 132
+# K split across blocks in the MMA decode (KS in linear.cu), plain Linear. ATLAS_LINEAR_KSPLIT: "auto" (default,
+# decode_ks) or a forced 1, 2, 4 or 8 (every MMA decode run of a plain Linear; examples/kernel_lab.py --ks).
+# Narrow projections are one block per 16 outputs: Llama-3.2-1B's down projection (N = 2048) ran 128 blocks,
+# 8 warps per SM, at 54% of 4.30 TB/s at one row. Kernel lab (H200, docs/perf.md v18), us, KS = 1 / 2 / 4:
+# one row: 1B down 14.33 / 12.47 / 14.68, 1B o 5.26 / 6.13 / 8.43, 8B o 11.27 / 14.81, 8B down 31.01 / 37.99;
+# eight rows: 1B down 19.16 / 15.13 / 12.06, 1B o 5.41 / 6.29, 8B o 12.87 / 12.21, 8B down 37.93 / 32.79.
+# So auto doubles KS while the feature blocks times KS stay under KS_MIN_BLOCKS (one row: KS_MIN_BLOCKS_M1)
+# and each warp keeps at least two rounds of U steps of its run.
+KS_ENV = "ATLAS_LINEAR_KSPLIT"
+KS_MIN_BLOCKS = 512
+KS_MIN_BLOCKS_M1 = 132
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
 PATHS = ("table", "simt", "mma")
@@ -126,6 +137,43 @@ def decode_ft(j: int, n_static) -> int:
     return 2 if -(-n_static // 32) >= (FT_AUTO_MIN_BLOCKS_J4 if j >= 4 else FT_AUTO_MIN_BLOCKS) else 1
 
 
+def ks_choice() -> str:
+    """ATLAS_LINEAR_KSPLIT as given ("auto" when unset): recorded in the artifact's codegen choices."""
+    return os.environ.get(KS_ENV, "") or "auto"
+
+
+def decode_ks(j: int, n_static, k_static, one_row: bool = False) -> int:
+    """Blocks a plain Linear's MMA decode run with J x-row tiles splits K across (KS in linear.cu), for a
+    weight [n_static, k_static] (`one_row`: the call for M = 1); 1 for unknown shapes and where feature tiles
+    are shared (decode_ft > 1). CodegenError for an unknown ATLAS_LINEAR_KSPLIT."""
+    mode = ks_choice()
+    if mode not in ("auto", "1", "2", "4", "8"):
+        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
+    if not isinstance(n_static, int) or not isinstance(k_static, int) or decode_ft(j, n_static) != 1:
+        return 1
+    if mode != "auto":
+        return int(mode)
+    if j != 1:
+        return 1
+    blocks, steps, ks = -(-n_static // 16), k_static // 32, 1
+    target = KS_MIN_BLOCKS_M1 if one_row else KS_MIN_BLOCKS
+    while blocks * ks < target and steps // (2 * ks) >= 2 * WARPS * decode_u(j):
+        ks *= 2
+    return ks
+
+
+def run_splits(lo: int, hi: int, j: int, n_static, k_static) -> list[tuple[int, int, int]]:
+    """(lo, hi, KS) pieces of the MMA decode run lo < M <= hi: M = 1 apart where its K split differs."""
+    if k_static is None:
+        return [(lo, hi, 1)]
+    ks = decode_ks(j, n_static, k_static)
+    if lo == 0 and hi > 1:
+        one = decode_ks(j, n_static, k_static, one_row=True)
+        if one != ks:
+            return [(0, 1, one), (1, hi, ks)]
+    return [(lo, hi, decode_ks(j, n_static, k_static, one_row=hi == 1))]
+
+
 def path_choice() -> str:
     """ATLAS_LINEAR_PATH (default "table"); CodegenError for an unknown value."""
     path = os.environ.get(PATH_ENV, "") or "table"
@@ -151,20 +199,24 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
 
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
-                 prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None) -> list[str]:
+                 prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None) -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
     With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
-    Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps."""
+    Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps, and with
+    `k_static` (a plain Linear) K split across KS = decode_ks(...) blocks (`lin_ws`, `lin_cnt` declared before:
+    split_scratch)."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
-    for lo, hi, j in runs:
-        cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
+    for run_lo, run_hi, j in runs:
         ft = 1 if epi else decode_ft(j, n_static)
-        tile = f", {ft}" if ft > 1 else ""
-        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
-                     f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''});")
-        prefix = first + "else "
+        for lo, hi, ks in run_splits(run_lo, run_hi, j, n_static, None if epi else k_static):
+            cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
+            tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
+            tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
+            lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
+                         f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''}{tail});")
+            prefix = first + "else "
     for i, mt in enumerate(variants):
         f, u = GEMV_CONFIG[mt]
         f = 2 if epi else f
@@ -185,8 +237,18 @@ def decode_choice(dtype: str, k_static, n_static, variants: list[int]) -> list[t
     return mma_runs(variants, use_mma)
 
 
+def split_scratch(runs: list, n_static, k_static) -> tuple[int, int]:
+    """(counters, work-space bytes) of a plain Linear's K-split MMA decode runs (decode_ks): a counter per
+    feature block, [blocks x KS][4J x 32] float32 partial sums; (0, 0) without a split."""
+    need = [(j, ks) for lo, hi, j in runs for _, _, ks in run_splits(lo, hi, j, n_static, k_static)]
+    if all(ks == 1 for _, ks in need):
+        return 0, 0
+    blocks = -(-n_static // 16)
+    return blocks, max(4 * blocks * ks * 4 * j * 32 for j, ks in need if ks > 1)
+
+
 def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_lower: int = 0,
-                paired: bool = False) -> int:
+                paired: bool = False, k_static=None) -> int:
     """Blocks for the decode paths the kernel takes for M > m_lower: a warp per GEMV feature group for the
     buckets no MMA run serves, a block per 16 * FT MMA features for the others (FT = 1 when paired: a gated
     epilogue). Any grid is correct (the loops are grid-stride); blocks beyond the path's need would only
@@ -197,7 +259,10 @@ def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_
     for mt in reach:
         if mt in served:
             j = -(-mt // 8)
-            blocks = max(blocks, -(-n_upper // (16 * (1 if paired else decode_ft(j, n_static)))))
+            run = next((lo, hi) for lo, hi, rj in runs if rj == j and lo < mt <= hi)
+            ks = 1 if paired or k_static is None else next(
+                k for lo, hi, k in run_splits(*run, j, n_static, k_static) if lo < mt <= hi)
+            blocks = max(blocks, ks * -(-n_upper // (16 * (1 if paired else decode_ft(j, n_static)))))
         else:
             blocks = max(blocks, -(-n_upper // (WARPS * GEMV_CONFIG[mt][0])))
     return blocks
@@ -270,7 +335,11 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ]
     if runs:
         lines.append(f"    const bool mma = atlas::lin_mma_ok<{t}, {r}>(x, w, K);")
-    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0])
+    counters, scratch = split_scratch(runs, w_v.shape[0], k_static)
+    if scratch:  # the K split's counters and partial sums (linear.cu KS)
+        lines.insert(0, f"  unsigned int* lin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
+        lines.insert(1, f"  float* lin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
+    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static)
     lines.append("  }")
     if tc:
         tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
@@ -286,7 +355,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     m_lower = 1
     for d in x_v.shape[:-1]:
         m_lower *= ctx.lower(d)
-    blocks = decode_grid(n_upper, variants, runs, w_v.shape[0], m_lower)
+    blocks = decode_grid(n_upper, variants, runs, w_v.shape[0], m_lower, k_static=k_static)
     if tiled:
         batch = 1
         for d in y_v.shape[:-2]:
@@ -299,4 +368,5 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
-    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch)
+    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch,
+                      scratch=scratch, counters=counters)

@@ -7,6 +7,7 @@
     python examples/kernel_lab.py --ms 1,8 --variant table,norm,gated   # the fused decode projections
     python examples/kernel_lab.py --shapes "1B down,1B o" --ms 1 --variant mma --u 2,4,8   # loads in flight
     python examples/kernel_lab.py --ms 16,32 --variant table --ft 1,2,4,auto   # x shared by FT feature tiles
+    python examples/kernel_lab.py --ms 1,8 --variant table --ks 1,2,4,auto --shapes "1B down,8B o"   # K split
     python examples/kernel_lab.py --ms 128,512,4096 --variant mma,tc --shapes "8B qkv,8B gate_up,8B down"
                                                   # prefill: the MMA prefill vs the tiled GEMM (gemm.cu)
 
@@ -133,7 +134,7 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-VARIANT_KEYS = ("ft", "u", "s")  # forced options in a variant name, after the path: /ftFT, /uU, /sS
+VARIANT_KEYS = ("ft", "u", "s", "ks")  # forced options in a variant name, after the path: /ftFT, /uU, /sS, /ksKS
 
 
 def with_options(variants, key: str, values: str) -> tuple[str, ...]:
@@ -142,7 +143,7 @@ def with_options(variants, key: str, values: str) -> tuple[str, ...]:
 
 
 def split_variant(name: str) -> tuple[str, dict[str, str]]:
-    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS] (kernel_lab.py and quant_lab.py)."""
+    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS][/ksKS] (kernel_lab.py and quant_lab.py)."""
     path, *opts = name.split("/")
     found = {}
     for opt in opts:
@@ -151,10 +152,12 @@ def split_variant(name: str) -> tuple[str, dict[str, str]]:
     return path, found
 
 
-def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = ""):
+def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = "", ks: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
-    variant: its node with the default path table), ATLAS_LINEAR_U=u and ATLAS_LINEAR_FT=ft when given."""
+    variant: its node with the default path table), ATLAS_LINEAR_U=u, ATLAS_LINEAR_FT=ft and
+    ATLAS_LINEAR_KSPLIT=ks when given."""
     env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | \
+        ({linear.KS_ENV: ks} if ks else {}) | \
         {gemm.PREFILL_ENV: "mma" if variant == "mma" else ""}  # at M > 32: mma the MMA prefill, others the default
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
@@ -212,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ft", default="",
                     help="comma-separated MMA decode feature tiles per warp to compare (ATLAS_LINEAR_FT: 1, 2, 4, "
                          "auto); each value becomes a variant name path/ftFT (M > 8: x fragments shared by FT tiles)")
+    ap.add_argument("--ks", default="",
+                    help="comma-separated K splits across blocks of the plain MMA decode to compare "
+                         "(ATLAS_LINEAR_KSPLIT: 1, 2, 4, 8, auto); each value becomes a variant name path/ksKS")
     ap.add_argument("--floor", action="store_true",
                     help="then time a kernel that only streams each row's bytes, and an empty kernel "
                          "(examples/lab_floor.py): what any kernel of that size pays in this harness")
@@ -224,7 +230,7 @@ def main(argv=None) -> int:
         ms = tuple(int(m) for m in args.ms.split(","))
     variants = tuple(v for v in args.variant.split(",") if v)
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
-    variants = with_options(with_options(variants, "u", args.u), "ft", args.ft)
+    variants = with_options(with_options(with_options(variants, "u", args.u), "ft", args.ft), "ks", args.ks)
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(LAB_VARIANTS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
@@ -236,7 +242,7 @@ def main(argv=None) -> int:
     mods = {}
     for name, k, n, m, v in jobs:
         path, opts = split_variant(v)
-        mods[(name, m, v)] = generate(k, n, m, path, opts.get("u", ""), opts.get("ft", ""))
+        mods[(name, m, v)] = generate(k, n, m, path, opts.get("u", ""), opts.get("ft", ""), opts.get("ks", ""))
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))

@@ -630,6 +630,14 @@ def test_attention_decode_sequence_split():
     assert len(split.findall(one.source)) == 11  # every attention_decode node (the transposed K is declined)
     assert one.scratch_bytes > 0 and one.scratch_offset >= plan.arena_bytes
     assert one.arena_bytes == one.scratch_offset + one.scratch_bytes
+    # every kernel's counters at the scratch's start, its partials past the counters' area: a kernel with more
+    # items (another batch bucket, another node) never finds another kernel's partial sums in its counters
+    from atlasc.codegen.generate import COUNTER_BYTES
+
+    assert set(re.findall(r"att_cnt = reinterpret_cast<unsigned int\*>\(arena \+ (\d+)LL\)", one.source)) == \
+        {str(one.scratch_offset)}
+    assert set(re.findall(r"att_ws = reinterpret_cast<float\*>\(arena \+ (\d+)LL\)", one.source)) == \
+        {str(one.scratch_offset + COUNTER_BYTES)}
     # the grid: the split's target (batch 5 x 2 kv heads x 32 runs would be 320), never fewer than items
     assert max(launch.grid[0] for launch in one.launches["d"]) == attention.FAST_SPLIT_TARGET == 256
     cu = (Path(attention.__file__).parent / "attention.cu").read_text()

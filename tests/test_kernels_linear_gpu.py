@@ -34,7 +34,7 @@ TOL = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3)}
 MS = [1, 3, 8, 9, 16, 32, 33, 64, 100, 130]
 
 
-def _run(builder, ms, dtype, seed):
+def _run(builder, ms, dtype, seed, repeat=1):
     graph = builder.done()
     rtol, atol = TOL[dtype]
     plan_fn = functools.partial(plan_for, **STRIDED_PLAN)
@@ -42,7 +42,8 @@ def _run(builder, ms, dtype, seed):
     for m in ms:
         env = {"m": m, "s": max(1, min(m // 4 + 1, builder.upper["s"]))}
         feeds = builder.inputs(rng, env)
-        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn)
+        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn,
+                                repeat=repeat)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -70,3 +71,15 @@ def test_linear_mma_feature_tiles(ft, monkeypatch):
     monkeypatch.setenv(linear.PATH_ENV, "mma")
     monkeypatch.setenv(linear.FT_ENV, ft)
     _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=14)
+
+
+@pytest.mark.parametrize("ks", ["2", "4", "8", "auto"])
+def test_linear_mma_k_split(ks, monkeypatch):
+    """The MMA decode with K split across KS blocks (ATLAS_LINEAR_KSPLIT; a forced value applies to every bucket,
+    auto to M <= 8 of the wide-K shapes) for every bucket: K = 64 (two 32-k steps: at KS 4 and 8 some runs have
+    none), K = 4096; N = 8 and 1000 leave feature blocks partial; the partial sums go through the scratch and
+    the last block of each feature block adds them (the kernel runs twice: the counters must be back at 0)."""
+    monkeypatch.setenv(linear.PATH_ENV, "mma")
+    monkeypatch.setenv(linear.KS_ENV, ks)
+    _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=15,
+         repeat=2)
