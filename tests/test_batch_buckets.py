@@ -130,10 +130,11 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     kernels = c.pop("kernels")  # float32: every Attention keeps today's kernel, fa2's decline recorded
     assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
                            for k in kernels.values())
-    assert c == {"linear_path": "table", "linear_ft": "auto", "quant_path": "table", "attention_path": "fast",
+    assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto", "quant_path": "table",
+                 "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
-                 "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False,
+                 "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False, "weight_prefetch_mb": 0,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
@@ -148,12 +149,14 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")
-    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "quant_path": "simt",
+    monkeypatch.setenv("ATLAS_LINEAR_KSPLIT", "2")
+    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "quant_path": "simt",
                                  "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,
-                                 "pdl_trigger": "end", "weight_prefetch": True, "attention_prefill": "off",
+                                 "pdl_trigger": "end", "weight_prefetch": True, "weight_prefetch_mb": 16,
+                                 "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
 

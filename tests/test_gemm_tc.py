@@ -77,7 +77,8 @@ def test_tc_only_where_it_applies(monkeypatch):
                    build_linear("float32", 130, ks=(64,), ns=(8,)))
     tc = [k for k in _kernels(mod.source) if CALL in k]
     assert tc and all("K = 4096LL" in k and "__half" in k for k in tc)
-    assert not [k for k in _kernels(mod.source) if CALL in k and ("K = 72LL" in k or "float* " in k)]
+    assert not [k for k in _kernels(mod.source) if CALL in k and ("K = 72LL" in k or "const float* w =" in k)]
+    assert [k for k in _kernels(mod.source) if "const float* w =" in k]  # the float32 kernels are there
     assert all(k.count("lin_xoff[128]") == 1 for k in tc)
 
 
