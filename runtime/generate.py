@@ -103,6 +103,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
     done = np.zeros(b, bool)
     steps = _DecodeCalls(model, m, roles, sampling, b, wanted)
     nxt, past, t_last = out["next_tokens"], s, time.perf_counter()
+    one = np.ones((b, 1), np.int64)
+    ahead = None  # the mask of the call submitted two steps ahead (pipelined), built once
     for step in range(max_new_tokens):
         for i in range(b):  # nxt: the tokens of call `step` (the prefill's at step 0)
             if not done[i]:
@@ -113,12 +115,14 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
             on_token(step, [int(t) for t in nxt])
         if done.all() or step == max_new_tokens - 1:
             break
-        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)  # call step + 1's
+        mask = ahead if ahead is not None else np.concatenate([mask, one], axis=1)  # call step + 1's
+        ahead = None
         if steps.pipelined:
             if step == 0:
                 steps.submit(mask, past)
             if step + 2 < max_new_tokens:  # call step + 2 goes behind call step + 1 before the host reads it
-                steps.submit(np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1), past + 1)
+                ahead = np.concatenate([mask, one], axis=1)
+                steps.submit(ahead, past + 1)
             nxt = steps.collect()
         else:
             out = steps.run(nxt, mask, past)
