@@ -166,12 +166,12 @@ def run_splits(lo: int, hi: int, j: int, n_static, k_static) -> list[tuple[int, 
     """(lo, hi, KS) pieces of the MMA decode run lo < M <= hi: M = 1 apart where its K split differs."""
     if k_static is None:
         return [(lo, hi, 1)]
-    ks = decode_ks(j, n_static, k_static)
+    ks = decode_ks(j, n_static, k_static, one_row=hi == 1)
     if lo == 0 and hi > 1:
         one = decode_ks(j, n_static, k_static, one_row=True)
         if one != ks:
             return [(0, 1, one), (1, hi, ks)]
-    return [(lo, hi, decode_ks(j, n_static, k_static, one_row=hi == 1))]
+    return [(lo, hi, ks)]
 
 
 def path_choice() -> str:
