@@ -37,10 +37,11 @@ def compile_options(arch: str, batches: list[int], prompt: int, gen: int, quant:
 
 
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
-                 quant: str = "none", pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
-    """atlasc's bench rows (each with "engine"); pdl_ab: each artifact with ATLAS_PDL=0, then =1; compile_ab:
-    a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g. ATLAS_PREFETCH) or NAME=a,b,...
-    (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
+                 quants: tuple[str, ...] = ("none",), pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
+    """atlasc's bench rows (each with "engine"); one artifact per quant of `quants` (the ONNX file is built
+    once; with more than one, each engine name carries its quant); pdl_ab: each artifact with ATLAS_PDL=0,
+    then =1; compile_ab: a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g.
+    ATLAS_PREFETCH) or NAME=a,b,... (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.runtime.bench import bench, rows_as_dicts
@@ -54,8 +55,9 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     dev = Device()
     rows = []
     switch_name, _, values = compile_ab.partition("=")
-    for switch in (values.split(",") if values else ("0", "1")) if compile_ab else ("",):
-        label = f" {switch_name}={switch}" if compile_ab else ""
+    switches = (values.split(",") if values else ("0", "1")) if compile_ab else ("",)
+    for quant, switch in [(q, s) for q in quants for s in switches]:
+        label = (f" {quant}" if len(quants) > 1 else "") + (f" {switch_name}={switch}" if compile_ab else "")
         if compile_ab:
             os.environ[switch_name] = switch
         art_path = workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas"
@@ -130,8 +132,9 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-torch", action="store_true")
-    ap.add_argument("--quant", default="none", choices=("none", "int8", "int4", "fp8"),
-                    help="compile atlasc's artifact with --quant (the peers stay fp16)")
+    ap.add_argument("--quant", default="none",
+                    help="compile atlasc's artifact with --quant: none, int8, int4 or fp8, or several comma-separated "
+                         "(one artifact each, one ONNX build; the peers stay fp16)")
     ap.add_argument("--compile-ab", default="", metavar="ATLAS_SWITCH[=A,B]",
                     help="compile atlasc's artifact once per value of this environment switch (0 then 1, or the "
                          "values given, e.g. ATLAS_LINEAR_FT=1,auto) and bench each")
@@ -143,16 +146,19 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
+    quants = tuple(args.quant.split(","))
+    if bad := [q for q in quants if q not in ("none", "int8", "int4", "fp8")]:
+        ap.error(f"--quant: unknown {', '.join(bad)} (none, int8, int4, fp8)")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, args.quant,
+        ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, quants,
                             args.pdl_ab, args.compile_ab)
     else:
         with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
-            ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, args.quant,
+            ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, quants,
                                 args.pdl_ab, args.compile_ab)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
-    precision = "fp16" if args.quant == "none" else f"atlasc {args.quant} (weights), peers fp16"
+    precision = "fp16" if quants == ("none",) else f"atlasc {args.quant} (weights), peers fp16"
     print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")
     print(f"{'engine':<30} {'batch':>5} {'prefill ms':>10} {'ms/step':>9} {'tokens/s':>10} {'roofline':>9} "
           f"{'GiB':>6} {'vs atlasc':>9}")

@@ -2,9 +2,10 @@
 # One call on the GPU machine for speed: the kernel labs (Linear fp16, int4/int8, decode attention),
 # then atlasc vs transformers on Llama-3.2-1B shapes (and more with arguments). Logs under $OUT; the
 # tables are printed last. LABS=0 skips the labs (e.g. for an 8B run); QUANT=int4|int8|fp8 compiles atlasc's
-# artifact quantized; SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs
-# and with ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the
-# largest batch, 256 keys; PROFILE_TOP rows, default 30). ROTARY_AB=1 then compiles and benches twice more
+# artifact quantized (QUANT=int8,fp8: one artifact each, benched in turn; PROFILE then takes the last);
+# SKIP_TORCH=1 skips the transformers peers; PDL_AB=1 benches atlasc with plain CUDA graphs and with
+# ATLAS_PDL=1; PROFILE=1 then runs `atlasc profile` on the benched artifact (batch 1 and the largest batch,
+# 256 keys; PROFILE_TOP rows, default 30). ROTARY_AB=1 then compiles and benches twice more
 # at batch 1, with ATLAS_ROTARY_EPILOGUE=0 and =1, each profiled in full (where the fused float16 QKV kernel
 # loses its time, docs/perf.md v8). AB=ATLAS_SWITCH compiles atlasc's artifact twice, with that 0/1 switch 0
 # and 1 (e.g. AB=ATLAS_PREFETCH), AB=ATLAS_SWITCH=a,b once per value (e.g. AB=ATLAS_LINEAR_FT=1,auto), and
@@ -46,10 +47,11 @@ python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --promp
     tee "$out/bench_$config.log"
 bench_status=${PIPESTATUS[0]}
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys
-    art="$work/$config.atlas"
+    qpart=""; case "$quant" in *,*) qpart="-${quant##*,}" ;; esac  # a QUANT list: its last artifact
+    art="$work/$config$qpart.atlas"
     if [ -n "${AB:-}" ]; then  # with AB: the artifact compiled with the last value (the switch on)
         ab_name="${AB%%=*}"; ab_values="${AB#*=}"; [ "$ab_values" = "$AB" ] && ab_values="0,1"
-        art="$work/$config-${ab_name}${ab_values##*,}.atlas"
+        art="$work/$config$qpart-${ab_name}${ab_values##*,}.atlas"
     fi
     for b in 1 "${batches##*,}"; do
         atlasc profile "$art" --batch "$b" --context 256 --top "${PROFILE_TOP:-30}" 2>&1 | \
