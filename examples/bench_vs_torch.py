@@ -77,6 +77,8 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
             if model.pdl_error:
                 print(f"[atlasc] programmatic edges refused, plain graphs: {model.pdl_error}", flush=True)
             rows += [{"engine": engine, **r} for r in measured]
+            for r in measured:  # as measured: a later artifact's failure keeps these
+                print(f"[{engine}] {r}", flush=True)
             model.close()
     return rows
 

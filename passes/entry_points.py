@@ -23,6 +23,7 @@ from __future__ import annotations
 from atlasc.errors import ShapeError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node, SymbolInfo, Value
+from atlasc.ir.ops.prologue import QUANTIZED
 from atlasc.ir.program import KVCacheInfo, Program
 from atlasc.passes.rewrite import RewriteStats
 
@@ -155,7 +156,7 @@ def _last_position_logits(graph: Graph, stats: RewriteStats) -> None:
     while node is not None and node.op == "Cast":
         chain.append(node)
         node = producers.get(id(node.inputs[0]))
-    if node is None or node.op not in ("Linear", "LinearQ8", "LinearQ4") or len(node.inputs[0].shape) != 3:
+    if node is None or node.op not in ("Linear", *QUANTIZED) or len(node.inputs[0].shape) != 3:
         raise ShapeError(f"--prefill-logits last: the decoder's logits {logits.name} do not come from a linear "
                          "LM head over [batch, seq, hidden]", hint="compile with --prefill-logits all")
     if any(len(graph.users(v)) != 1 for v in [node.outputs[0], *(c.outputs[0] for c in chain[1:])]):
