@@ -552,16 +552,19 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // Paired (see linear_gemv): a block holds 8 pairs p0 + g, its A rows g are rows epi.row_a(p0 + g) and its
 // rows g + 8 rows epi.row_b(p0 + g); each row_a partial is reduced with its row_b partial (q, q + 2).
 // KS > 1 (plain, FT = 1; narrow outputs, whose N / 16 blocks alone leave SMs short of loads in flight): K is
-// also split across KS blocks (an item is a feature block and one of KS contiguous runs of its steps). Each
-// block writes its reduced 16 x 8J partial sums to ws (float32, [item][4J x 32 slots]) and bumps the feature
-// block's counter cnt; the block that arrives last adds the KS partials in run order (deterministic), then
-// adds the bias and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
+// also split across ks_n <= KS blocks (an item is a feature block and one of ks_n contiguous runs of its
+// steps; ks_n is a run-time argument, so one inlined copy serves M = 1 and M > 1 with different splits: two
+// copies took the kernel from 56 to 80-104 registers, docs/perf.md v19). With ks_n > 1 each block writes its
+// reduced 16 x 8J partial sums to ws (float32, [item][4J x 32 slots]) and bumps the feature block's counter
+// cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
+// and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
 template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
                                                   const long long* yoff, float* red, EPI epi = EPI(),
-                                                  float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr) {
+                                                  float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr,
+                                                  int ks_n = KS) {
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
@@ -570,13 +573,15 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const long long H = N / 2;
   const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 16 * FT - 1) / (16 * FT);
-  const long long run = (steps + KS - 1) / KS;  // steps per run of the K split
+  if constexpr (KS == 1) ks_n = 1;
+  const bool split = KS > 1 && ks_n > 1;
+  const long long run = (steps + ks_n - 1) / ks_n;  // steps per run of the K split
   const long long yn = y.stride[R - 1];
   int xm[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
-  for (long long item = blockIdx.x; item < blocks_n * KS; item += gridDim.x) {
-    const long long nb = item / KS, ks = item % KS;
+  for (long long item = blockIdx.x; item < blocks_n * ks_n; item += gridDim.x) {
+    const long long nb = item / ks_n, ks = item % ks_n;
     const long long s_end = imin(steps, (ks + 1) * run);
     const long long nblk = GATED ? nb * 8 : nb * 16 * FT;
     const T* w0[FT];
@@ -675,23 +680,22 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
           float sum = 0.f;
 #pragma unroll
           for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
-          if constexpr (KS > 1) {
+          if (split) {
             ws[item * SLOTS + slot] = sum;
           } else {
             put(slot, sum);
           }
         }
-        if constexpr (KS > 1) {  // the feature block's last run adds the KS partials in run order
+        if (split) {  // the feature block's last run adds the ks_n partials in run order
           __threadfence();
           __syncthreads();
-          if (threadIdx.x == 0) lin_last = atomicAdd(cnt + nb, 1u) == (unsigned int)(KS - 1);
+          if (threadIdx.x == 0) lin_last = atomicAdd(cnt + nb, 1u) == (unsigned int)(ks_n - 1);
           __syncthreads();
           if (lin_last) {
             __threadfence();
             for (int slot = threadIdx.x; slot < SLOTS; slot += LIN_THREADS) {
               float sum = 0.f;
-#pragma unroll
-              for (int k = 0; k < KS; ++k) sum += __ldcg(ws + (nb * KS + k) * SLOTS + slot);
+              for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + (nb * ks_n + k) * SLOTS + slot);
               put(slot, sum);
             }
             if (threadIdx.x == 0) cnt[nb] = 0u;  // ready for the next launch

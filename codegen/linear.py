@@ -76,11 +76,12 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 # Narrow projections are one block per 16 outputs: Llama-3.2-1B's down projection (N = 2048) ran 128 blocks,
 # 8 warps per SM, at 54% of 4.30 TB/s at one row. Kernel lab (H200, docs/perf.md v18), us, KS = 1 / 2 / 4:
 # one row: 1B down 14.33 / 12.47 / 14.68, 1B o 5.26 / 6.13 / 8.43, 8B o 11.27 / 14.81, 8B down 31.01 / 37.99;
-# eight rows: 1B down 19.16 / 15.13 / 12.06, 1B o 5.41 / 6.29, 8B o 12.87 / 12.21, 8B down 37.93 / 32.79.
+# eight rows: 1B down 19.16 / 15.13 / 12.06, 1B o 5.41 / 6.29, 8B o 12.87 / 12.21, 8B down 37.93 / 32.79;
+# v19: eight rows, 8B qkv (384 blocks) 15.95 / 20.22 / 20.02.
 # So auto doubles KS while the feature blocks times KS stay under KS_MIN_BLOCKS (one row: KS_MIN_BLOCKS_M1)
 # and each warp keeps at least two rounds of U steps of its run.
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
-KS_MIN_BLOCKS = 512
+KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
@@ -162,16 +163,15 @@ def decode_ks(j: int, n_static, k_static, one_row: bool = False) -> int:
     return ks
 
 
-def run_splits(lo: int, hi: int, j: int, n_static, k_static) -> list[tuple[int, int, int]]:
-    """(lo, hi, KS) pieces of the MMA decode run lo < M <= hi: M = 1 apart where its K split differs."""
+def run_ks(lo: int, hi: int, j: int, n_static, k_static) -> tuple[int, int]:
+    """(KS at M = 1, KS at M > 1) of the MMA decode run lo < M <= hi (decode_ks; a value the run never takes
+    repeats the other). One call serves the run: KS, the kernel's template bound, is the larger, and the
+    run-time ks_n picks between them (linear.cu linear_mma_decode)."""
     if k_static is None:
-        return [(lo, hi, 1)]
-    ks = decode_ks(j, n_static, k_static, one_row=hi == 1)
-    if lo == 0 and hi > 1:
-        one = decode_ks(j, n_static, k_static, one_row=True)
-        if one != ks:
-            return [(0, 1, one), (1, hi, ks)]
-    return [(lo, hi, ks)]
+        return 1, 1
+    one = decode_ks(j, n_static, k_static, one_row=True) if lo == 0 else None
+    rest = decode_ks(j, n_static, k_static) if hi > 1 else None
+    return (one or rest), (rest or one)
 
 
 def path_choice() -> str:
@@ -210,13 +210,15 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
     lines, first = [], prefix
     for run_lo, run_hi, j in runs:
         ft = 1 if epi else decode_ft(j, n_static)
-        for lo, hi, ks in run_splits(run_lo, run_hi, j, n_static, None if epi else k_static):
-            cond = f"mma && M <= {hi}" if lo == 0 else f"mma && M > {lo} && M <= {hi}"
-            tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
-            tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
-            lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
-                         f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''}{tail});")
-            prefix = first + "else "
+        one, rest = run_ks(run_lo, run_hi, j, n_static, None if epi else k_static)
+        ks = max(one, rest)
+        cond = f"mma && M <= {run_hi}" if run_lo == 0 else f"mma && M > {run_lo} && M <= {run_hi}"
+        tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
+        tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
+        tail += f", M == 1 ? {one} : {rest}" if one != rest else ""
+        lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
+                     f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''}{tail});")
+        prefix = first + "else "
     for i, mt in enumerate(variants):
         f, u = GEMV_CONFIG[mt]
         f = 2 if epi else f
@@ -240,7 +242,7 @@ def decode_choice(dtype: str, k_static, n_static, variants: list[int]) -> list[t
 def split_scratch(runs: list, n_static, k_static) -> tuple[int, int]:
     """(counters, work-space bytes) of a plain Linear's K-split MMA decode runs (decode_ks): a counter per
     feature block, [blocks x KS][4J x 32] float32 partial sums; (0, 0) without a split."""
-    need = [(j, ks) for lo, hi, j in runs for _, _, ks in run_splits(lo, hi, j, n_static, k_static)]
+    need = [(j, max(run_ks(lo, hi, j, n_static, k_static))) for lo, hi, j in runs]
     if all(ks == 1 for _, ks in need):
         return 0, 0
     blocks = -(-n_static // 16)
@@ -260,8 +262,7 @@ def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_
         if mt in served:
             j = -(-mt // 8)
             run = next((lo, hi) for lo, hi, rj in runs if rj == j and lo < mt <= hi)
-            ks = 1 if paired or k_static is None else next(
-                k for lo, hi, k in run_splits(*run, j, n_static, k_static) if lo < mt <= hi)
+            ks = 1 if paired or k_static is None else run_ks(*run, j, n_static, k_static)[mt > 1]
             blocks = max(blocks, ks * -(-n_upper // (16 * (1 if paired else decode_ft(j, n_static)))))
         else:
             blocks = max(blocks, -(-n_upper // (WARPS * GEMV_CONFIG[mt][0])))

@@ -59,14 +59,15 @@ def test_ks_variants_split_k_across_blocks(monkeypatch):
     """--ks / ATLAS_LINEAR_KSPLIT: a plain Linear's MMA decode calls carry KS with the scratch's partial sums and
     counters (counters at the scratch's start, partial sums past every kernel's counters), and the grid has KS
     blocks per 16 outputs; auto splits the narrow Llama projections (N / 16 blocks under KS_MIN_BLOCKS, or
-    KS_MIN_BLOCKS_M1 for one row, its own call) while each warp keeps two rounds of U steps, and leaves wide
-    ones, x tiles of 9+ rows and shared feature tiles alone."""
+    KS_MIN_BLOCKS_M1 for one row) while each warp keeps two rounds of U steps, and leaves wide ones, x tiles
+    of 9+ rows and shared feature tiles alone. One call serves a run even where M = 1 splits differently:
+    its run-time split picks (two inlined copies cost 80-104 registers against 56)."""
     from atlasc.codegen import linear
     from atlasc.codegen.generate import COUNTER_BYTES
 
     monkeypatch.delenv(linear.KS_ENV, raising=False)  # auto is the default
     for ks, calls, blocks in (("1", [(8, "")], 128), ("2", [(8, ", 1, 2")], 256), ("4", [(8, ", 1, 4")], 512),
-                              ("auto", [(1, ", 1, 2"), (8, ", 1, 4")], 512)):
+                              ("auto", [(8, ", 1, 4")], 512)):
         _, _, mod = kernel_lab.generate(8192, 2048, 8, "table", ks=ks)
         (launch,) = mod.launches["run"]
         split = ks != "1"
@@ -75,6 +76,7 @@ def test_ks_variants_split_k_across_blocks(monkeypatch):
                          mod.source)
         assert [(int(hi), tile) for hi, tile, _ in got] == calls
         assert all(("lin_ws, lin_cnt" in args) == bool(tile) for _, tile, args in got)
+        assert [args.endswith("lin_cnt, M == 1 ? 2 : 4") for _, _, args in got] == [ks == "auto"]
         if split:
             assert f"lin_cnt = reinterpret_cast<unsigned int*>(arena + {mod.scratch_offset}LL)" in mod.source
             assert f"lin_ws = reinterpret_cast<float*>(arena + {mod.scratch_offset + COUNTER_BYTES}LL)" in mod.source
@@ -84,11 +86,11 @@ def test_ks_variants_split_k_across_blocks(monkeypatch):
               "8B down": (4096, 14336), "8B qkv": (6144, 4096), "8B gate_up": (28672, 4096)}
     assert {name: (linear.decode_ks(1, n, k, one_row=True), linear.decode_ks(1, n, k))
             for name, (n, k) in shapes.items()} == {
-        "1B down": (2, 4), "1B o": (1, 1), "1B qkv": (1, 1), "8B o": (1, 2), "8B down": (1, 2), "8B qkv": (1, 2),
+        "1B down": (2, 4), "1B o": (1, 1), "1B qkv": (1, 1), "8B o": (1, 2), "8B down": (1, 2), "8B qkv": (1, 1),
         "8B gate_up": (1, 1)}
     assert linear.decode_ks(2, 2048, 8192) == linear.decode_ks(1, 2048, None) == 1
-    assert linear.run_splits(0, 8, 1, 4096, 4096) == [(0, 1, 1), (1, 8, 2)]
-    assert linear.run_splits(0, 8, 1, 2048, 2048) == [(0, 8, 1)]
+    assert linear.run_ks(0, 8, 1, 4096, 4096) == (1, 2) and linear.run_ks(0, 1, 1, 4096, 4096) == (1, 1)
+    assert linear.run_ks(1, 8, 1, 4096, 4096) == (2, 2) and linear.run_ks(0, 8, 1, 2048, 2048) == (1, 1)
     monkeypatch.setenv(linear.KS_ENV, "8")
     assert linear.decode_ks(4, 2048, 8192) == 8 and linear.decode_ks(4, 128256, 4096) == 1  # FT 2 there
     monkeypatch.setenv(linear.KS_ENV, "3")
