@@ -8,11 +8,13 @@
     python examples/kernel_lab.py --shapes "1B down,1B o" --ms 1 --variant mma --u 2,4,8   # loads in flight
     python examples/kernel_lab.py --ms 16,32 --variant table --ft 1,2,4,auto   # x shared by FT feature tiles
     python examples/kernel_lab.py --ms 1,8 --variant table --ks 1,2,4,auto --shapes "1B down,8B o"   # K split
+    python examples/kernel_lab.py --ms 1,8 --bucket 8 --variant table --ks 1,2,auto   # batch 1 in the 1-8 kernel
     python examples/kernel_lab.py --ms 128,512,4096 --variant mma,tc --shapes "8B qkv,8B gate_up,8B down"
                                                   # prefill: the MMA prefill vs the tiled GEMM (gemm.cu)
 
 For each (K x N, M, variant) it builds a one-node graph `Linear(x[m, K], w[N, K])` (fp16) with the
-compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold), generates the
+compile-time maximum m = M (the variants a kernel compiled for max_batch M would hold; --bucket B: m = max(B, M),
+timed at M rows, as a step's kernel for a batch bucket runs a smaller batch), generates the
 same kernel the compiler emits with ATLAS_LINEAR_PATH=variant (linear.py: "simt" = the CUDA-core GEMV /
 tiled paths, "mma" = the tensor-core paths for every M, "table" = what the compiler emits by default, per
 linear.DECODE_PATH, with ATLAS_LINEAR_PREFILL's default auto at M > 32; "tc" = "table" with
@@ -218,6 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="",
                     help="comma-separated K splits across blocks of the plain MMA decode to compare "
                          "(ATLAS_LINEAR_KSPLIT: 1, 2, 4, 8, auto); each value becomes a variant name path/ksKS")
+    ap.add_argument("--bucket", type=int, default=0,
+                    help="compile each kernel for up to max(BUCKET, M) rows and time it at M (a step's kernel serves a "
+                         "batch bucket: e.g. 8, the decode kernel of batches 1-8; default: M, a kernel for M rows)")
     ap.add_argument("--floor", action="store_true",
                     help="then time a kernel that only streams each row's bytes, and an empty kernel "
                          "(examples/lab_floor.py): what any kernel of that size pays in this harness")
@@ -242,7 +247,8 @@ def main(argv=None) -> int:
     mods = {}
     for name, k, n, m, v in jobs:
         path, opts = split_variant(v)
-        mods[(name, m, v)] = generate(k, n, m, path, opts.get("u", ""), opts.get("ft", ""), opts.get("ks", ""))
+        mods[(name, m, v)] = generate(k, n, max(m, args.bucket), path, opts.get("u", ""), opts.get("ft", ""),
+                                      opts.get("ks", ""))
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
