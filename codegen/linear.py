@@ -77,9 +77,11 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 # 8 warps per SM, at 54% of 4.30 TB/s at one row. Kernel lab (H200, docs/perf.md v18), us, KS = 1 / 2 / 4:
 # one row: 1B down 14.33 / 12.47 / 14.68, 1B o 5.26 / 6.13 / 8.43, 8B o 11.27 / 14.81, 8B down 31.01 / 37.99;
 # eight rows: 1B down 19.16 / 15.13 / 12.06, 1B o 5.41 / 6.29, 8B o 12.87 / 12.21, 8B down 37.93 / 32.79;
-# v19: eight rows, 8B qkv (384 blocks) 15.95 / 20.22 / 20.02.
-# So auto doubles KS while the feature blocks times KS stay under KS_MIN_BLOCKS (one row: KS_MIN_BLOCKS_M1)
-# and each warp keeps at least two rounds of U steps of its run.
+# v19: eight rows, 8B qkv (384 blocks) 15.95 / 20.22 / 20.02; the kernel of batches 1-8 at one row
+# (kernel_lab --bucket 8): 1B down 18.83 / 15.12 / 12.03, 8B o 12.53 / 12.08 / 14.17 (auto, 1: 11.58).
+# So auto doubles KS while the feature blocks times KS stay under KS_MIN_BLOCKS and each warp keeps at least
+# two rounds of U steps of its run; at one row only a projection of under KS_MIN_BLOCKS_M1 blocks (less than
+# one wave on the H200's 132 SMs) splits at all.
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
@@ -157,8 +159,9 @@ def decode_ks(j: int, n_static, k_static, one_row: bool = False) -> int:
     if j != 1:
         return 1
     blocks, steps, ks = -(-n_static // 16), k_static // 32, 1
-    target = KS_MIN_BLOCKS_M1 if one_row else KS_MIN_BLOCKS
-    while blocks * ks < target and steps // (2 * ks) >= 2 * WARPS * decode_u(j):
+    if one_row and blocks >= KS_MIN_BLOCKS_M1:
+        return 1
+    while blocks * ks < KS_MIN_BLOCKS and steps // (2 * ks) >= 2 * WARPS * decode_u(j):
         ks *= 2
     return ks
 

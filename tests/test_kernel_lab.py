@@ -58,9 +58,9 @@ def test_ft_variants_share_x_fragments(monkeypatch):
 def test_ks_variants_split_k_across_blocks(monkeypatch):
     """--ks / ATLAS_LINEAR_KSPLIT: a plain Linear's MMA decode calls carry KS with the scratch's partial sums and
     counters (counters at the scratch's start, partial sums past every kernel's counters), and the grid has KS
-    blocks per 16 outputs; auto splits the narrow Llama projections (N / 16 blocks under KS_MIN_BLOCKS, or
-    KS_MIN_BLOCKS_M1 for one row) while each warp keeps two rounds of U steps, and leaves wide ones, x tiles
-    of 9+ rows and shared feature tiles alone. One call serves a run even where M = 1 splits differently:
+    blocks per 16 outputs; auto splits the narrow Llama projections (N / 16 blocks under KS_MIN_BLOCKS; at one
+    row only those under KS_MIN_BLOCKS_M1) while each warp keeps two rounds of U steps, and leaves wide ones,
+    x tiles of 9+ rows and shared feature tiles alone. One call serves a run even where M = 1 splits differently:
     its run-time split picks (two inlined copies cost 80-104 registers against 56)."""
     from atlasc.codegen import linear
     from atlasc.codegen.generate import COUNTER_BYTES
@@ -76,17 +76,20 @@ def test_ks_variants_split_k_across_blocks(monkeypatch):
                          mod.source)
         assert [(int(hi), tile) for hi, tile, _ in got] == calls
         assert all(("lin_ws, lin_cnt" in args) == bool(tile) for _, tile, args in got)
-        assert [args.endswith("lin_cnt, M == 1 ? 2 : 4") for _, _, args in got] == [ks == "auto"]
         if split:
             assert f"lin_cnt = reinterpret_cast<unsigned int*>(arena + {mod.scratch_offset}LL)" in mod.source
             assert f"lin_ws = reinterpret_cast<float*>(arena + {mod.scratch_offset + COUNTER_BYTES}LL)" in mod.source
             assert mod.scratch_bytes >= COUNTER_BYTES + 4 * blocks * 128
+    _, _, mod = kernel_lab.generate(4096, 4096, 8, "table", ks="auto")  # 8B o: 1 at one row, 2 at 2-8, one call
+    assert re.findall(r"linear_mma_decode<__half, 2, 1, 4, false, 1, 2>\(.*?lin_cnt, M == 1 \? 1 : 2\);",
+                      mod.source)
+    assert mod.launches["run"][0].grid[0] == 512
     assert kernel_lab.split_variant("table/ks4") == ("table", {"ks": "4"})
     shapes = {"1B down": (2048, 8192), "1B o": (2048, 2048), "1B qkv": (3072, 2048), "8B o": (4096, 4096),
               "8B down": (4096, 14336), "8B qkv": (6144, 4096), "8B gate_up": (28672, 4096)}
     assert {name: (linear.decode_ks(1, n, k, one_row=True), linear.decode_ks(1, n, k))
             for name, (n, k) in shapes.items()} == {
-        "1B down": (2, 4), "1B o": (1, 1), "1B qkv": (1, 1), "8B o": (1, 2), "8B down": (1, 2), "8B qkv": (1, 1),
+        "1B down": (4, 4), "1B o": (1, 1), "1B qkv": (1, 1), "8B o": (1, 2), "8B down": (1, 2), "8B qkv": (1, 1),
         "8B gate_up": (1, 1)}
     assert linear.decode_ks(2, 2048, 8192) == linear.decode_ks(1, 2048, None) == 1
     assert linear.run_ks(0, 8, 1, 4096, 4096) == (1, 2) and linear.run_ks(0, 1, 1, 4096, 4096) == (1, 1)
