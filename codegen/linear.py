@@ -81,7 +81,8 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 # (kernel_lab --bucket 8): 1B down 18.83 / 15.12 / 12.03, 8B o 12.53 / 12.08 / 14.17 (auto, 1: 11.58).
 # So auto doubles KS while the feature blocks times KS stay under KS_MIN_BLOCKS and each warp keeps at least
 # two rounds of U steps of its run; at one row only a projection of under KS_MIN_BLOCKS_M1 blocks (less than
-# one wave on the H200's 132 SMs) splits at all.
+# one wave on the H200's 132 SMs) splits at all, and in a kernel for one row alone (max batch 1: other code,
+# 78 registers) only to KS_MIN_BLOCKS_M1 (v18 lab, M = 1 kernel: 1B down 14.50 / 12.70 / 14.79).
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
@@ -145,10 +146,10 @@ def ks_choice() -> str:
     return os.environ.get(KS_ENV, "") or "auto"
 
 
-def decode_ks(j: int, n_static, k_static, one_row: bool = False) -> int:
+def decode_ks(j: int, n_static, k_static, one_row: bool = False, alone: bool = False) -> int:
     """Blocks a plain Linear's MMA decode run with J x-row tiles splits K across (KS in linear.cu), for a
-    weight [n_static, k_static] (`one_row`: the call for M = 1); 1 for unknown shapes and where feature tiles
-    are shared (decode_ft > 1). CodegenError for an unknown ATLAS_LINEAR_KSPLIT."""
+    weight [n_static, k_static] (`one_row`: at M = 1; `alone`: in a kernel for one row only); 1 for unknown
+    shapes and where feature tiles are shared (decode_ft > 1). CodegenError for an unknown ATLAS_LINEAR_KSPLIT."""
     mode = ks_choice()
     if mode not in ("auto", "1", "2", "4", "8"):
         raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
@@ -161,7 +162,8 @@ def decode_ks(j: int, n_static, k_static, one_row: bool = False) -> int:
     blocks, steps, ks = -(-n_static // 16), k_static // 32, 1
     if one_row and blocks >= KS_MIN_BLOCKS_M1:
         return 1
-    while blocks * ks < KS_MIN_BLOCKS and steps // (2 * ks) >= 2 * WARPS * decode_u(j):
+    target = KS_MIN_BLOCKS_M1 if alone else KS_MIN_BLOCKS
+    while blocks * ks < target and steps // (2 * ks) >= 2 * WARPS * decode_u(j):
         ks *= 2
     return ks
 
@@ -172,7 +174,7 @@ def run_ks(lo: int, hi: int, j: int, n_static, k_static) -> tuple[int, int]:
     run-time ks_n picks between them (linear.cu linear_mma_decode)."""
     if k_static is None:
         return 1, 1
-    one = decode_ks(j, n_static, k_static, one_row=True) if lo == 0 else None
+    one = decode_ks(j, n_static, k_static, one_row=True, alone=hi == 1) if lo == 0 else None
     rest = decode_ks(j, n_static, k_static) if hi > 1 else None
     return (one or rest), (rest or one)
 

@@ -91,6 +91,8 @@ def test_ks_variants_split_k_across_blocks(monkeypatch):
             for name, (n, k) in shapes.items()} == {
         "1B down": (4, 4), "1B o": (1, 1), "1B qkv": (1, 1), "8B o": (1, 2), "8B down": (1, 2), "8B qkv": (1, 1),
         "8B gate_up": (1, 1)}
+    assert linear.decode_ks(1, 2048, 8192, one_row=True, alone=True) == 2  # a kernel for one row only
+    assert linear.run_ks(0, 1, 1, 2048, 8192) == (2, 2) and linear.run_ks(0, 8, 1, 2048, 8192) == (4, 4)
     assert linear.decode_ks(2, 2048, 8192) == linear.decode_ks(1, 2048, None) == 1
     assert linear.run_ks(0, 8, 1, 4096, 4096) == (1, 2) and linear.run_ks(0, 1, 1, 4096, 4096) == (1, 1)
     assert linear.run_ks(1, 8, 1, 4096, 4096) == (2, 2) and linear.run_ks(0, 8, 1, 2048, 2048) == (1, 1)
