@@ -274,3 +274,15 @@ def test_programmatic_launch_is_on_unless_atlas_pdl_is_0(monkeypatch):
     monkeypatch.setenv("ATLAS_PDL", "on")
     with pytest.raises(UsageError, match="ATLAS_PDL='on'"):
         pdl_setting()
+
+
+def test_bench_vs_torch_refuses_an_unknown_quant_before_any_work():
+    """examples/bench_vs_torch.py --quant takes a comma-separated list; an unknown member is a usage error
+    (exit 2) naming it, before any model is built or a GPU is touched."""
+    import subprocess
+    import sys
+
+    script = FIXTURES.parent / "bench_vs_torch.py"
+    r = subprocess.run([sys.executable, str(script), "--quant", "int8,int3", "--skip-torch"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "unknown int3" in r.stderr and "Traceback" not in r.stderr
