@@ -148,9 +148,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
+    from atlasc.passes.quantize import MODES
+
     quants = tuple(args.quant.split(","))
-    if bad := [q for q in quants if q not in ("none", "int8", "int4", "fp8")]:
-        ap.error(f"--quant: unknown {', '.join(bad)} (none, int8, int4, fp8)")
+    if bad := [q for q in quants if q not in MODES]:
+        ap.error(f"--quant: unknown {', '.join(bad)} ({', '.join(MODES)})")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, quants,
