@@ -85,6 +85,7 @@ class KernelCode:
     counters: int = 0  # unsigned int counters it uses from ctx.counters_address() on (left at 0)
     prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
     choice: dict | None = None  # a per-kernel choice worth recording (the report's codegen `kernels`)
+    min_blocks: int = 0  # > 0: __launch_bounds__'s blocks per SM (caps the registers per thread for them)
 
 
 @dataclass
@@ -383,7 +384,8 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
     return "\n".join([
         code.preamble,
         f"// {node.name}: {node.op} -> {sig}",
-        f'extern "C" __global__ void __launch_bounds__({threads}) {ctx.kernel}(unsigned char* __restrict__ arena) {{',
+        f'extern "C" __global__ void __launch_bounds__({threads}{f", {code.min_blocks}" if code.min_blocks else ""}) '
+        f'{ctx.kernel}(unsigned char* __restrict__ arena) {{',
         *([code.prefetch] if code.prefetch else []),
         "  atlas::pdl_enter();",
         f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",

@@ -6,14 +6,16 @@ a contiguous constant and the optional bias [N]. The kernel picks its path from 
   exist up to the next power of two of M's compile-time maximum (at most 32). Each bucket runs the
   CUDA-core GEMV with MT rows, or, where DECODE_PATH says "mma", the tensor-core decode with
   J = ceil(MT / 8) tiles of 8 rows when lin_mma_ok holds at run time (float16, K % 32 == 0, aligned
-  x rows and w, sm80+), the GEMV otherwise.
+  x rows and w, sm80+), the GEMV otherwise (in a kernel that also has the prefill paths, compiled for sm80+
+  only: the tiled path instead, so the GEMVs behind the MMA runs are not inlined).
 - M > 32 (only emitted when M may exceed 32): the tensor-core prefill (64-row tiles, split-K across
   the block's warps when the tiles alone would not fill the GPU) when lin_mma_ok holds, else the
   CUDA-core tiled path (matmul.cu). ATLAS_LINEAR_PREFILL (gemm.py; default auto) adds gemm.cu's
   linear_gemm_tc before it, for calls with at least gemm.GEMM_TC_MIN_TILES output tiles (tc: for all):
   128 x 128 output tiles, x and w k tiles staged in shared memory by cp.async (3 stages), ldmatrix
   fragments, gemm.gemm_smem() bytes of dynamic shared memory (60 KB: not in a compile for sm75, whose
-  64 KB per block leave too little beside the static arrays, atlasc/ir/archs.py).
+  64 KB per block leave too little beside the static arrays, atlasc/ir/archs.py); where two such blocks fit
+  an SM (sm90, sm100) the kernel's launch bounds ask for two, which holds it to 128 registers.
 Emitting only the variants M can reach keeps the decode kernel's register count (the maximum over
 its variants: it sets the occupancy) that of the small ones. float32 models and K % 32 != 0 get no
 MMA code at all.
@@ -35,7 +37,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
-from atlasc.ir.archs import block_smem
+from atlasc.ir.archs import block_smem, blocks_per_sm, min_arch
 from atlasc.ir.graph import Node
 
 THREADS = 256  # LIN_THREADS in linear.cu (also matmul_tiled's block)
@@ -203,11 +205,19 @@ def mma_runs(variants: list[int], use_mma: dict[int, bool]) -> list[tuple[int, i
     return runs
 
 
+def gemv_buckets(variants: list[int], runs: list[tuple[int, int, int]], fallback: bool) -> list[int]:
+    """The buckets that get a GEMV call: all of them, or with a `fallback` path for calls the MMA decode
+    cannot take, only those no MMA run serves."""
+    return [mt for mt in variants if not (fallback and any(lo < mt <= hi for lo, hi, _ in runs))]
+
+
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
-                 prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None) -> list[str]:
+                 prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None,
+                 fallback: str = "") -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
-    With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
+    With `fallback` (a call statement for any M) the GEMVs are only those of gemv_buckets and the fallback
+    ends the chain. With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
     Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps, and with
     `k_static` (a plain Linear) K split across KS = decode_ks(...) blocks (`lin_ws`, `lin_cnt` declared before:
     split_scratch)."""
@@ -224,13 +234,16 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
         lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
                      f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''}{tail});")
         prefix = first + "else "
-    for i, mt in enumerate(variants):
+    gemvs = gemv_buckets(variants, runs, bool(fallback))
+    for i, mt in enumerate(gemvs):
         f, u = GEMV_CONFIG[mt]
         f = 2 if epi else f
-        cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
+        cond = "" if i == len(gemvs) - 1 and not fallback else f"if (M <= {mt}) "
         lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec"
                      f"{', ' + epi if epi else ''});")
         prefix = first + "else "
+    if fallback:
+        lines.append(f"{prefix}{fallback}")
     return lines
 
 
@@ -331,12 +344,19 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
-    if runs or mma_big:  # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill)
-        red = max(red_floats(runs), mma_red if mma_big else 0)
+    red = max(red_floats(runs), mma_red if mma_big else 0)  # partial C fragments: 4J floats x 8 warps x 32 lanes
+    if red:  # (J = 8: prefill)
         lines.append(f"  __shared__ float lin_red[{red}];")
+    # a prefill kernel's decode paths (M <= 32) fall back to the tiled path where the MMA decode cannot run
+    # (misaligned rows) instead of a GEMV per bucket: the GEMVs behind the MMA runs took most of the module's
+    # ptxas time (docs/perf.md v20). Not on sm75, where the MMA code compiles to nothing and the GEMVs are
+    # the decode path.
+    fallback = (f"atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);"
+                if tiled and runs and min_arch(ctx.archs) >= 80 else "")
+    setup = f"atlas::linear_gemv_setup<{t}, {r}>(x, w, y, M, K, lin_xoff, lin_yoff);"
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
-        f"    const bool vec = atlas::linear_gemv_setup<{t}, {r}>(x, w, y, M, K, lin_xoff, lin_yoff);",
+        f"    const bool vec = {setup}" if gemv_buckets(variants, runs, bool(fallback)) else f"    {setup}",
         f"    const atlas::XView<{t}> xs{{x.p, lin_xoff, x.stride[{r - 1}]}};",
     ]
     if runs:
@@ -345,7 +365,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if scratch:  # the K split's counters and partial sums (linear.cu KS)
         lines.insert(0, f"  unsigned int* lin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         lines.insert(1, f"  float* lin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
-    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static)
+    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static, fallback=fallback)
     lines.append("  }")
     if tc:
         tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
@@ -374,5 +394,9 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
+    # where two blocks of the tiled GEMM's shared memory fit an SM (sm90, sm100), registers must let them:
+    # ptxas alone gave the sm90 kernel 128 or 176 registers depending on which other paths it inlined
+    smem_block = gemm.gemm_smem() + static_smem(rows, red, tiled) if tc else 0
+    min_blocks = 2 if tc and blocks_per_sm(ctx.archs, smem_block) >= 2 else 0
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch,
-                      scratch=scratch, counters=counters)
+                      scratch=scratch, counters=counters, min_blocks=min_blocks)

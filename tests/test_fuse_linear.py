@@ -277,7 +277,8 @@ def test_linear_path_choice(monkeypatch):
         src = "".join(generate(build_linear("float16", 100, ks=(4096,), ns=(8,))).source.split('extern "C"')[1:])
         assert ("linear_mma_prefill" in src) == has_mma and ("linear_mma_decode" in src) == has_mma
         assert ("if (mma && M <= 8) " in src) == m1_mma
-        assert "linear_tiled" in src and "linear_gemv<__half, 2, 1, " in src  # the fallbacks stay
+        # the fallbacks: tiled, and with every bucket on the MMA decode no GEMV (test_prefill_linear_fallback)
+        assert "linear_tiled" in src and ("linear_gemv<__half, 2, 1, " in src) == (path == "simt")
     # the table: M = 1 takes the MMA path only for narrow outputs (N <= MMA_M1_MAX_N)
     monkeypatch.setenv(linear.PATH_ENV, "table")
     for n, m1_mma in ((8, True), (linear.MMA_M1_MAX_N + 8, False)):
@@ -288,6 +289,42 @@ def test_linear_path_choice(monkeypatch):
     monkeypatch.setenv(linear.PATH_ENV, "fast")
     with pytest.raises(CodegenError, match="ATLAS_LINEAR_PATH='fast'"):
         generate(build_linear("float16", 4, ks=(4096,), ns=(8,)))
+
+
+def test_prefill_linear_fallback():
+    """A prefill-sized float16 Linear (M up to 100, K = 4096) for sm80+ has no GEMV behind its MMA decode runs:
+    where those cannot run (misaligned rows) the tiled path takes M <= 32 too; a bucket the table leaves to the
+    GEMV (M = 1 with N > MMA_M1_MAX_N) keeps its GEMV. A compile that targets sm75 (no MMA code) and the
+    decode-sized kernels (no tiled path) keep every GEMV."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.generate import generate_module
+    from test_codegen_matmul_attention import planned
+
+    def kernels(m: int, archs: tuple[str, ...]) -> dict[int, str]:
+        b = build_linear("float16", m, ks=(4096,), ns=(8, linear.MMA_M1_MAX_N + 8))
+        graph, plan, _ = planned(b, "float16")
+        source = generate_module({"g": (graph, plan)}, {"g": b.upper}, archs=archs).source
+        found = {}
+        for k in source.split('extern "C"')[1:]:
+            n = int(re.search(r"const long long N = (\d+)LL", k).group(1))
+            found.setdefault(n, k)
+        return found
+
+    def gemv_rows(kernel: str) -> list[int]:
+        return [int(mt) for mt in re.findall(r"linear_gemv<__half, \d, (\d+),", kernel)]
+
+    wide = linear.MMA_M1_MAX_N + 8
+    tail = "else atlas::linear_tiled<__half, 2, false>(x, w, bias, bias_stride, y, N, K);"
+    for archs in (("sm80",), ("sm90",), ("sm86", "sm90"), ()):
+        prefill = kernels(100, archs)
+        assert gemv_rows(prefill[8]) == [] and gemv_rows(prefill[wide]) == [1], archs
+        for k in prefill.values():
+            decode = k[k.index("if (M <= 32)"):k.index("\n  }\n")]
+            assert decode.rstrip().endswith(tail), decode
+        assert "const bool vec" not in prefill[8] and "const bool vec" in prefill[wide]
+    assert gemv_rows(kernels(100, ("sm75",))[8]) == [1, 2, 4, 8, 16, 32]
+    assert gemv_rows(kernels(100, ("sm75", "sm90"))[wide]) == [1, 2, 4, 8, 16, 32]
+    assert gemv_rows(kernels(4, ("sm90",))[8]) == [1, 2, 4]  # decode-sized: no tiled path to fall back to
 
 
 def test_linear_decode_steps_in_flight(monkeypatch):

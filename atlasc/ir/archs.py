@@ -28,6 +28,18 @@ def block_smem(archs: tuple[str, ...]) -> int:
     return min(MAX_SMEM_PER_BLOCK[a] for a in (archs or ("sm90",)))
 
 
+def min_arch(archs: tuple[str, ...]) -> int:
+    """The lowest compute capability of a compile for `archs` as a number (sm75 -> 75; 90 when empty)."""
+    return min(int(a[2:]) for a in (archs or ("sm90",)))
+
+
+def blocks_per_sm(archs: tuple[str, ...], block_bytes: int) -> int:
+    """How many blocks of `block_bytes` shared memory (static + dynamic) one SM holds at once on every arch
+    of the compile: an SM has its per-block limit plus 1 KB, and each block takes 1 KB more for the system
+    (CUDA C++ Programming Guide, shared memory per SM)."""
+    return min((MAX_SMEM_PER_BLOCK[a] + KB) // (block_bytes + KB) for a in (archs or ("sm90",)))
+
+
 def max_dynamic_smem(archs: tuple[str, ...]) -> int:
     """The dynamic shared memory bytes a kernel may ask for in a compile for `archs`: block_smem less
     STATIC_SMEM_RESERVE (for a kernel that knows its static bytes, block_smem less those)."""
