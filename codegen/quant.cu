@@ -35,6 +35,9 @@
 // warp), the S partial fragments summed through shared memory in warp order (deterministic). Blocks
 // loop grid-stride over items (feature blocks major, then 8J-row tiles of M: M > 8J re-reads a block's
 // weights, from L2). Weight rows n >= N read row N-1 and x rows m >= M read row M-1; neither is stored.
+// KS > 1 (plain projections at S = 8 with fewer N / 16 blocks than SMs, quant.py quant_ks): K is also split
+// across ks_n blocks, each taking one contiguous run of the steps; the partial sums meet in the scratch
+// (qlin_split_store, as linear_mma_decode's K split in linear.cu).
 // The path needs float16 x with unit stride along K and 16-byte aligned rows, a 16-byte aligned wq,
 // K % 128 == 0 (int4) or K % 64 == 0 (int8); the emitter also requires G % 32 == 0 for int4.
 //
@@ -450,6 +453,49 @@ __device__ __forceinline__ void qlin_plain_store(const float (&acc)[J][4], float
   }
 }
 
+// the plain store of a K split across blocks (KS > 1; F = 1, S = 8: one feature block per item): the block
+// sums its 8 warps' partials (warp order) into ws[item][4J x 32 slots], bumps the feature block's counter
+// cnt[key]; the block that arrives last adds the ks_n runs' partials in run order (deterministic), applies the
+// int8 / fp8 scale and the bias as qlin_plain_store does, stores, and puts the counter back to 0
+template <typename T, int R, int BITS, int J, bool HAS_BIAS>
+__device__ __forceinline__ void qlin_split_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
+                                                 const T* __restrict__ bias, long long bias_stride,
+                                                 const View<T, R>& y, long long yn, int n0, int m0, int n_rows,
+                                                 int m_rows, float* __restrict__ ws, unsigned int* cnt, long long key,
+                                                 int kr, int ks_n) {
+  constexpr int SLOTS = 4 * J * 32;
+  __shared__ bool qlin_last;
+  qlin_stash<J>(acc, red);
+  for (int slot = threadIdx.x; slot < SLOTS; slot += QLIN_THREADS) {
+    const int r = slot >> 5, l = slot & 31;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < QLIN_WARPS; ++v) sum += red[(r * QLIN_WARPS + v) * 32 + l];
+    ws[(key * ks_n + kr) * SLOTS + slot] = sum;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) qlin_last = atomicAdd(cnt + key, 1u) == (unsigned int)(ks_n - 1);
+  __syncthreads();
+  if (qlin_last) {
+    __threadfence();
+    for (int slot = threadIdx.x; slot < SLOTS; slot += QLIN_THREADS) {
+      const int r = slot >> 5, l = slot & 31, q = r & 3;
+      const int n = n0 + (l >> 2) + (q >= 2 ? 8 : 0), m = m0 + 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
+      float sum = 0.f;
+      for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + (key * ks_n + k) * SLOTS + slot);
+      if (m < m_rows && n < n_rows) {
+        float mul = 1.f, b = 0.f;
+        if constexpr (BITS == 8) mul = __half2float(scale[n]);
+        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+        store(y.p + qlin_row(y, m) + n * yn, BITS == 8 ? fmaf(sum, mul, b) : sum + b);
+      }
+    }
+    if (threadIdx.x == 0) cnt[key] = 0u;  // ready for the next launch
+  }
+  __syncthreads();  // red is rewritten by the next item
+}
+
 // an item's stores: qlin_gated_store for a paired epilogue (n_rows / 2 pairs), else qlin_plain_store
 template <typename T, int R, int BITS, int J, int S, bool HAS_BIAS, typename EPI>
 __device__ __forceinline__ void qlin_store(const float (&acc)[J][4], float* red, const __half* __restrict__ scale,
@@ -501,18 +547,21 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
 // the call: running the staging after the first weight loads, as linear_w4a8_mma does, measured slower
 // here, docs/perf.md v13.)
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
-          bool XSMEM = false, typename EPI = LinNoEpi>
+          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red,
-                                                 const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI()) {
+                                                 const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI(),
+                                                 float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr,
+                                                 int ks_n = KS) {
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int FB = GATED ? 8 : 16;  // outputs per feature block
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
   static_assert(!F8 || BITS == 8, "E4M3 codes are one byte per weight");
   static_assert(!ZP || BITS == 4, "zero points are int4-only");
   static_assert(S == 1 || S == 2 || S == 4 || S == 8, "split-K ways: 1, 2, 4 or 8");
+  static_assert(KS == 1 || (!GATED && S == QLIN_WARPS), "a K split across blocks is for plain projections at S = 8");
   constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
   constexpr bool EXACT = BITS == 8 || GS % 128 == 0;
@@ -528,9 +577,14 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   const int groups = BITS == 4 ? int(K / GS) : 1;
   const int tiles_m = (m_rows + 8 * J - 1) / (8 * J);
   const int H = n_rows / 2, outs = GATED ? H : n_rows;
-  const long long items = (long long)(((outs + FB - 1) / FB + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
-  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int nb0 = int(item / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(item % tiles_m) * (8 * J);
+  if constexpr (KS == 1) ks_n = 1;
+  const bool split = KS > 1 && ks_n > 1;
+  const int run = (steps + ks_n - 1) / ks_n;  // steps per run of a K split across blocks (all of them without)
+  const long long keys = (long long)(((outs + FB - 1) / FB + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
+  for (long long item = blockIdx.x; item < keys * ks_n; item += gridDim.x) {
+    const long long key = item / ks_n;
+    const int kr = int(item % ks_n), s_end = min(steps, (kr + 1) * run);
+    const int nb0 = int(key / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(key % tiles_m) * (8 * J);
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j)
@@ -548,15 +602,15 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       const T* xr[J];
 #pragma unroll
       for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
-      for (int s = ks; s < steps; s += S * U) {
+      for (int s = kr * run + ks; s < s_end; s += S * U) {
         uint4 wlo[U], whi[U];
         __half slo[U], shi[U];
         unsigned char zlo[U], zhi[U];
-        qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, steps, c);
+        qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end, c);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;
-          if (st < steps) {
+          if (st < s_end) {
             if constexpr (BITS == 4) {
               if constexpr (ZP) {
                 unsigned sub_lo, fma_lo, sub_hi, fma_hi;
@@ -578,6 +632,13 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       }
     }
     // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
+    if constexpr (KS > 1) {
+      if (split) {
+        qlin_split_store<T, R, BITS, J, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, n0, m0, n_rows, m_rows, ws,
+                                                  cnt, key, kr, ks_n);
+        continue;
+      }
+    }
     qlin_store<T, R, BITS, J, S, HAS_BIAS>(acc, red, scale, bias, bias_stride, y, yn, nb0, n0, m0, n_rows, m_rows, F,
                                            epi);
   }

@@ -18,7 +18,8 @@ Environment variables read at code generation, for A/B timing (examples/quant_la
 --split): ATLAS_QUANT_PATH = "table" (default: the tensor-core path where it applies, GPU-validated
 by tests/test_kernels_quant_gpu.py, 4-60x faster than simt in docs/perf.md v5) or "simt" (the
 CUDA-core kernel only); ATLAS_QUANT_SPLIT = 1, 2,
-4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U (steps_in_flight).
+4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U (steps_in_flight); ATLAS_QUANT_KSPLIT = 1, 2, 4
+or 8 overrides quant_ks (a plain int8 / fp8 projection's K split across blocks at M <= 8).
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ MMA_U: dict[tuple[int, int], int] = {(4, 1): 3, (4, 2): 2, (4, 4): 1, (8, 1): 2,
 PATH_ENV = "ATLAS_QUANT_PATH"
 SPLIT_ENV = "ATLAS_QUANT_SPLIT"
 U_ENV = "ATLAS_QUANT_U"
+# K split across blocks (KS in quant.cu) for a plain int8 / fp8 projection at M <= 8 that S = 8 leaves with
+# less than one block per SM. ATLAS_QUANT_KSPLIT: "auto" (default, quant_ks) or a forced 1, 2, 4 or 8.
+# H200 lab (docs/perf.md v20), int8 at one row, us for KS 1 / 2 / 4: 1B down (128 blocks) 11.18 / 9.18 / 8.57;
+# 8B o (256) 7.86 / 11.04 / 10.39, 8B down (256) 20.93 / 26.07 / 20.98, 8B qkv (384) 9.38 / 13.03 / 13.87 (the
+# split takes the kernel from 60 to 74-77 registers, 4 to 3 blocks per SM); fp8 and eight rows alike
+KS_ENV = "ATLAS_QUANT_KSPLIT"
+KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
@@ -101,6 +109,33 @@ def split_k(n: int, steps: int) -> int:
     return s
 
 
+def quant_ks(bits: int, n: int, steps: int, split: int, u: int) -> int:
+    """Blocks the M <= 8 call of a plain projection splits K across (KS in quant.cu): auto, for an int8 / fp8
+    weight of n rows that has fewer than KS_MAX_BLOCKS blocks of 16 rows at S = 8 ways, doubles KS from 1
+    while the blocks stay under SPLIT_TARGET and each run keeps two rounds of S x u steps; 1 for int4, where
+    S < 8 and for wider weights. ATLAS_QUANT_KSPLIT forces it (where it applies); CodegenError for an unknown
+    value."""
+    mode = os.environ.get(KS_ENV, "") or "auto"
+    if mode not in ("auto", "1", "2", "4", "8"):
+        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
+    if bits != 8 or split != WARPS:
+        return 1
+    if mode != "auto":
+        return int(mode)
+    blocks, ks = _ceil(n, 16), 1
+    while blocks < KS_MAX_BLOCKS and blocks * ks < SPLIT_TARGET and steps // (2 * ks) >= 2 * split * u:
+        ks *= 2
+    return ks
+
+
+def ks_scratch(n: int, ks: int) -> tuple[int, int]:
+    """(counters, work-space bytes) of a K split across ks blocks: a counter per 16-row feature block and
+    its ks runs' partial sums (4 x 32 floats each, one 8-row tile of x); (0, 0) without a split."""
+    if ks == 1:
+        return 0, 0
+    return _ceil(n, 16), 4 * _ceil(n, 16) * ks * 4 * 32
+
+
 def steps_in_flight(bits: int, j: int) -> int:
     """MMA_U[bits, j], or ATLAS_QUANT_U when set (CodegenError unless 1 .. 8)."""
     forced = os.environ.get(U_ENV, "")
@@ -112,10 +147,12 @@ def steps_in_flight(bits: int, j: int) -> int:
 
 
 def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
-                n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "") -> tuple[list[str], int]:
+                n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "",
+                ks: int = 1) -> tuple[list[str], int]:
     """(statements, blocks): the tensor-core path (when it applies) with the fallback, for the x View `x`
     (xsmem: in shared memory), `epi` a gated epilogue functor or "". Declares qlin_red; expects N, K, M,
-    wq, wscale, wzero, bias, bias_stride and y declared."""
+    wq, wscale, wzero, bias, bias_stride and y declared, and with ks > 1 (a plain int8 / fp8 projection's K
+    split across blocks at M <= 8, quant_ks) qlin_ws and qlin_cnt (ks_scratch)."""
     zero = "wzero" if zp else "nullptr"
     tail = f", {zero}, {epi}" if epi else (", wzero" if zp else "")
     fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
@@ -136,13 +173,18 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
         for i, j in enumerate(js):
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
+            if j == 1 and ks > 1:  # plain int8 / fp8 only (quant_ks): no zero points, x in global memory
+                lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, 1, {split}, "
+                             f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, false, false, "
+                             f"atlas::LinNoEpi, {ks}>({args}, nullptr, atlas::LinNoEpi(), qlin_ws, qlin_cnt);")
+                continue
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
                          f"{steps_in_flight(bits, j)}, {has_bias}{flags}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         fb = 8 if epi else 16
         items = _ceil(_ceil(outs, fb), WARPS // split)
         # row tiles beyond the first only while the grid stays under STRIDE_GRID (both loops are grid-stride)
-        blocks = max(items, min(STRIDE_GRID, items * _ceil(m_upper, 8 * js[-1])))
+        blocks = max(items * ks, min(STRIDE_GRID, items * _ceil(m_upper, 8 * js[-1])))
     else:
         lines.append(f"  {fallback}")
     return lines, blocks
@@ -172,9 +214,17 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         grid = blocks or _ceil(n_upper, WARPS)
         return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, grid)), 1, 1), (THREADS, 1, 1),
                           smem=act8_smem(m_upper, k_static), prefetch=prefetch)
-    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper)
+    ks = 1
+    if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
+        steps = k_static * bits // 8 // STEP_BYTES
+        ks = quant_ks(bits, n_upper, steps, split_k(n_upper, steps), steps_in_flight(bits, 1))
+    counters, scratch = ks_scratch(n_upper, ks)
+    if ks > 1:
+        lines.append(f"  unsigned int* qlin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
+        lines.append(f"  float* qlin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
+    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, ks=ks)
     return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1),
-                      prefetch=prefetch)
+                      prefetch=prefetch, scratch=scratch, counters=counters)
 
 
 def bind_quant_weights(ctx: KernelContext, node: Node, weights: list, t: str):

@@ -5,6 +5,7 @@
     python examples/quant_lab.py --variant table,simt  # the tensor-core path vs the CUDA-core fallback
     python examples/quant_lab.py --variant table,a8    # float activations vs int8 ones (W4A8 / W8A8 dp4a, M <= 8)
     python examples/quant_lab.py --split 1,4,8 --u 2,4 # sweep forced split-K ways x steps in flight (ATLAS_QUANT_*)
+    python examples/quant_lab.py --quant int8 --ks 1,2,4 # a K split across blocks (ATLAS_QUANT_KSPLIT)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
     python examples/quant_lab.py --variant table,norm,gated --quant int4 --shapes "8B gate_up"   # fused prologue cost
 
@@ -96,13 +97,14 @@ def build(k: int, n: int, m_max: int, mode: str, act: str = "", kind: str = "lin
 
 
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
-             act: str = ""):
+             act: str = "", ks: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
-    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u when given); variant "norm" / "gated": that fused kind with the
-    default path table."""
+    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks when given); variant "norm" / "gated": that
+    fused kind with the default path table."""
     kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
     return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
-                                                              quant.SPLIT_ENV: split, quant.U_ENV: u})
+                                                              quant.SPLIT_ENV: split, quant.U_ENV: u,
+                                                              quant.KS_ENV: ks})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
                                                 "quant.split_k); each becomes a variant name path/sS")
     ap.add_argument("--u", default="", help="comma-separated 1 KB steps in flight per warp to force (1 .. 8; "
                                             "default: quant.MMA_U); each becomes a variant name path/uU")
+    ap.add_argument("--ks", default="", help="comma-separated K splits across blocks to force (1, 2, 4, 8 or auto; "
+                                             "default: quant.quant_ks); each becomes a variant name path/ksKS")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     ap.add_argument("--copies", type=int, default=1,
                     help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
         ap.error("the fused variants (norm, gated) run at M <= 8 only")
     if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
-    variants = with_options(with_options(variants, "s", args.split), "u", args.u)
+    variants = with_options(with_options(with_options(variants, "s", args.split), "u", args.u), "ks", args.ks)
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
                     mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if path == "a8" else
                                                               path.removesuffix("-a8"),
                                                               opts.get("s", ""), opts.get("u", ""),
-                                                              "int8" if a8 else "")
+                                                              "int8" if a8 else "", opts.get("ks", ""))
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()
@@ -203,10 +207,12 @@ def main(argv=None) -> int:
                 module = dev.load_module(cubins[(name, m, mode, variant)])
                 launch = mod.launches["run"][0]
                 table = KernelTable(dev, module, [launch.kernel])
-                arenas, allocations = spread_windows(dev, plan.arena_bytes, int(args.span_gb * 1e9),
-                                                     arena_count(plan.arena_bytes))
+                arenas, allocations = spread_windows(dev, mod.arena_bytes, int(args.span_gb * 1e9),
+                                                     arena_count(mod.arena_bytes))
                 for a in arenas:
-                    dev.upload(a, 0, np.full(plan.arena_bytes, 0xFF, np.uint8))
+                    dev.upload(a, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))
+                    if mod.scratch_bytes:  # a K split's counters start at 0
+                        dev.upload(a, mod.scratch_offset, np.zeros(mod.scratch_bytes, np.uint8))
                     dev.upload(a, plan.dims_offset, np.array([m], np.int64))
                     dev.upload(a, plan.placement("x").offset, x[:m])
                     dev.upload(a, plan.placement("wq").offset, wq)

@@ -101,7 +101,7 @@ def build_quant(dtype: str, m_max: int = 100):
     return b
 
 
-def _check(dtype: str):
+def _check(dtype: str, repeat: int = 1):
     import functools
 
     from kernel_harness import run_on_gpu
@@ -117,7 +117,7 @@ def _check(dtype: str):
         env = {"m": m, "s": max(1, min(m // 4 + 1, builder.upper["s"]))}
         feeds = builder.inputs(rng, env)
         want = interpret(graph, feeds)
-        got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_fn)
+        got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_fn, repeat=repeat)
         for name, w in want.items():
             g, w = got[name].astype(np.float64), w.astype(np.float64)
             assert got[name].shape == w.shape and got[name].dtype == want[name].dtype, name
@@ -144,3 +144,15 @@ def test_quant_kernels_split(split, monkeypatch):
     monkeypatch.setenv(quant.PATH_ENV, "table")
     monkeypatch.setenv(quant.SPLIT_ENV, split)
     _check("float16")
+
+
+@pytest.mark.parametrize("ks", ["2", "4", "8"])
+def test_quant_k_split_across_blocks(ks, monkeypatch):
+    """ATLAS_QUANT_KSPLIT forced: the int8 / fp8 nodes at S = 8 (K = 4096) split K across blocks at M <= 8 (the
+    partial sums meet in the scratch, the last block stores); the graph runs twice in one arena, so each
+    kernel must leave its counters at 0. (auto gives KS 2 to those nodes, test_quant_kernels_match_reference.)"""
+    from atlasc.codegen import quant
+
+    monkeypatch.setenv(quant.PATH_ENV, "table")
+    monkeypatch.setenv(quant.KS_ENV, ks)
+    _check("float16", repeat=2)

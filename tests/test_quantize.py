@@ -412,6 +412,66 @@ def test_quant_mma_choices(monkeypatch):
         quant.steps_in_flight(4, 1)
 
 
+def test_quant_k_split_choice(monkeypatch):
+    """quant_ks: an int8 / fp8 projection at S = 8 with fewer than KS_MAX_BLOCKS blocks of 16 rows splits K
+    across blocks while each run keeps two rounds of S x U steps (1B down: 4; the GPU test's 4096 x 256: 2);
+    the 8B o, down and qkv (256-384 blocks, slower split in the lab), int4, S < 8 and wide outputs do not;
+    ATLAS_QUANT_KSPLIT forces it where it applies, and rejects other values."""
+    from atlasc.codegen import quant
+    from atlasc.codegen.generate import CodegenError
+
+    monkeypatch.delenv(quant.KS_ENV, raising=False)
+    monkeypatch.delenv(quant.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(quant.U_ENV, raising=False)
+
+    def ks(bits: int, k: int, n: int) -> int:
+        steps = k * bits // 8 // quant.STEP_BYTES
+        return quant.quant_ks(bits, n, steps, quant.split_k(n, steps), quant.steps_in_flight(bits, 1))
+
+    assert [ks(8, 8192, 2048), ks(8, 4096, 256), ks(8, 4096, 4096), ks(8, 14336, 4096), ks(8, 4096, 6144)] == \
+        [4, 2, 1, 1, 1]
+    assert [ks(8, 4096, 28672), ks(8, 4096, 128256), ks(8, 2048, 2048), ks(4, 14336, 1024)] == [1, 1, 1, 1]
+    assert quant.ks_scratch(4096, 2) == (256, 4 * 256 * 2 * 128) and quant.ks_scratch(4096, 1) == (0, 0)
+    monkeypatch.setenv(quant.KS_ENV, "4")
+    assert ks(8, 4096, 4096) == 4 and ks(8, 2048, 2048) == 4 and ks(8, 4096, 28672) == 1 and ks(4, 4096, 4096) == 1
+    monkeypatch.setenv(quant.KS_ENV, "3")
+    with pytest.raises(CodegenError, match="ATLAS_QUANT_KSPLIT='3'"):
+        ks(8, 4096, 4096)
+
+
+def test_quant_k_split_emitted(monkeypatch):
+    """A K split (auto on an int8 8192 x 2048 node at M <= 100, as Llama-3.2-1B's down projection) goes to the
+    M <= 8 call only, with the scratch's counters and work space; the kernel declares them and its grid covers
+    KS x the blocks; ATLAS_QUANT_KSPLIT=1 gives the plain call back."""
+    from atlasc.codegen import quant
+    from test_codegen_matmul_attention import Builder, generate
+
+    def module(m_max: int = 100):
+        b = Builder("q8", {"m": (1, m_max)})
+        x = b.input("x", "float16", ("m", 8192))
+        wq = b.input("wq", "int8", (2048, 8192))
+        scale = b.input("scale", "float16", (2048,))
+        b.node("LinearQ8", [x, wq, scale])
+        return generate(b)
+
+    monkeypatch.delenv(quant.KS_ENV, raising=False)
+    mod = module()
+    (launch,) = mod.launches["q8"]
+    body = mod.source.split('extern "C"')[1]
+    assert ("if (M <= 8) atlas::linear_quant_mma<__half, 2, 8, 0, 1, 8, 2, false, false, false, false, "
+            "atlas::LinNoEpi, 4>(x, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, nullptr, "
+            "atlas::LinNoEpi(), qlin_ws, qlin_cnt);") in body
+    assert "else if (M <= 16) atlas::linear_quant_mma<__half, 2, 8, 0, 2, 8, " in body and body.count("qlin_ws") == 2
+    assert "unsigned int* qlin_cnt = reinterpret_cast<unsigned int*>(arena + " in body
+    assert launch.grid[0] >= 4 * 128 and mod.scratch_bytes >= 4 * 128 * 4 * 128
+    monkeypatch.setenv(quant.KS_ENV, "1")
+    plain = module()
+    assert "qlin_ws" not in plain.source and "atlas::LinNoEpi, 4>" not in plain.source
+    assert module(8).launches["q8"][0].grid[0] == 128  # one block per 16 rows at M <= 8 without the split ...
+    monkeypatch.delenv(quant.KS_ENV)
+    assert module(8).launches["q8"][0].grid[0] == 512  # ... and KS of them with it
+
+
 def test_quant_emitter_paths(monkeypatch):
     """float16 nodes the tensor-core path applies to get it (with the fallback behind qlin_mma_ok); the
     others, float32 and ATLAS_QUANT_PATH=simt get the fallback only; the output is deterministic."""
