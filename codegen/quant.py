@@ -109,13 +109,18 @@ def split_k(n: int, steps: int) -> int:
     return s
 
 
+def ks_choice() -> str:
+    """ATLAS_QUANT_KSPLIT as given ("auto" when unset): recorded in the artifact's codegen choices."""
+    return os.environ.get(KS_ENV, "") or "auto"
+
+
 def quant_ks(bits: int, n: int, steps: int, split: int, u: int) -> int:
     """Blocks the M <= 8 call of a plain projection splits K across (KS in quant.cu): auto, for an int8 / fp8
     weight of n rows that has fewer than KS_MAX_BLOCKS blocks of 16 rows at S = 8 ways, doubles KS from 1
     while the blocks stay under SPLIT_TARGET and each run keeps two rounds of S x u steps; 1 for int4, where
     S < 8 and for wider weights. ATLAS_QUANT_KSPLIT forces it (where it applies); CodegenError for an unknown
     value."""
-    mode = os.environ.get(KS_ENV, "") or "auto"
+    mode = ks_choice()
     if mode not in ("auto", "1", "2", "4", "8"):
         raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
     if bits != 8 or split != WARPS:

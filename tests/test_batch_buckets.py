@@ -131,7 +131,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
                            for k in kernels.values())
     assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto", "quant_path": "table",
-                 "attention_path": "fast",
+                 "quant_ksplit": "auto", "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
                  "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False, "weight_prefetch_mb": 0,
@@ -150,8 +150,9 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")
     monkeypatch.setenv("ATLAS_LINEAR_KSPLIT", "2")
+    monkeypatch.setenv("ATLAS_QUANT_KSPLIT", "4")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "quant_path": "simt",
-                                 "attention_path": "rows", "attention_max_split": 4,
+                                 "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,

@@ -177,6 +177,9 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "linear_ft": "2", "weight_prefetch": True, "linear_prefill": "tc",
                      "attention_prefill": "off"}) == \
         "ATLAS_LINEAR_FT=2, ATLAS_PREFETCH=1, ATLAS_LINEAR_PREFILL=tc, ATLAS_ATTENTION_PREFILL=off"
+    assert _opt_ins({**defaults, "quant_ksplit": "auto"}) == ""
+    assert _opt_ins({**defaults, "quant_ksplit": "2", "linear_ksplit": "1"}) == \
+        "ATLAS_LINEAR_KSPLIT=1, ATLAS_QUANT_KSPLIT=2"
     assert _opt_ins({**defaults, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                      "attention_mma": True, "attention_warps": "auto"}) == ""
     assert _opt_ins({**defaults, "attention_split_min_keys": 64, "attention_v_prefetch": False,
