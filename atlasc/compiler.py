@@ -327,9 +327,11 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
             # an aliased reshape: its output already sits in its input's bytes, nothing to launch
             nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), "", (1, 1, 1), (1, 1, 1), 0))
             continue
-        variants = tuple(VariantSpec(v.upto, v.kernel, tuple(v.grid), tuple(v.block), v.smem) for v in launch.variants)
+        variants = tuple(VariantSpec(v.upto, v.kernel, tuple(v.grid), tuple(v.block), v.smem, v.args)
+                         for v in launch.variants)
         nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), launch.kernel,
-                              tuple(launch.grid), tuple(launch.block), launch.smem, launch.symbol, variants))
+                              tuple(launch.grid), tuple(launch.block), launch.smem, launch.symbol, variants,
+                              launch.args))
     wide, upper = narrows or ("", {})
     return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
                      dict(bindings), tuple(values), tuple(nodes), wide, dict(upper))

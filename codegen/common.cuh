@@ -2,8 +2,9 @@
 //
 // Layout assumptions: a tensor is a View: a typed pointer into the arena, its run-time shape and its
 // element strides (row-major contiguous unless the memory plan says otherwise, e.g. a KV-cache view).
-// Every generated kernel takes one argument, the arena base; run-time dims (batch, seq, past ...)
-// are read from the int64 dims buffer inside the arena, so a captured CUDA graph replays any step.
+// Every generated kernel takes the arena base (a kernel shared by several nodes also their offsets in it:
+// ArenaOffsets); run-time dims (batch, seq, past ...) are read from the int64 dims buffer inside the
+// arena, so a captured CUDA graph replays any step.
 // Kernels loop grid-stride over their work, so any grid size is correct; the grid recorded in the
 // artifact is sized for the compile-time maxima.
 // Numerics: float16 values are computed in float32 and rounded once when stored.
@@ -51,6 +52,10 @@ __device__ __forceinline__ void prefetch_rows_l2(const unsigned char* p, long lo
   }
 #endif
 }
+
+// The arena offsets of a kernel shared by nodes whose code differs only in them (a model's layers,
+// codegen/share.py), passed by value at each launch: v[i] stands for the node's i-th literal offset.
+template <int N> struct ArenaOffsets { long long v[N]; };
 
 __device__ __forceinline__ long long imax(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long imin(long long a, long long b) { return a < b ? a : b; }

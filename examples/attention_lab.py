@@ -259,7 +259,7 @@ def main_prefill(args, ap) -> int:
                     dev.synchronize()
 
                     def go(a):
-                        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+                        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a, args=launch.args)
 
                     go(arenas[0])
                     dev.synchronize()
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
                             cuda.memcpy_dtod(int(a) + at[name], int(arenas[0]) + at[name], cache_k.nbytes)
 
                     def go(a):
-                        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+                        table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a, args=launch.args)
 
                     go(arenas[0])
                     dev.synchronize()

@@ -287,7 +287,7 @@ def main(argv=None) -> int:
                                      int(arenas[0]) + plan.placement(g.inputs[1]).offset, w.nbytes)
 
                 def go(a):
-                    table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+                    table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a, args=launch.args)
 
                 go(arenas[0])
                 dev.synchronize()

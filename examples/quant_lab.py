@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                 dev.synchronize()
 
                 def go(a):
-                    table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+                    table.launch(launch.kernel, launch.grid, launch.block, launch.smem, a, args=launch.args)
 
                 go(arenas[0])
                 dev.synchronize()
@@ -266,7 +266,7 @@ def time_copies(dev, cubin: bytes, launch, arenas, copies: int) -> float | None:
     turn = iter(range(1 << 30))
 
     def go(a):
-        tables[next(turn) % copies].launch(launch.kernel, launch.grid, launch.block, launch.smem, a)
+        tables[next(turn) % copies].launch(launch.kernel, launch.grid, launch.block, launch.smem, a, args=launch.args)
 
     return time_launches(dev, go, arenas)
 

@@ -209,9 +209,9 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
         # every kernel let the GPU idle and clock down: the v5 profile summed to 2x the replayed step)
         events = [(cuda.Event(), cuda.Event()) for _ in launched]
         for _ in range(repeats):
-            for n, (kernel, grid, block, smem), (start, end) in zip(launched, launches, events):
+            for n, (kernel, grid, block, smem, args), (start, end) in zip(launched, launches, events):
                 start.record(model.dev.stream)
-                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
+                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name, args=args)
                 end.record(model.dev.stream)
             events[-1][1].synchronize()
             for n, (start, end) in zip(launched, events):
@@ -234,9 +234,9 @@ def _time_in_graph(model, launched, launches, times: dict, repeats: int) -> None
     try:
 
         def record():
-            for i, (n, (kernel, grid, block, smem)) in enumerate(zip(launched, launches)):
+            for i, (n, (kernel, grid, block, smem, args)) in enumerate(zip(launched, launches)):
                 events.record(stream, i)
-                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name)
+                model.kernels.launch(kernel, grid, block, smem, model.arena, node=n.name, args=args)
             events.record(stream, len(launched))
 
         graph = CapturedGraph(stream, record)

@@ -98,7 +98,8 @@ class Device:
 
 class KernelTable:
     """The kernels of a module, or of the modules of a chunked build (each name is looked up in each,
-    in order), prepared once (argument: the arena pointer)."""
+    in order), each prepared for its arguments (the arena pointer, and the arena offsets of a kernel shared
+    by several nodes: codegen/share.py) at its first launch."""
 
     def __init__(self, device: Device, module, names: list[str]):
         self.device = device
@@ -114,19 +115,25 @@ class KernelTable:
                     continue
             if f is None:
                 raise KernelLaunchError(f"kernel {name} is missing from the cubin") from None
-            f.prepare("P")
             self.funcs[name] = f
         # static shared memory of each kernel: the 48 KB a launch gets without opting in counts it too
         self.static_smem = {name: int(getattr(f, "shared_size_bytes", 0) or 0) for name, f in self.funcs.items()}
         self.dynamic_opt_in: dict[str, int] = {}  # name -> dynamic bytes already allowed
+        self.formats: dict[str, str] = {}  # name -> the argument format it is prepared for
 
-    def launch(self, name: str, grid, block, smem: int, arena, stream=None, node: str = "") -> None:
+    def launch(self, name: str, grid, block, smem: int, arena, stream=None, node: str = "",
+               args: tuple[int, ...] = ()) -> None:
+        """Launch `name` on the stream with the arena pointer and `args` (int64 arena offsets) as arguments."""
         try:
+            fmt = "P" + "q" * len(args)
+            if self.formats.get(name) != fmt:
+                self.funcs[name].prepare(fmt)
+                self.formats[name] = fmt
             if smem + self.static_smem[name] > 48 * 1024 and self.dynamic_opt_in.get(name, 0) < smem:
                 self.funcs[name].set_attribute(
                     self.device.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
                 self.dynamic_opt_in[name] = smem
             self.funcs[name].prepared_async_call(tuple(grid), tuple(block), stream or self.device.stream,
-                                                 np.uintp(int(arena)), shared_size=smem)
+                                                 np.uintp(int(arena)), *args, shared_size=smem)
         except self.device.cuda.Error as e:
             raise KernelLaunchError(f"launch of {name} (node {node}) failed: {e}") from None

@@ -146,7 +146,7 @@ class GpuModel:
 
     # -- execution ------------------------------------------------------------------------------
     def schedule(self, entry: str, env: Mapping[str, int]) -> tuple[tuple, list[tuple]]:
-        """(key, launches): the entry's launches [(kernel, grid, block, smem, node)] for the symbol values
+        """(key, launches): the entry's launches [(kernel, grid, block, smem, args, node)] for the symbol values
         env, each node's tightest variant that covers them; key = (entry, bucket), shared by every env
         of one bucket (and by its captured graph)."""
         key = (entry, bucket_of(self.buckets[entry], env))
@@ -157,8 +157,8 @@ class GpuModel:
         return key, launches
 
     def _launch_all(self, launches: list[tuple]) -> None:
-        for kernel, grid, block, smem, node in launches:
-            self.kernels.launch(kernel, grid, block, smem, self.arena, node=node)
+        for kernel, grid, block, smem, args, node in launches:
+            self.kernels.launch(kernel, grid, block, smem, self.arena, node=node, args=args)
 
     def enqueue(self, entry: str) -> None:
         """Issue the entry's kernels for the symbol values of its latest write_inputs on the stream

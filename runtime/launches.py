@@ -28,11 +28,12 @@ def bucket_of(buckets: tuple[str, tuple[int, ...]], env: Mapping[str, int]) -> i
 
 
 def node_launch(node, env: Mapping[str, int]) -> tuple:
-    """(kernel, grid, block, smem) of a manifest node for the symbol values env: its tightest variant
-    whose upto covers env[node.symbol], else the default launch (valid for every size)."""
+    """(kernel, grid, block, smem, args) of a manifest node for the symbol values env: its tightest variant
+    whose upto covers env[node.symbol], else the default launch (valid for every size). args: the arena
+    offsets a kernel shared by several nodes takes after the arena pointer (codegen/share.py)."""
     value = env.get(node.symbol) if node.variants else None
     if value is not None:
         for v in node.variants:
             if value <= v.upto:
-                return v.kernel, tuple(v.grid), tuple(v.block), v.smem
-    return node.kernel, tuple(node.grid), tuple(node.block), node.smem
+                return v.kernel, tuple(v.grid), tuple(v.block), v.smem, tuple(v.args)
+    return node.kernel, tuple(node.grid), tuple(node.block), node.smem, tuple(node.args)

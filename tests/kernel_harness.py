@@ -102,7 +102,8 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
         _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
     for _ in range(repeat):
         for launch in mod.launches["run"]:
-            table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node)
+            table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node,
+                         args=launch.args)
     dev.synchronize()
     out = {}
     for v in graph.outputs:

@@ -119,6 +119,22 @@ def test_manifest_json_round_trip():
     assert isinstance(j["archs"], list) and isinstance(j["entries"]["decode"]["nodes"][0]["grid"], list)
 
 
+def test_shared_kernel_offsets_round_trip_and_older_manifests_have_none():
+    """NodeSpec.args (format 5): the arena offsets a shared kernel's launch passes; a format-4 manifest, which
+    has none, still loads (its kernels take the arena alone)."""
+    j = make_manifest().to_json()
+    for entry in j["entries"].values():
+        entry["nodes"][0]["args"] = [0, 2048]
+    m = Manifest.from_json(json.loads(json.dumps(j)))
+    assert all(e.nodes[0].args == (0, 2048) and e.nodes[1].args == () for e in m.entries.values())
+    j = make_manifest().to_json()
+    j["format_version"] = 4
+    for entry in j["entries"].values():
+        for node in entry["nodes"]:
+            node.pop("args")
+    assert all(n.args == () for e in Manifest.from_json(j).entries.values() for n in e.nodes)
+
+
 def test_manifest_normalizes_lists_and_numpy():
     w = WeightSpec("w", "float32", [2, 3], 0, 24)
     assert w.shape == (2, 3)
@@ -138,6 +154,11 @@ def test_manifest_normalizes_lists_and_numpy():
     (lambda j: j.__setitem__("colour", 1), "manifest field colour: unknown field"),
     (lambda j: j["kv_cache"].__setitem__("layers", 2.0), "kv_cache.layers"),
     (lambda j: j["entries"]["decode"].__setitem__("name", "prefill"), "entries.decode.name"),
+    (lambda j: j["entries"]["decode"]["nodes"][0].__setitem__("args", [64, 1 << 21]),
+     r"entries\.decode\.nodes\[0\] \(gather_f32\)\.args: expected arena offsets in 0\.\.1048576"),
+    (lambda j: j["entries"]["decode"]["nodes"][0].__setitem__("args", [64, -8]), r"nodes\[0\] \(gather_f32\)\.args"),
+    (lambda j: j["entries"]["decode"]["nodes"][0].__setitem__("args", [64]),
+     r"nodes\[0\] \(gather_f32\)\.args: 1 offsets, but another launch of the kernel passes 0"),
 ])
 def test_manifest_bad_field_is_named(edit, field):
     j = make_manifest().to_json()

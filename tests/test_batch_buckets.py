@@ -73,7 +73,7 @@ def test_runs_pick_the_tightest_variant(llama32):
                                             (32, None, lin.kernel)):
         env = {"batch": batch, "seq": 1, "past_seq": 3}
         assert bucket_of(buckets, env) == want_bucket
-        kernel, grid, block, smem = node_launch(lin, env)
+        kernel, grid, block, smem, _ = node_launch(lin, env)
         assert kernel == want_kernel
     assert node_launch(lin, {})[0] == lin.kernel  # no batch known: the default serves every size
 
@@ -135,6 +135,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
                  "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False, "weight_prefetch_mb": 0,
+                 "share_kernels": True,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
@@ -151,13 +152,14 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")
     monkeypatch.setenv("ATLAS_LINEAR_KSPLIT", "2")
     monkeypatch.setenv("ATLAS_QUANT_KSPLIT", "4")
+    monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "quant_path": "simt",
                                  "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,
                                  "pdl_trigger": "end", "weight_prefetch": True, "weight_prefetch_mb": 16,
-                                 "attention_prefill": "off",
+                                 "share_kernels": False, "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
 
@@ -167,7 +169,9 @@ def test_every_kernel_starts_with_the_pdl_wait(llama32):
     (ATLAS_PREFETCH=1 puts weight prefetches before it: tests/test_weight_prefetch.py)."""
     lines = llama32.source().splitlines() if callable(llama32.source) else llama32.source.splitlines()
     defs = [i for i, line in enumerate(lines) if line.startswith('extern "C" __global__') and line.endswith("{")]
-    assert len(defs) > 50
+    launched = {k.kernel for e in llama32.manifest.entries.values() for n in e.nodes if n.kernel
+                for k in (n, *n.variants)}
+    assert len(defs) == len(launched) > 20  # one definition per kernel the manifest launches
     assert all(lines[i + 1] == "  atlas::pdl_enter();" for i in defs)
     ends = [lines.index("}", i) for i in defs]  # the wrapper's closing brace: the first bare one after it
     assert all(lines[j - 1] == "  atlas::pdl_leave();" for j in ends)

@@ -118,13 +118,14 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
     m = art.manifest
     launched = [n for n in m.entries["decode"].nodes if n.kernel]
     env = {"batch": 1, "past_seq": 15, **m.entries["decode"].bindings}
-    kernels = [node_launch(n, env)[0] for n in launched]
-    durations = {k: 1.0 + i for i, k in enumerate(dict.fromkeys(kernels))}  # distinct us per kernel
+    calls = [(node_launch(n, env)[0], node_launch(n, env)[4]) for n in launched]  # (kernel, args)
+    assert len(set(calls)) == len(calls) > len({k for k, _ in calls})  # layers share kernels, not offsets
+    durations = {c: 1.0 + i for i, c in enumerate(calls)}  # distinct us per launch
     driver = _FakeGraphDriver(durations)
     monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
 
-    def launch(kernel, grid, block, smem, arena, node=""):
-        driver.capturing.append(("kernel", kernel))
+    def launch(kernel, grid, block, smem, arena, node="", args=()):
+        driver.capturing.append(("kernel", (kernel, args)))
 
     model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
                             dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
@@ -132,8 +133,8 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
     rows = bench.profile(model, batch=1, context=16, repeats=3)
     assert len(rows) == len(launched) and {r.method for r in rows} == {"graph"}
     by_node = {r.node: r for r in rows}
-    for n, k in zip(launched, kernels):
-        assert by_node[n.name].kernel == k and by_node[n.name].us == pytest.approx(durations[k], rel=1e-5)
+    for n, (k, args) in zip(launched, calls):
+        assert by_node[n.name].kernel == k and by_node[n.name].us == pytest.approx(durations[k, args], rel=1e-5)
     art.close()
 
 

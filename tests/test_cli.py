@@ -186,3 +186,5 @@ def test_inspect_names_the_opt_in_kernel_choices():
                      "attention_mma": False, "attention_warps": 4}) == (
         "ATLAS_ATTENTION_SPLIT_MIN_KEYS=64, ATLAS_ATTENTION_VPREFETCH=0, ATLAS_ATTENTION_MMA=0, "
         "ATLAS_ATTENTION_WARPS=4")
+    assert _opt_ins({**defaults, "share_kernels": True}) == ""
+    assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"

@@ -23,6 +23,13 @@ from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.memory import MemoryPlan, Placement, align
 
+
+@pytest.fixture(autouse=True)
+def _one_kernel_per_node(monkeypatch):
+    """These tests read each node's own kernel (its name, path and registers): no sharing between nodes
+    that differ only in offsets (codegen/share.py, tested in tests/test_share_kernels.py)."""
+    monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
+
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 ARCHS = ("sm80", "sm90")
 

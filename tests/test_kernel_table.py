@@ -1,6 +1,7 @@
-"""runtime/device.KernelTable's shared-memory opt-in, on a fake module (no GPU): a launch whose dynamic
-plus static shared memory passes 48 KB must raise the kernel's dynamic limit first (the driver refuses
-the launch otherwise: quant_lab's norm-a8 down projection, 43008 dynamic + 8544 static bytes, did)."""
+"""runtime/device.KernelTable on a fake module (no GPU): the shared-memory opt-in (a launch whose dynamic
+plus static shared memory passes 48 KB must raise the kernel's dynamic limit first: the driver refuses
+the launch otherwise, as quant_lab's norm-a8 down projection, 43008 dynamic + 8544 static bytes, showed),
+the arguments of a kernel shared by several nodes, and the lookup across a chunked build's modules."""
 
 from __future__ import annotations
 
@@ -15,14 +16,18 @@ class _Func:
         self.attributes: list[int] = []
         self.calls = 0
 
-    def prepare(self, _):
-        pass
+        self.formats: list[str] = []
+        self.args: list[tuple] = []
+
+    def prepare(self, fmt):
+        self.formats.append(fmt)
 
     def set_attribute(self, _attr, value):
         self.attributes.append(value)
 
-    def prepared_async_call(self, *_, **__):
+    def prepared_async_call(self, _grid, _block, _stream, *args, **__):
         self.calls += 1
+        self.args.append(args)
 
 
 def _table(static: int):
@@ -75,3 +80,19 @@ def test_kernels_are_found_across_the_modules_of_a_chunked_build():
     assert table.funcs == funcs and funcs["b"].calls == 1
     with pytest.raises(KernelLaunchError, match="kernel c is missing"):
         KernelTable(device, [module("a"), module("b")], ["a", "c"])
+
+
+def test_a_shared_kernel_gets_the_arena_and_its_offsets_packed_as_int64():
+    """A kernel shared by several nodes (codegen/share.py) takes (arena, ArenaOffsets<N>): prepared once as
+    "P" + N x "q" (pycuda packs the arguments by that format, natively aligned: the struct follows the
+    pointer at byte 8), each launch passing its own offsets; a one-node kernel is prepared as "P"."""
+    import struct
+
+    table, func = _table(static=0)
+    table.launch("k", (1, 1, 1), (256, 1, 1), 0, 4096, args=(16, 1 << 33, 0))
+    table.launch("k", (1, 1, 1), (256, 1, 1), 0, 4096, args=(32, 48, 64))
+    assert func.formats == ["Pqqq"] and [a[1:] for a in func.args] == [(16, 1 << 33, 0), (32, 48, 64)]
+    assert struct.calcsize("Pqqq") == 8 + 3 * 8
+    alone, one = _table(static=0)
+    alone.launch("k", (1, 1, 1), (256, 1, 1), 0, 4096)
+    assert one.formats == ["P"] and [a[1:] for a in one.args] == [()]

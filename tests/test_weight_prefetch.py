@@ -103,8 +103,9 @@ def test_a_budget_in_megabytes(monkeypatch):
 def test_prefetches_come_before_the_wait_and_stay_in_the_weights(monkeypatch, tmp_path, no_nvcc):
     """In a compiled int4 Llama fixture: the decode projections (float and quantized, fused or not) start
     with prefetches of addresses inside the weights region, then atlas::pdl_enter(); no other kernel
-    has anything before the wait."""
+    has anything before the wait (each node its own kernel, whose literal offsets this reads)."""
     on(monkeypatch)
+    monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
     path = tmp_path / "q.atlas"
     compile_model(FIXTURES / "llama.onnx", path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64,
                                                                 quant="int4", group_size=32))

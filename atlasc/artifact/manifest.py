@@ -25,8 +25,9 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
-FORMAT_VERSION = 4  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
-# 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink)
+FORMAT_VERSION = 5  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
+# 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink);
+# 5: NodeSpec.args / VariantSpec.args (the arena offsets a kernel shared by several nodes takes)
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -332,10 +333,12 @@ class VariantSpec(_Spec):
     grid: tuple[Dim, Dim, Dim]
     block: tuple[int, int, int]
     smem: int
+    args: tuple[int, ...] = ()  # as NodeSpec.args
 
     def __post_init__(self):
         _set(self, "grid", _dims(self.grid, f"{self.kernel}.grid"))
         _set(self, "block", _tuple(self.block, f"{self.kernel}.block"))
+        _set(self, "args", _tuple(self.args, f"{self.kernel}.args"))
 
 
 @dataclass(frozen=True)
@@ -354,9 +357,13 @@ class NodeSpec(_Spec):
     smem: int  # dynamic shared memory, bytes
     symbol: str = ""  # the bucket symbol of the variants ("" when none)
     variants: tuple[VariantSpec, ...] = ()
+    # the arena offsets passed after the arena pointer: a kernel shared by nodes whose code differs only in
+    # them (a model's layers) takes them as a parameter; () for a kernel of one node (offsets in its code)
+    args: tuple[int, ...] = ()
 
     def __post_init__(self):
         _set(self, "variants", _tuple(self.variants, f"{self.name}.variants"))
+        _set(self, "args", _tuple(self.args, f"{self.name}.args"))
         _set(self, "inputs", _tuple(self.inputs, f"{self.name}.inputs"))
         _set(self, "outputs", _tuple(self.outputs, f"{self.name}.outputs"))
         _set(self, "attrs", _canon_json(self.attrs, f"{self.name}.attrs"))
@@ -450,6 +457,7 @@ class Manifest(_Spec):
                 if n.variants and (n.symbol not in names or uptos != sorted(set(uptos)) or not n.kernel):
                     raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].variants: need a known symbol "
                                         f"(got {n.symbol!r}) and strictly increasing upto values (got {uptos})")
+        self._check_args()
         for i, s in enumerate(self.symbols):
             if not 0 <= s.lower <= s.upper:
                 raise ArtifactError(f"manifest field symbols[{i}]: bounds {s.lower}..{s.upper} are not valid")
@@ -465,6 +473,21 @@ class Manifest(_Spec):
                     raise ArtifactError(
                         f"manifest field weights[{i}] ({w.name}): bytes {w.offset}..{w.offset + w.nbytes} "
                         f"lie outside weights.bin ({wb.size} bytes)")
+
+    def _check_args(self) -> None:
+        """Every launch's offsets lie in the arena, and every launch of one kernel passes as many (its
+        parameter list is fixed: a launch with others would read garbage or be refused)."""
+        counts: dict[str, int] = {}
+        for key, entry in self.entries.items():
+            for i, n in enumerate(entry.nodes):
+                for launch in (n, *n.variants):
+                    where = f"entries.{key}.nodes[{i}] ({launch.kernel})"
+                    if not all(_is_int(a) and 0 <= a <= self.memory.arena_bytes for a in launch.args):
+                        raise ArtifactError(f"manifest field {where}.args: expected arena offsets in "
+                                            f"0..{self.memory.arena_bytes}")
+                    if counts.setdefault(launch.kernel, len(launch.args)) != len(launch.args):
+                        raise ArtifactError(f"manifest field {where}.args: {len(launch.args)} offsets, but another "
+                                            f"launch of the kernel passes {counts[launch.kernel]}")
 
     def weight(self, name: str) -> WeightSpec:
         for w in self.weights:
