@@ -129,7 +129,8 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
     say("codegen", f"{kernels} kernels")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                             _kv_dict(program), decode_buckets(program), options.archs, narrowed_lower(program))
+                             _kv_dict(program), decode_buckets(program), options.archs, narrowed_lower(program),
+                             decode_steps(program))
     check_shared_memory(module, options.archs)
     seconds["codegen"] = time.perf_counter() - t
 
@@ -182,6 +183,16 @@ def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {"decode": (batch, DECODE_BATCH_BUCKETS)}
     below = tuple(b for b in DECODE_BATCH_BUCKETS if b < program.bounds[small][batch])
     return {small: (batch, below)} if below else {}
+
+
+def decode_steps(program: Program) -> dict[str, str]:
+    """{entry: batch symbol} of a decoder's decode steps (`decode`, and split-decode's `decode_small`, which
+    narrows it): generate_module keeps their batch-1 kernels one per node."""
+    batch = program.roles.get("batch")
+    if program.kind != "decoder" or not batch:
+        return {}
+    return {name: batch for name in program.entries
+            if name == "decode" or program.narrows.get(name, ("",))[0] == "decode"}
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:

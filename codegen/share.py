@@ -12,7 +12,10 @@ launches passes its own (Launch.args):
   them, and the others are literals from it: `arena + (atlas_off.v[k] + 4096LL)`. So the compiler still
   sees what it saw before, pointers at constant distances from one base, not one unrelated pointer per
   tensor (with one argument per offset, Llama-3.2-1B's decode projections ran ~8% slower, docs/perf.md v21).
-A kernel of one node keeps its literals and its one-argument signature.
+A kernel of one node keeps its literals and its one-argument signature. A decode step's kernels generated for
+one row (batch 1) are never shared (`share_kernels(alone=...)`): shared, Llama-3.2-1B's batch-1 down projection and
+fused QKV + rotary kernels ran 8-9% slower and its step 3.5% (docs/perf.md v21; the main loops' SASS is no
+longer, the cause is not found), while at batch 8 the shared kernels were as fast.
 
 ATLAS_SHARE_KERNELS=0 turns the sharing off (every node its own kernel, as before): for A/B runs.
 """
@@ -84,8 +87,10 @@ def _parameterized(text: str, offsets: list[tuple[int, ...]]) -> tuple[str, list
     return text, [tuple(o[i] for i in leaders) for o in offsets]
 
 
-def share_kernels(kernels: list[tuple[str, str, str]]) -> tuple[list[str], dict[str, Shared]]:
-    """kernels: (kernel name, its node's name, text) in source order, names distinct.
+def share_kernels(kernels: list[tuple[str, str, str]], alone: frozenset[str] | set[str] = frozenset()) \
+        -> tuple[list[str], dict[str, Shared]]:
+    """kernels: (kernel name, its node's name, text) in source order, names distinct; `alone`: names never
+    shared.
 
     Returns the texts to emit (in the order of each group's first kernel) and, for every input name, the
     kernel its launches use and their arguments. Guarantees: a launch of a shared kernel with its args
@@ -95,7 +100,7 @@ def share_kernels(kernels: list[tuple[str, str, str]]) -> tuple[list[str], dict[
         return [text for _, _, text in kernels], {name: Shared(name) for name, _, _ in kernels}
     groups: dict[object, list[tuple[str, str, str, tuple[int, ...]]]] = {}  # in source order of first kernels
     for name, node, text in kernels:
-        key = _key(name, text)
+        key = None if name in alone else _key(name, text)
         # an unshareable kernel is a group of its own
         groups.setdefault(("alone", name) if key is None else key[0], []).append(
             (name, node, text, () if key is None else key[1]))

@@ -47,13 +47,13 @@ def test_decode_linears_get_their_own_batch_kernels(llama32):
     assert linears
     for n in linears:
         assert [v.upto for v in n.variants] == [1, 8]
-        assert [v.kernel for v in n.variants] == [f"{n.kernel}_batch1", f"{n.kernel}_batch8"]
-        bodies = {v.kernel: _kernel_body(source, v.kernel) for v in n.variants}
-        bodies[n.kernel] = _kernel_body(source, n.kernel)
+        # (a layer's kernels may be the first layer's, shared: codegen/share.py; batch 1's never are)
+        b1, b8 = (v.kernel for v in n.variants)
+        assert b1.endswith("_batch1") and b8 == f"{n.kernel}_batch8"
         # GEMV row buckets (the template's 3rd argument): batch 1 holds only MT = 1
-        assert set(re.findall(r"linear_gemv<\w+, \d+, (\d+),", bodies[f"{n.kernel}_batch1"])) == {"1"}
-        assert max(map(int, re.findall(r"linear_gemv<\w+, \d+, (\d+),", bodies[n.kernel]))) == 32
-        assert "M <= 32" not in bodies[f"{n.kernel}_batch8"]
+        assert set(re.findall(r"linear_gemv<\w+, \d+, (\d+),", _kernel_body(source, b1))) == {"1"}
+        assert max(map(int, re.findall(r"linear_gemv<\w+, \d+, (\d+),", _kernel_body(source, n.kernel)))) == 32
+        assert "M <= 32" not in _kernel_body(source, b8)
     # elementwise and norm kernels keep one kernel and only get smaller grids
     norms = [n for n in decode.nodes if n.op == "RMSNormalization"]
     assert norms and all(v.kernel == n.kernel and v.grid[0] <= n.grid[0] for n in norms for v in n.variants)

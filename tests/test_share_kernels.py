@@ -151,3 +151,17 @@ def test_an_offset_outside_the_kernel_body_is_never_parameterized(monkeypatch):
     monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
     kernels = [_kernel("a", (0,)), _kernel("b", (64,))]
     assert share_kernels(kernels) == ([k[2] for k in kernels], {"a": Shared("a"), "b": Shared("b")})
+
+
+def test_a_decode_steps_batch_1_kernels_stay_one_per_node(monkeypatch):
+    """The decode step's kernels generated for batch 1 (the batch-1 bucket's variants; measured slower shared,
+    codegen/share.py) are each node's own; its kernels for larger batches and the prefill's are shared."""
+    module = _module("llama-fp16", monkeypatch, True)
+    decode = [v for launch in module.launches["decode"] for v in (launch, *launch.variants)]
+    batch1 = [v for v in decode if getattr(v, "upto", None) == 1 and v.kernel.endswith("_batch1")]
+    assert batch1 and all(not v.args for v in batch1)
+    assert len({v.kernel for v in batch1}) == len(batch1)  # one kernel per node
+    assert any(v.args for v in decode if getattr(v, "upto", None) != 1)
+    assert any(launch.args for launch in module.launches["prefill"])
+    texts, launch = share_kernels([_kernel("a", (0,)), _kernel("b", (64,)), _kernel("c", (128,))], alone={"b"})
+    assert launch == {"a": Shared("a", (0,)), "b": Shared("b"), "c": Shared("a", (128,))} and len(texts) == 2
