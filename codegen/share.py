@@ -10,12 +10,13 @@ launches passes its own (Launch.args):
   every layer) stays a literal;
 - offsets that move together from node to node (one layer's weights) share one argument, the first of
   them, and the others are literals from it: `arena + (atlas_off.v[k] + 4096LL)`. So the compiler still
-  sees what it saw before, pointers at constant distances from one base, not one unrelated pointer per
-  tensor (with one argument per offset, Llama-3.2-1B's decode projections ran ~8% slower, docs/perf.md v21).
+  sees pointers at constant distances from one base, not one unrelated pointer per tensor (with one
+  argument per offset, Llama-3.2-1B's batch-1 gate/up and o projections ran 6-7% slower; in this form as
+  fast as per node, docs/perf.md v21).
 A kernel of one node keeps its literals and its one-argument signature. A decode step's kernels generated for
-one row (batch 1) are never shared (`share_kernels(alone=...)`): shared, Llama-3.2-1B's batch-1 down projection and
-fused QKV + rotary kernels ran 8-9% slower and its step 3.5% (docs/perf.md v21; the main loops' SASS is no
-longer, the cause is not found), while at batch 8 the shared kernels were as fast.
+one row (batch 1) are never shared (`share_kernels(alone=...)`): even in this form, Llama-3.2-1B's batch-1 down
+projection and fused QKV + rotary kernels ran 8-9% slower shared, its step 3.5% (docs/perf.md v21; the main
+loop's SASS is no longer, the cause is not found), while at batch 8 the shared kernels were as fast.
 
 ATLAS_SHARE_KERNELS=0 turns the sharing off (every node its own kernel, as before): for A/B runs.
 """
