@@ -62,7 +62,8 @@ class CompileResult:
         return {
             "artifact": str(self.path),
             "kind": self.program.kind,
-            "entries": {k: sum(1 for n in e.nodes if n.kernel) for k, e in m.entries.items()},  # kernels
+            "entries": {k: sum(1 for n in e.nodes if n.kernel) for k, e in m.entries.items()},  # launches
+            "kernels": len(m.kernels()),  # distinct: a layer's shared kernels count once
             "archs": list(m.archs),
             "arena_bytes": m.memory.arena_bytes,
             "weights_bytes": m.memory.regions["weights"].nbytes,
@@ -127,7 +128,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
 
     t = time.perf_counter()
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
-    say("codegen", f"{kernels} kernels")
+    say("codegen", f"{kernels} launches")
     module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
                              _kv_dict(program), decode_buckets(program), options.archs, narrowed_lower(program),
                              decode_steps(program))
@@ -135,7 +136,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     seconds["codegen"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    say("nvcc", ", ".join(options.archs))
+    say("nvcc", f"{', '.join(options.archs)}: {len(module.kernels)} kernels")
     cubins = compile_module(module, options.archs, on_done=lambda arch: say("nvcc-done", arch))
     check_shared_memory(module, options.archs, cubins)  # now with each kernel's static arrays
     seconds["nvcc"] = time.perf_counter() - t

@@ -489,6 +489,12 @@ class Manifest(_Spec):
                         raise ArtifactError(f"manifest field {where}.args: {len(launch.args)} offsets, but another "
                                             f"launch of the kernel passes {counts[launch.kernel]}")
 
+    def kernels(self) -> list[str]:
+        """The distinct kernels the entries launch (defaults and variants), sorted: what the cubins hold. Fewer
+        than the launches where nodes share a kernel (a model's layers, NodeSpec.args)."""
+        return sorted({launch.kernel for e in self.entries.values() for n in e.nodes if n.kernel
+                       for launch in (n, *n.variants)})
+
     def weight(self, name: str) -> WeightSpec:
         for w in self.weights:
             if w.name == name:

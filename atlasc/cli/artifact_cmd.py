@@ -48,9 +48,10 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
                 "source": {"name": m.source.name, "sha256": m.source.sha256}, "archs": list(m.archs),
                 "options": m.options,
                 "entries": {k: {"inputs": [i.name for i in e.inputs], "outputs": [o.name for o in e.outputs],
-                                "kernels": sum(1 for n in e.nodes if n.kernel), "bindings": e.bindings,
+                                "launches": sum(1 for n in e.nodes if n.kernel), "bindings": e.bindings,
                                 "narrows": e.narrows or None, "narrow_upper": e.narrow_upper or None}
                             for k, e in m.entries.items()},
+                "kernels": len(m.kernels()),  # distinct kernels in each arch's cubins
                 "memory": {"arena_bytes": m.memory.arena_bytes,
                            "regions": {k: {"offset": r.offset, "nbytes": r.nbytes}
                                        for k, r in m.memory.regions.items()},
@@ -85,7 +86,7 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
             text = paths.pop() if len(paths) == 1 else ", ".join(f"{b} {p}" for b, p in d["paths"].items())
             out.print(f"decode path {quant}: {text} ({d['source']})")
         entries = Table(title="entry points", title_justify="left", show_edge=False)
-        for col in ("entry", "inputs", "outputs", "kernels", "fixed"):
+        for col in ("entry", "inputs", "outputs", "launches", "fixed"):
             entries.add_column(col)
         for name, e in m.entries.items():
             label = name
@@ -99,7 +100,7 @@ def inspect_artifact(path: Path, as_json: bool) -> None:
         kernels = Table(title="kernels per arch", title_justify="left", show_edge=False)
         for col in ("arch", "cubins", "cubin bytes", "kernels"):
             kernels.add_column(col)
-        total = sum(1 for e in m.entries.values() for n in e.nodes if n.kernel)
+        total = len(m.kernels())  # distinct kernels (a layer's shared ones once, batch variants each)
         for arch in m.archs:
             parts = [spec.size for name, spec in m.members.items()
                      if (c := CUBIN_RE.fullmatch(name)) and c.group(1) == arch]

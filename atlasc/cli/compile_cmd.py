@@ -188,7 +188,8 @@ def _print_report(result, time_passes: bool) -> None:
     out = _out()
     s = result.summary()
     out.print(f"wrote {result.path}  ({result.program.kind}; entries "
-              + ", ".join(f"{k}: {n} kernels" for k, n in s["entries"].items()) + f"; archs {', '.join(s['archs'])})")
+              + ", ".join(f"{k}: {n} launches" for k, n in s["entries"].items())
+              + f"; {s['kernels']} kernels; archs {', '.join(s['archs'])})")
     mem = Table(title="memory plan", title_justify="left", show_edge=False)
     for col in ("region", "bytes"):
         mem.add_column(col, justify="right" if col == "bytes" else "left")
