@@ -80,7 +80,7 @@ class GpuModel:
         self.symbols = [s.name for s in m.symbols]
         self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
         self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}
-        self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, node)], built on first use
+        self.schedules = {}  # (entry, bucket) -> [(kernel, grid, block, smem, args, node)], built on first use
         self.last_env = {}  # entry -> the symbol values of its latest write_inputs
         self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
         self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
