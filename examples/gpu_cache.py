@@ -40,6 +40,12 @@ def fill(arch: str, cache: Path) -> int:
     """Run the `gpu` tests with ATLAS_GPU_PRECOMPILE=arch and ATLAS_CACHE_DIR=cache; pytest's exit status."""
     env = {**os.environ, "ATLAS_GPU_PRECOMPILE": arch, "ATLAS_CACHE_DIR": str(cache)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]
+    try:  # every core (nvcc is the work; the cache's locks keep two workers off one build)
+        import xdist  # noqa: F401
+
+        cmd += ["-n", "auto", "--dist", "worksteal"]
+    except ImportError:
+        pass
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 
 
