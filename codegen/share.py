@@ -11,8 +11,8 @@ launches passes its own (Launch.args):
 - offsets that move together from node to node (one layer's weights) share one argument, the first of
   them, and the others are literals from it: `arena + (atlas_off.v[k] + 4096LL)`. So the compiler still
   sees pointers at constant distances from one base, not one unrelated pointer per tensor (with one
-  argument per offset, Llama-3.2-1B's batch-1 gate/up and o projections ran 6-7% slower; in this form as
-  fast as per node, docs/perf.md v21).
+  argument per offset, Llama-3.2-1B's batch-1 gate/up projections ran 8% slower and o + down together 6.5%;
+  in this form gate/up and o run as fast as per node, docs/perf.md v21).
 A kernel of one node keeps its literals and its one-argument signature. A decode step's kernels generated for
 one row (batch 1) are never shared (`share_kernels(alone=...)`): even in this form, Llama-3.2-1B's batch-1 down
 projection and fused QKV + rotary kernels ran 8-9% slower shared, its step 3.5% (docs/perf.md v21; the main
