@@ -15,10 +15,13 @@ launches passes its own (Launch.args):
   in this form gate/up and o run as fast as per node, docs/perf.md v21).
 A kernel of one node keeps its literals and its one-argument signature. A decode step's kernels generated for
 one row (batch 1) are never shared (`share_kernels(alone=...)`): even in this form, Llama-3.2-1B's batch-1 down
-projection and fused QKV + rotary kernels ran 8-9% slower shared, its step 3.5% (docs/perf.md v21; the main
-loop's SASS is no longer, the cause is not found), while at batch 8 the shared kernels were as fast.
+projection and fused QKV + rotary kernels ran 8-9% slower shared, its step 3.5% (docs/perf.md v21), 2.9-3.0% in
+an alternated A/B (v22), while at batch 8 the shared kernels were as fast. Nsight Compute (v22): the shared down
+projection executes 6.7% more instructions with 80 registers instead of 72; ptxas lays it out differently
+(sm90 SASS: 54 more instructions before the MMA loop, a loop 34 shorter), why that is slower is not pinned down.
 
-ATLAS_SHARE_KERNELS=0 turns the sharing off (every node its own kernel, as before): for A/B runs.
+ATLAS_SHARE_KERNELS=0 turns the sharing off (every node its own kernel, as before), =all shares the batch-1
+decode kernels too: for A/B runs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ SHARE_ENV = "ATLAS_SHARE_KERNELS"
 def share_enabled() -> bool:
     """ATLAS_SHARE_KERNELS: on unless set to 0."""
     return os.environ.get(SHARE_ENV, "1") != "0"
+
+
+def share_batch1() -> bool:
+    """ATLAS_SHARE_KERNELS=all: a decode step's batch-1 kernels are shared too (by default they stay per node)."""
+    return os.environ.get(SHARE_ENV, "1") == "all"
+
+
+def share_choice() -> bool | str:
+    """What the report records: True (the default), False (=0) or "all"."""
+    return "all" if share_batch1() else share_enabled()
 
 
 @dataclass(frozen=True)

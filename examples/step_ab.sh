@@ -10,6 +10,9 @@
 # prints each round's decode ms/step (one bench moves ~3% between runs, docs/perf.md v16: alternate).
 # REPLAY_ROUNDS=n (default 5) times the decode step alone, every artifact in one process, n rounds in turn
 # (examples/replay_ab.py: steps replayed back to back in one CUDA graph); 0 skips it.
+# NCU=regex (needs ncu) then measures the decode kernels matching it with Nsight Compute in each artifact's
+# `atlasc bench --batch <first batch>` (NCU_SKIP launches skipped first, default 64; NCU_COUNT measured,
+# default 32) and prints the key metrics per kernel, to say why one value's kernel is slower than another's.
 set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
@@ -78,5 +81,33 @@ for v in values:
     for b, ms in sorted(per_batch.items()):
         print(f"{name}={v} batch {b}: " + " ".join(f"{x:.4f}" for x in ms) + f"  median {statistics.median(ms):.4f} ms")
 PY
+fi
+if [ -n "${NCU:-}" ]; then
+    keys='^  [a-z_0-9]+ \(|Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Registers Per|Grid Size|Block Size|Executed Ipc A|Warp Cycles Per Issued|No Eligible|dram__bytes|inst_executed'
+    for v in ${values//,/ }; do
+        ncu --clock-control none --cache-control none -k "regex:$NCU" --launch-skip "${NCU_SKIP:-64}" \
+            --launch-count "${NCU_COUNT:-32}" --section SpeedOfLight --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --metrics dram__bytes_read.sum,smsp__inst_executed.sum \
+            atlasc bench "$work/m-$v.atlas" --batch "${batches%%,*}" --prompt 16 --gen 8 --repeats 1 \
+            > "$out/ncu_$v.txt" 2>&1 || status=1
+        echo "== ncu, $name=$v (kernels matching '$NCU') =="
+        grep -E "$keys" "$out/ncu_$v.txt" | head -n 400 > "$out/ncu_${v}_keys.txt"
+        python3 - "$out/ncu_$v.txt" <<'PY'
+import re, statistics, sys
+text = open(sys.argv[1]).read()
+rows = {}
+for block in re.split(r"\n  (?=[A-Za-z_0-9]+ \()", text)[1:]:
+    name = block.split(" (", 1)[0]
+    def metric(label):
+        m = re.search(rf"{label}\s+\S+\s+([\d.,]+)", block)
+        return float(m.group(1).replace(",", "")) if m else float("nan")
+    rows.setdefault(name, []).append((metric("Duration"), metric("DRAM Throughput"), metric("Registers Per Thread"),
+                                      metric("Warp Cycles Per Issued Instruction")))
+for name, r in rows.items():
+    med = [statistics.median([x[i] for x in r if x[i] == x[i]] or [float("nan")]) for i in range(4)]
+    print(f"{name}: {len(r)} launches, medians: duration {med[0]:.2f} us, DRAM {med[1]:.1f}%, "
+          f"{med[2]:.0f} registers, {med[3]:.2f} warp cycles per issued instruction")
+PY
+    done
 fi
 exit "$status"

@@ -188,3 +188,4 @@ def test_inspect_names_the_opt_in_kernel_choices():
         "ATLAS_ATTENTION_WARPS=4")
     assert _opt_ins({**defaults, "share_kernels": True}) == ""
     assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"
+    assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"

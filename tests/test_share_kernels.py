@@ -23,8 +23,9 @@ class _Generated(Exception):
     pass
 
 
-def _module(name: str, monkeypatch, share: bool):
-    """The GeneratedModule of the fixture's compile (the compile stops before nvcc)."""
+def _module(name: str, monkeypatch, share: bool | str):
+    """The GeneratedModule of the fixture's compile (the compile stops before nvcc); share: True, False or
+    "all" (ATLAS_SHARE_KERNELS=1 / 0 / all)."""
     import atlasc.compiler
     from atlasc.compiler import compile_model
 
@@ -36,7 +37,7 @@ def _module(name: str, monkeypatch, share: bool):
 
     with monkeypatch.context() as mp:
         mp.setattr(atlasc.compiler, "compile_module", capture)
-        mp.setenv("ATLAS_SHARE_KERNELS", "1" if share else "0")
+        mp.setenv("ATLAS_SHARE_KERNELS", share if isinstance(share, str) else "1" if share else "0")
         with pytest.raises(_Generated):
             compile_model(FIXTURES / f"{name}.onnx", "/nonexistent/never-written.atlas", OPTIONS)
     return got["module"]
@@ -165,3 +166,14 @@ def test_a_decode_steps_batch_1_kernels_stay_one_per_node(monkeypatch):
     assert any(launch.args for launch in module.launches["prefill"])
     texts, launch = share_kernels([_kernel("a", (0,)), _kernel("b", (64,)), _kernel("c", (128,))], alone={"b"})
     assert launch == {"a": Shared("a", (0,)), "b": Shared("b"), "c": Shared("a", (128,))} and len(texts) == 2
+
+
+def test_share_kernels_all_shares_the_batch_1_decode_kernels_too(monkeypatch):
+    """ATLAS_SHARE_KERNELS=all (for A/B runs on the GPU): the batch-1 decode kernels of the layers become shared
+    kernels with arguments, and the report records "all"."""
+    module = _module("llama-fp16", monkeypatch, "all")
+    batch1 = [v for launch in module.launches["decode"] for v in launch.variants
+              if v.upto == 1 and v.kernel.endswith("_batch1")]
+    assert batch1 and any(v.args for v in batch1)
+    assert len({v.kernel for v in batch1}) < len(batch1)
+    assert module.choices["share_kernels"] == "all"
