@@ -1,0 +1,124 @@
+"""Where the time between two pipelined decode steps goes, measured with CUDA events on the stream.
+
+`atlasc bench` runs decode steps back to back (GpuModel.submit: per step a dims copy, an inputs copy, the device
+copy of the previous tokens, the step's CUDA graph, the tokens' copy back). Its ms/step exceeds the step replayed
+alone (examples/replay_ab.py) by ~20-25 us (docs/perf.md v18). This runs one generate() with an event recorded on
+the stream before and after every one of those operations and prints, as medians over the decode steps, how
+long each took on the GPU and how long the stream sat between them. The events are stream work of their own, so
+the sum runs a little above the uninstrumented step (printed beside it).
+
+    python examples/step_gaps.py model.atlas --batch 1 --prompt 128 --gen 64
+
+GPU machine only (pycuda).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from atlasc.artifact import open_artifact
+from atlasc.runtime.device import Device
+from atlasc.runtime.generate import generate
+from atlasc.runtime.gpu import GpuModel
+
+
+class _Recorder:
+    """Stands in for pycuda.driver on the model's Device: every async copy is bracketed by two events."""
+
+    def __init__(self, cuda, stream):
+        self._cuda, self._stream = cuda, stream
+        self.marks: list[tuple[str, object]] = []  # (label of the operation that starts or "end", event)
+        self.on = False
+
+    def mark(self, label: str) -> None:
+        if self.on:
+            event = self._cuda.Event()
+            event.record(self._stream)
+            self.marks.append((label, event))
+
+    def _wrap(self, name: str, label: str):
+        fn = getattr(self._cuda, name)
+
+        def call(*args, **kwargs):
+            self.mark(label)
+            result = fn(*args, **kwargs)
+            self.mark("end")
+            return result
+        return call
+
+    def __getattr__(self, name):
+        labels = {"memcpy_htod_async": "copy host to device", "memcpy_dtod_async": "copy device to device",
+                  "memcpy_dtoh_async": "copy device to host"}
+        return self._wrap(name, labels[name]) if name in labels else getattr(self._cuda, name)
+
+
+def measure(model: GpuModel, batch: int, prompt: int, gen: int, seed: int = 0) -> None:
+    """Print the median GPU time of each operation of a decode step and of the idle time before it."""
+    vocab = int(model.manifest.entries["prefill"].outputs[0].shape[-1])
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(1, vocab, size=prompt)) for _ in range(batch)]
+    generate(model, prompts, min(gen, 4))  # warm up: graphs captured
+    plain = generate(model, prompts, gen)
+    rec = _Recorder(model.dev.cuda, model.dev.stream)
+    model.dev.cuda = rec
+    enqueue = model.enqueue
+
+    def traced(entry: str) -> None:
+        rec.mark(f"graph {model.routed.get(entry, entry)}")
+        enqueue(entry)
+        rec.mark("end")
+    model.enqueue = traced
+    rec.on = True
+    try:
+        generate(model, prompts, gen)
+    finally:
+        rec.on = False
+        model.dev.cuda = rec._cuda
+        model.enqueue = enqueue
+    model.dev.stream.synchronize()
+    marks = rec.marks
+    # one cycle: from a decode graph's start to the next one's; each interval is an operation or the idle gap
+    starts = [i for i, (label, _) in enumerate(marks) if label.startswith("graph decode")]
+    cycles: list[list[tuple[str, float]]] = []
+    for a, b in zip(starts, starts[1:]):
+        cycle, last = [], "idle after graph"
+        for i in range(a, b):
+            label = marks[i][0]
+            us = marks[i + 1][1].time_since(marks[i][1]) * 1e3
+            if label == "end":
+                cycle.append((f"idle after {last}", us))
+            else:
+                cycle.append((label, us))
+                last = label
+        cycles.append(cycle)
+    cycles = cycles[2:]  # the first steps still fill the pipeline
+    shape = max({tuple(k for k, _ in c) for c in cycles}, key=lambda s: sum(tuple(k for k, _ in c) == s
+                                                                           for c in cycles))
+    same = [c for c in cycles if tuple(k for k, _ in c) == shape]
+    step_ms = statistics.median(plain.decode_seconds) * 1e3
+    total = statistics.median(sum(us for _, us in c) for c in same)
+    print(f"batch {batch}, prompt {prompt}, {gen} tokens: {len(same)} of {len(cycles)} steps in this order "
+          f"(medians, us)")
+    for n, label in enumerate(shape):
+        print(f"  {label:36s} {statistics.median(c[n][1] for c in same):9.2f}")
+    print(f"  {'one step, instrumented':36s} {total:9.2f}")
+    print(f"  {'one step, generate() without events':36s} {step_ms * 1e3:9.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=64)
+    args = ap.parse_args()
+    model = GpuModel(open_artifact(args.artifact), device=Device())
+    measure(model, args.batch, args.prompt, args.gen)
+
+
+if __name__ == "__main__":
+    main()
