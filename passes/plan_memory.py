@@ -7,7 +7,8 @@
   outputs of QKVRotary / NormLinearRotary) is a strided view of its layer's key or value slot, not a
   buffer of its own;
 - io: the int64 dims buffer (symbol values), then each entry's inputs (side by side, smallest upper bound
-  first) and outputs, never reused;
+  first) and outputs, never reused; the decode step's entries first (the narrowest, split-decode's, first
+  of all), so the runtime's staged upload of a step sends the dims and its inputs in one copy;
 - activations: every other value gets an interval [step defined, last step read] over its entry's
   schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
   whose intervals overlap). Entries never run at once, so they share the region.
@@ -26,6 +27,7 @@ from atlasc.ir.dtypes import itemsize
 from atlasc.ir.graph import Graph, Value
 from atlasc.ir.memory import ALIGNMENT, MemoryPlan, Placement, Region, align
 from atlasc.ir.program import Program
+from atlasc.passes.entry_points import NEXT_TOKENS
 from atlasc.passes.rewrite import RewriteStats
 
 
@@ -91,6 +93,38 @@ def best_fit(buffers: list[tuple[str, int, tuple[int, int]]]) -> tuple[dict[str,
     return offsets, align(end)
 
 
+def io_order(program: Program) -> list[str]:
+    """The entries in the order their io is placed after the dims buffer: split-decode's narrow entries, then
+    "decode", then the others as the program lists them. The first one's inputs begin right after the dims
+    buffer: the step run once per generated token (the narrow one where there is one) uploads both at once."""
+    first = [e for e in program.narrows if e in program.entries]
+    first += [e for e in ("decode",) if e in program.entries and e not in first]
+    return first + [e for e in program.entries if e not in first]
+
+
+def tokens_slot_input(program: Program, entry: str) -> str | None:
+    """The input ids of a decode step that may share one slot with its next_tokens output, or None.
+
+    A decode step reads its input ids first (the embedding) and writes next_tokens last (the sampling), so one
+    slot serves both: the next step finds its input ids where this step left its tokens, and the runtime's
+    pipelined loop needs no device copy between steps (runtime/gpu.py submit). Only when the ids are int64
+    [batch, 1] (next_tokens' bytes) and every node reading them runs before the one writing next_tokens."""
+    graph = program.entries[entry]
+    sig = program.entries["prefill"].metadata.get("decoder") if "prefill" in program.entries else None
+    if entry == "prefill" or sig is None:
+        return None
+    ids = next((v for v in graph.inputs if v.name == sig.input_ids), None)
+    tokens = next((v for v in graph.outputs if v.name == NEXT_TOKENS), None)
+    if ids is None or tokens is None or ids.dtype != "int64" or tokens.dtype != "int64" or \
+            tuple(ids.shape) != (tokens.shape[0], 1):
+        return None
+    writer = next((i for i, n in enumerate(graph.nodes) if any(o is tokens for o in n.outputs)), None)
+    readers = [i for i, n in enumerate(graph.nodes) if any(x is ids for x in n.inputs)]
+    if writer is None or any(i >= writer for i in readers):
+        return None
+    return ids.name
+
+
 def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
     stats = RewriteStats()
     roles = program.roles
@@ -125,17 +159,21 @@ def plan_memory(program: Program) -> tuple[Program, RewriteStats]:
     dims_offset = io_offset
     cursor = io_offset + align(8 * max(len(symbols), 1))
     io: dict[str, dict[str, Placement]] = {}
-    for entry, graph in program.entries.items():
+    for entry in io_order(program):
+        graph = program.entries[entry]
         upper = program.bounds.get(entry, {})
         io[entry] = {}
         # inputs smallest first (stable), side by side: the runtime's staged upload copies adjacent inputs in one
         # piece, and an input whose bytes grow with the sequence (an attention mask) then comes last
         inputs = sorted(graph.inputs, key=lambda v: value_bytes(v, upper, roles, max_seq))
+        ids = tokens_slot_input(program, entry)
         for v in [*inputs, *graph.outputs]:
-            if v.name in io[entry] or v.is_constant:
+            if v.name in io[entry] or v.is_constant or v.name == ids:
                 continue
             size = align(max(value_bytes(v, upper, roles, max_seq), 1))
             io[entry][v.name] = Placement("io", cursor, size)
+            if ids is not None and v.name == NEXT_TOKENS:
+                io[entry][ids] = io[entry][v.name]
             cursor += size
     io_bytes = cursor - io_offset
     act_offset = cursor
@@ -245,6 +283,14 @@ def check_plan(program: Program) -> list[str]:
             region = plan.regions[p.region]
             if p.offset < region.offset or p.offset + p.nbytes > region.offset + region.nbytes:
                 problems.append(f"{entry}: {name} lies outside region {p.region}")
+        slots: dict[int, set[str]] = {}  # inputs and outputs by offset: one slot each, save a step's ids and tokens
+        graph = program.entries[entry]
+        for v in {*graph.inputs, *graph.outputs}:
+            if not v.is_constant:
+                slots.setdefault(plan.placements[v.name].offset, set()).add(v.name)
+        shared = {NEXT_TOKENS, tokens_slot_input(program, entry)}
+        problems += [f"{entry}: io values {sorted(names)} share one slot" for names in slots.values()
+                     if len(names) > 1 and names != shared]
         acts = [(n, plan.placements[n], iv) for n, iv in plan.lifetimes.items()]
         for i, (a, pa, (s1, e1)) in enumerate(acts):
             for b, pb, (s2, e2) in acts[i + 1:]:

@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -42,6 +43,8 @@ class _Stage:
     count: int = 0  # tokens of its latest call
     used: bool = False  # done has been recorded
 
+
+DIMS = "(dims)"  # the dims buffer's slot among a staged upload's slots (_staged_specs)
 
 # bytes of slack (an input below its slot's upper bound) one staged copy may carry rather than split in two: a
 # copy's fixed cost on the stream is microseconds, 4 KB over PCIe well under one
@@ -192,8 +195,9 @@ class GpuModel:
         serves the call (bind_call; enqueue then runs that one); returns the symbol values. With `stage`
         (submit) the bytes go through its pinned buffer, so the copies never wait for the stream: each input at
         its arena offset relative to the entry's first slot, and inputs in adjacent slots (plan_memory puts an
-        entry's inputs side by side, smallest first) go up in one copy, so a decode step's inputs are one copy
-        besides the dims. Input `skip` is not written (submit overwrites it on the device afterwards)."""
+        entry's inputs side by side, smallest first, and the decode step's right after the dims buffer) go up
+        in one copy, so a decode step's dims and inputs are one copy (two before: docs/perf.md v22). Input `skip`
+        is not written (submit overwrites it on the device afterwards)."""
         called = entry_name
         entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols, self.bounds)
         self.routed[called] = entry_name
@@ -201,23 +205,37 @@ class GpuModel:
         self.last_env[entry_name] = env
         dims = self.dims_host if stage is None else stage.dims
         dims[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
-        self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
+        specs = self._staged_specs(entry)
+        if stage is None or specs[0].name != DIMS:
+            self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
         if stage is None:
             for spec in entry.inputs:
                 self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
             return env
-        base = min((spec.offset for spec in entry.inputs), default=0)
-        for start, end in self._stage_inputs(entry, inputs, stage.inputs, skip):
+        base = min((spec.offset for spec in specs), default=0)
+        for start, end in self._stage_inputs(specs, {**inputs, DIMS: dims[: len(self.symbols)]}, stage.inputs, skip):
             self.dev.cuda.memcpy_htod_async(int(self.arena) + start, stage.inputs[start - base: end - base],
                                             self.dev.stream)
         return env
 
+    def _staged_specs(self, entry) -> list:
+        """The slots a staged upload of `entry` fills: its inputs, and first the dims buffer when the entry's
+        inputs begin right after it (plan_memory places the decode step's there), so one copy sends both."""
+        specs = list(entry.inputs)
+        memory = self.manifest.memory
+        dims_offset, unit = memory.dims_offset, memory.alignment
+        slot = -(-8 * max(len(self.symbols), 1) // unit) * unit  # the dims buffer's slot (plan_memory)
+        if specs and min(spec.offset for spec in specs) == dims_offset + slot:
+            specs.insert(0, SimpleNamespace(name=DIMS, offset=dims_offset, nbytes=slot))
+        return specs
+
     @staticmethod
-    def _stage_inputs(entry, inputs: Mapping[str, np.ndarray], pinned: np.ndarray, skip: str) -> list[list[int]]:
-        """Write the entry's inputs into `pinned` (arena layout from the entry's first input slot on) and return
-        the arena spans [start, end) to copy: one per run of adjacent slots, a run broken where the bytes between
-        one input's end and the next slot would exceed COPY_GAP (an input far below its slot's upper bound)."""
-        specs = sorted(entry.inputs, key=lambda spec: spec.offset)
+    def _stage_inputs(slots, inputs: Mapping[str, np.ndarray], pinned: np.ndarray, skip: str) -> list[list[int]]:
+        """Write the inputs of `slots` (specs with name, offset, nbytes: _staged_specs) into `pinned` (arena layout
+        from the first slot on) and return the arena spans [start, end) to copy: one per run of adjacent slots, a
+        run broken where the bytes between one input's end and the next slot would exceed COPY_GAP (an input far
+        below its slot's upper bound)."""
+        specs = sorted(slots, key=lambda spec: spec.offset)
         base = specs[0].offset if specs else 0
         spans: list[list[int]] = []
         slot_end = -1  # end of the last slot the open span covers (-1: no open span)
@@ -245,8 +263,9 @@ class GpuModel:
         collect(). Its inputs and dims go through one of two pinned stages, in turn (the call two submits back,
         which used the same stage, is waited for first: collected already in generate's loop, so at once).
         With `tokens_from` (an arena offset: tokens_offset of the previous call), the input `tokens_to` is then
-        overwritten on the device by the int64 tokens there, so the host need not have read them yet. The
-        call's next_tokens are copied back behind it."""
+        overwritten on the device by the int64 tokens there, so the host need not have read them yet (no copy
+        when the previous call was a decode step of the same entry: its next_tokens share the slot of the input
+        ids, plan_memory tokens_slot_input). The call's next_tokens are copied back behind it."""
         slot = self._submitted % 2
         self._submitted += 1
         stage = self._stage(slot)
@@ -257,8 +276,9 @@ class GpuModel:
         if tokens_from is not None:
             spec = next(i for i in entry.inputs if i.name == tokens_to)
             nbytes = np.asarray(inputs[tokens_to]).nbytes
-            self.dev.cuda.memcpy_dtod_async(int(self.arena) + spec.offset, int(self.arena) + tokens_from, nbytes,
-                                            self.dev.stream)
+            if spec.offset != tokens_from:  # the same slot (plan_memory tokens_slot_input): the tokens are there
+                self.dev.cuda.memcpy_dtod_async(int(self.arena) + spec.offset, int(self.arena) + tokens_from,
+                                                nbytes, self.dev.stream)
         self.enqueue(entry_name)
         out = next(o for o in entry.outputs if o.name == "next_tokens")
         stage.count = int(np.prod(output_shape(out, env), dtype=np.int64))
@@ -282,8 +302,8 @@ class GpuModel:
         stage = self._stages.get(slot)
         if stage is None:  # pinned host memory for the largest call of any entry: its input slots (write_inputs)
             def slots_bytes(entry) -> int:
-                return (max(i.offset + i.nbytes for i in entry.inputs) - min(i.offset for i in entry.inputs)
-                        if entry.inputs else 0)
+                specs = self._staged_specs(entry)
+                return max(i.offset + i.nbytes for i in specs) - min(i.offset for i in specs) if specs else 0
 
             most = max(slots_bytes(e) for e in self.manifest.entries.values())
             batch = self.manifest.kv_cache.max_batch if self.manifest.kv_cache is not None else 1

@@ -110,12 +110,13 @@ def test_per_step_logits_take_the_plain_loop(llama):
 
 
 def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_tokens_back(llama):
-    """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims, then the inputs from
-    its stage's pinned buffer in one copy (plan_memory puts them side by side, the growing attention mask last;
-    the input ids are not staged), then the previous call's tokens copied over the input ids on the device, the
-    step's kernels, next_tokens back into the stage, the stage's event; two stages in turn, a stage's earlier
-    call waited for before its reuse. The copies leave every staged input's bytes at its arena offset and write
-    nothing outside the entry's input slots."""
+    """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims and the inputs from
+    its stage's pinned buffer in one copy (plan_memory puts them side by side after the dims, the growing
+    attention mask last; the input ids are not staged: they share next_tokens' slot), then the previous call's
+    tokens copied into the input ids on the device unless they are there already (the previous call was a
+    decode step), the step's kernels, next_tokens back into the stage, the stage's event; two stages in turn, a
+    stage's earlier call waited for before its reuse. The copies leave every staged input's bytes at its arena
+    offset and write nothing outside the dims and the entry's input slots."""
     from fake_gpu import FakeDevice
 
     from atlasc.runtime.gpu import GpuModel
@@ -124,42 +125,52 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
     model = GpuModel(open_artifact(llama), device=dev, cuda_graphs=False)
     m = model.manifest
     entry = m.entries["decode"]
-    specs = sorted(entry.inputs, key=lambda i: i.offset)
+    ids = next(i for i in entry.inputs if i.name == "input_ids")
+    nxt = next(o for o in entry.outputs if o.name == "next_tokens")
+    assert (ids.offset, ids.nbytes) == (nxt.offset, nxt.nbytes)  # one slot (plan_memory tokens_slot_input)
+    specs = sorted((i for i in entry.inputs if i.name != "input_ids"), key=lambda i: i.offset)
     assert specs[-1].name == "attention_mask"  # the largest upper bound last
     assert all(a.offset + a.nbytes == b.offset for a, b in zip(specs, specs[1:]))  # side by side
     slots, rng = [], np.random.default_rng(0)
-    for call in range(3):
+    for call in range(4):
         past = 8 + call
         feeds = {"input_ids": np.zeros((3, 1), np.int64), "attention_mask": rng.integers(0, 2, (3, past + 1)),
                  "position_ids": rng.integers(0, 60, (3, 1)), **Sampling(seed=call).inputs(1)}
         feeds = {i.name: feeds[i.name] for i in entry.inputs}
         dev.ops.clear()
         dev.launched.clear()
-        slots.append(model.submit("decode", feeds, {"past_seq": past}, tokens_from=4096, tokens_to="input_ids"))
+        # calls 0-2 as after a prefill (its tokens elsewhere), call 3 as after a decode step: no copy
+        tokens_from = 4096 if call < 3 else model.tokens_offset("decode")
+        slots.append(model.submit("decode", feeds, {"past_seq": past}, tokens_from=tokens_from,
+                                  tokens_to="input_ids"))
         stage = model._stages[slots[-1]]
-        if call == 2:  # slot 0 again: its first call is waited for before its buffers are rewritten
+        if call >= 2:  # a slot again: its earlier call is waited for before its buffers are rewritten
             assert dev.ops.pop(0) == ("sync", id(stage.done))
         kinds = [op[0] for op in dev.ops]
-        assert kinds == ["htod", "htod", "dtod", "dtoh", "event"]
-        assert dev.ops[0][1] == m.memory.dims_offset and dev.ops[0][2] is stage.dims
-        start, data = dev.ops[1][1], dev.ops[1][2]
+        # the dims go up with the inputs: one copy
+        assert kinds == (["htod", "dtod", "dtoh", "event"] if call < 3 else ["htod", "dtoh", "event"])
+        start, data = dev.ops[0][1], dev.ops[0][2]
         assert data.base is stage.inputs  # a view of the pinned stage
-        lo, hi = specs[0].offset, specs[-1].offset + specs[-1].nbytes
-        assert lo <= start and start + data.size <= hi  # inside the entry's input slots
+        assert start == m.memory.dims_offset  # plan_memory: the decode step's inputs right after the dims
+        env = model.last_env["decode"]
+        assert env["past_seq"] == past and env["batch"] == 3
+        dims = np.array([env.get(s.name, 0) for s in m.symbols], np.int64)
+        assert np.array_equal(data[: dims.nbytes], dims.view(np.uint8))
+        hi = specs[-1].offset + specs[-1].nbytes
+        assert start + data.size <= hi  # inside the dims and the entry's input slots
         for spec in specs:
             if spec.name == "input_ids":
                 continue
             raw = np.ascontiguousarray(feeds[spec.name]).view(np.uint8).reshape(-1)
             assert start <= spec.offset and spec.offset + raw.size <= start + data.size
             assert np.array_equal(data[spec.offset - start: spec.offset - start + raw.size], raw), spec.name
-        ids = next(i for i in entry.inputs if i.name == "input_ids")
-        assert dev.ops[-3] == ("dtod", ids.offset, 4096, 3 * 8)
-        nxt = next(o for o in entry.outputs if o.name == "next_tokens")
+        if call < 3:
+            assert dev.ops[-3] == ("dtod", ids.offset, 4096, 3 * 8)
         assert dev.ops[-2][2] == nxt.offset and len(dev.ops[-2][1]) == 3 and stage.count == 3
         assert len(dev.launched) == sum(1 for n in entry.nodes if n.kernel)  # the step, between the two
         model.collect(slots[-1])
-    assert slots == [0, 1, 0]
-    assert model.tokens_offset("decode") == next(o.offset for o in entry.outputs if o.name == "next_tokens")
+    assert slots == [0, 1, 0, 1]
+    assert model.tokens_offset("decode") == nxt.offset
 
 
 def test_staged_copies_split_where_an_input_is_far_below_its_slot():
@@ -176,7 +187,7 @@ def test_staged_copies_split_where_an_input_is_far_below_its_slot():
     def spans(specs, sizes, skip=""):
         pinned = np.zeros(1 << 16, np.uint8)
         feeds = {name: np.full(n, 7, np.uint8) for name, n in sizes.items()}
-        got = GpuModel._stage_inputs(SimpleNamespace(inputs=specs), feeds, pinned, skip)
+        got = GpuModel._stage_inputs(specs, feeds, pinned, skip)
         base = min(s.offset for s in specs)
         for s in specs:  # every input not skipped is staged at its slot
             if s.name != skip:

@@ -143,6 +143,46 @@ def test_plan_is_sound(name, max_batch, max_seq):
     assert regions["activations"].nbytes == max(p.activation_peak for p in program.plans.values())
 
 
+@pytest.mark.parametrize("max_batch", [4, 16])
+def test_the_decode_steps_inputs_begin_right_after_the_dims_buffer(max_batch):
+    """The entry run once per generated token (split-decode's decode_small where there is one, else decode) has
+    its inputs right after the dims buffer, so GpuModel's staged upload sends the dims and them in one copy."""
+    program = planned("llama", max_batch, 64)
+    step = "decode_small" if max_batch > 8 else "decode"
+    assert step in program.entries
+    plan = program.plans[step]
+    first = min(plan.placements[v.name].offset for v in program.entries[step].inputs)
+    assert first == plan.dims_offset + align(8 * max(len(plan.symbols), 1))
+    assert pm.io_order(program)[0] == step
+
+
+@pytest.mark.parametrize("max_batch", [4, 16])
+def test_a_decode_steps_input_ids_share_the_slot_of_its_next_tokens(max_batch):
+    """A decode step reads its input ids first and writes next_tokens last: one slot, so the next step's ids are
+    where this step's tokens are (no device copy between pipelined steps). Not in prefill (its tokens go to a
+    decode step's slot by copy). check_plan refuses any other two inputs or outputs in one slot."""
+    program = planned("llama", max_batch, 64)
+    for entry in program.entries:
+        placements = program.plans[entry].placements
+        if entry == "prefill":
+            assert pm.tokens_slot_input(program, entry) is None
+            assert placements["input_ids"].offset != placements["next_tokens"].offset
+            continue
+        assert pm.tokens_slot_input(program, entry) == "input_ids"
+        assert placements["input_ids"] == placements["next_tokens"]
+        readers = [i for i, n in enumerate(program.entries[entry].nodes)
+                   if any(x is not None and x.name == "input_ids" for x in n.inputs)]
+        assert readers and max(readers) < len(program.entries[entry].nodes) - 1  # before the sampling
+    placements = program.plans["decode"].placements  # the cached program: put back after
+    kept = placements["position_ids"]
+    placements["position_ids"] = placements["attention_mask"]
+    try:
+        assert any("share one slot" in p for p in pm.check_plan(program))
+    finally:
+        placements["position_ids"] = kept
+    assert pm.check_plan(program) == []
+
+
 @pytest.mark.parametrize("name,max_batch,max_seq", CASES)
 def test_every_value_placed_inside_its_region(name, max_batch, max_seq):
     program = planned(name, max_batch, max_seq)
@@ -165,13 +205,14 @@ def test_every_value_placed_inside_its_region(name, max_batch, max_seq):
             if p.strides is None and not v.is_constant:
                 assert p.nbytes >= pm.value_bytes(v, program.bounds.get(entry, {}), program.roles,
                                                   max_seq if program.kind == "decoder" else None)
+        ids = pm.tokens_slot_input(program, entry)  # a decode step's input ids share next_tokens' slot
         for name_, p in plan.placements.items():
-            if p.region == "io" and name_ not in plan.aliases:  # an alias shares its root's bytes
+            if p.region == "io" and name_ not in plan.aliases and name_ != ids:  # an alias shares its root's bytes
                 io_spans.append((entry, name_, p.offset, p.nbytes))
         # the dims buffer comes first in io, before any entry input/output
         n_syms = max(len(plan.symbols), 1)
         assert min(p.offset for p in plan.placements.values() if p.region == "io") >= plan.dims_offset + 8 * n_syms
-    # io is never reused: no two io buffers of any entries share bytes
+    # io is never reused: no two io buffers of any entries share bytes (save a decode step's ids and tokens)
     io_spans.sort(key=lambda s: s[2])
     for (e1, n1, o1, s1), (e2, n2, o2, _) in zip(io_spans, io_spans[1:]):
         assert o1 + s1 <= o2, f"io {e1}:{n1} and {e2}:{n2} overlap"
