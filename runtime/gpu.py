@@ -206,7 +206,7 @@ class GpuModel:
         dims = self.dims_host if stage is None else stage.dims
         dims[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
         specs = self._staged_specs(entry)
-        if stage is None or specs[0].name != DIMS:
+        if stage is None or not specs or specs[0].name != DIMS:
             self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
         if stage is None:
             for spec in entry.inputs:

@@ -203,3 +203,25 @@ def test_staged_copies_split_where_an_input_is_far_below_its_slot():
     apart = [spec("a", 0, 256), spec("b", 512, 256)]  # not adjacent slots: never merged
     assert spans(apart, {"a": 8, "b": 8}) == [[0, 8], [512, 520]]
     assert spans(apart, {"a": 0, "b": 8}) == [[512, 520]]  # an empty input copies nothing
+
+
+def test_the_dims_join_a_staged_upload_only_when_the_inputs_begin_right_after_them():
+    """GpuModel._staged_specs: the dims buffer's slot (8 bytes per symbol, rounded up to the plan's alignment) is
+    the first slot of the staged copy when the entry's first input starts where it ends; otherwise (another
+    entry's io in between) and for an entry without inputs the dims go up on their own."""
+    from types import SimpleNamespace
+
+    from atlasc.runtime.gpu import DIMS, GpuModel
+
+    memory = SimpleNamespace(dims_offset=1024, alignment=256)
+    model = SimpleNamespace(manifest=SimpleNamespace(memory=memory), symbols=["batch", "past_seq", "seq"])
+    ids = SimpleNamespace(name="ids", offset=1280, nbytes=256)
+    got = GpuModel._staged_specs(model, SimpleNamespace(inputs=[ids]))
+    assert [s.name for s in got] == [DIMS, "ids"] and (got[0].offset, got[0].nbytes) == (1024, 256)
+    far = SimpleNamespace(name="ids", offset=4096, nbytes=256)
+    assert [s.name for s in GpuModel._staged_specs(model, SimpleNamespace(inputs=[far]))] == ["ids"]
+    assert GpuModel._staged_specs(model, SimpleNamespace(inputs=[])) == []
+    model.symbols = [f"s{i}" for i in range(40)]  # 320 bytes of dims: a slot of 512
+    assert [s.name for s in GpuModel._staged_specs(model, SimpleNamespace(inputs=[ids]))] == ["ids"]
+    assert GpuModel._staged_specs(model, SimpleNamespace(inputs=[SimpleNamespace(name="x", offset=1536,
+                                                                                 nbytes=8)]))[0].name == DIMS
