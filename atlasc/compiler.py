@@ -192,8 +192,7 @@ def decode_steps(program: Program) -> dict[str, str]:
     batch = program.roles.get("batch")
     if program.kind != "decoder" or not batch:
         return {}
-    return {name: batch for name in program.entries
-            if name == "decode" or program.narrows.get(name, ("",))[0] == "decode"}
+    return {name: batch for name in program.decode_steps()}
 
 
 def _accuracy(program: Program, options: CompileOptions) -> dict:

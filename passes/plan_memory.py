@@ -94,11 +94,10 @@ def best_fit(buffers: list[tuple[str, int, tuple[int, int]]]) -> tuple[dict[str,
 
 
 def io_order(program: Program) -> list[str]:
-    """The entries in the order their io is placed after the dims buffer: split-decode's narrow entries, then
-    "decode", then the others as the program lists them. The first one's inputs begin right after the dims
-    buffer: the step run once per generated token (the narrow one where there is one) uploads both at once."""
-    first = [e for e in program.narrows if e in program.entries]
-    first += [e for e in ("decode",) if e in program.entries and e not in first]
+    """The entries in the order their io is placed after the dims buffer: the decode steps (Program.decode_steps:
+    split-decode's narrow one first), then the others as the program lists them. The first one's inputs begin
+    right after the dims buffer: the step run once per generated token uploads both at once."""
+    first = program.decode_steps()
     return first + [e for e in program.entries if e not in first]
 
 

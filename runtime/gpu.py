@@ -87,6 +87,7 @@ class GpuModel:
         self.last_env = {}  # entry -> the symbol values of its latest write_inputs
         self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
         self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
+        self._specs: dict[str, list] = {}  # entry -> the slots its staged uploads fill (_staged_specs)
         self._submitted = 0
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
@@ -205,8 +206,8 @@ class GpuModel:
         self.last_env[entry_name] = env
         dims = self.dims_host if stage is None else stage.dims
         dims[: len(self.symbols)] = [env.get(s, 0) for s in self.symbols]
-        specs = self._staged_specs(entry)
-        if stage is None or not specs or specs[0].name != DIMS:
+        specs = [] if stage is None else self._slots(entry)
+        if not specs or specs[0].name != DIMS:
             self.dev.cuda.memcpy_htod_async(int(self.arena) + self.manifest.memory.dims_offset, dims, self.dev.stream)
         if stage is None:
             for spec in entry.inputs:
@@ -217,6 +218,12 @@ class GpuModel:
             self.dev.cuda.memcpy_htod_async(int(self.arena) + start, stage.inputs[start - base: end - base],
                                             self.dev.stream)
         return env
+
+    def _slots(self, entry) -> list:
+        """_staged_specs(entry), worked out once per entry (a decode step's upload runs once per token)."""
+        if entry.name not in self._specs:
+            self._specs[entry.name] = self._staged_specs(entry)
+        return self._specs[entry.name]
 
     def _staged_specs(self, entry) -> list:
         """The slots a staged upload of `entry` fills: its inputs, and first the dims buffer when the entry's
@@ -302,7 +309,7 @@ class GpuModel:
         stage = self._stages.get(slot)
         if stage is None:  # pinned host memory for the largest call of any entry: its input slots (write_inputs)
             def slots_bytes(entry) -> int:
-                specs = self._staged_specs(entry)
+                specs = self._slots(entry)
                 return max(i.offset + i.nbytes for i in specs) - min(i.offset for i in specs) if specs else 0
 
             most = max(slots_bytes(e) for e in self.manifest.entries.values())

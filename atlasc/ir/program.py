@@ -87,6 +87,13 @@ class Program:
     # driver to a temporary directory that outlives the artifact's write; None keeps them in memory
     spill_dir: Path | None = field(default=None, repr=False, compare=False)
 
+    def decode_steps(self) -> list[str]:
+        """The entries that run one decode step per generated token: split-decode's narrow twins of "decode"
+        first, then "decode" (empty for a program without one)."""
+        if "decode" not in self.entries:
+            return []
+        return [e for e, (wide, _) in self.narrows.items() if wide == "decode" and e in self.entries] + ["decode"]
+
     def new_array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialized array for a constant a pass makes. With spill_dir set and at least
         SPILL_MIN_BYTES, a file-backed np.memmap there: its pages are written back and evictable, so
