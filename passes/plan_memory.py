@@ -8,7 +8,8 @@
   buffer of its own;
 - io: the int64 dims buffer (symbol values), then each entry's inputs (side by side, smallest upper bound
   first) and outputs, never reused; the decode step's entries first (the narrowest, split-decode's, first
-  of all), so the runtime's staged upload of a step sends the dims and its inputs in one copy;
+  of all), so the runtime's staged upload of a step sends the dims and its inputs in one copy; a decode
+  step's input ids share its next_tokens' slot (tokens_slot_input);
 - activations: every other value gets an interval [step defined, last step read] over its entry's
   schedule and an offset by best fit (largest buffers first, the smallest free gap among buffers
   whose intervals overlap). Entries never run at once, so they share the region.
