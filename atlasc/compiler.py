@@ -33,7 +33,7 @@ from atlasc.artifact import (
     write_artifact,
 )
 from atlasc.codegen import generate_module
-from atlasc.codegen.generate import check_shared_memory
+from atlasc.codegen.generate import GeneratedModule, check_shared_memory
 from atlasc.codegen.nvcc import check_stopped, compile_module
 from atlasc.errors import ShapeError
 from atlasc.frontend import import_onnx
@@ -129,9 +129,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     t = time.perf_counter()
     kernels = sum(program.plans[k].needs_kernel(n) for k, g in program.entries.items() for n in g.nodes)
     say("codegen", f"{kernels} launches")
-    module = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                             _kv_dict(program), decode_buckets(program), options.archs, narrowed_lower(program),
-                             decode_steps(program))
+    module = program_module(program, options.archs)
     check_shared_memory(module, options.archs)
     seconds["codegen"] = time.perf_counter() - t
 
@@ -149,6 +147,14 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     manifest = write_artifact(out_path, manifest, members, weights)
     seconds["write"] = time.perf_counter() - t
     return CompileResult(out_path, manifest, program, report, seconds)
+
+
+def program_module(program: Program, archs: tuple[str, ...]) -> GeneratedModule:
+    """The CUDA module of a program after the pass pipeline (generate_module with its entries, plans, bounds,
+    KV cache, decode buckets and steps) for the target archs; nvcc not run."""
+    return generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
+                           _kv_dict(program), decode_buckets(program), archs, narrowed_lower(program),
+                           decode_steps(program))
 
 
 def narrowed_lower(program: Program) -> dict[str, dict[str, int]]:

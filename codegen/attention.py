@@ -38,6 +38,7 @@ import os
 from atlasc.codegen import flash_attention
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.codegen.linear import early_mode
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value
@@ -233,8 +234,10 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # FAST_SPLIT_TARGET blocks (items when more) leaves none idle at the maximal batch; a smaller batch
     # in between may loop once more over the grid
     blocks = max(items, min(items * split, FAST_SPLIT_TARGET))
+    # ATLAS_EARLY_WEIGHTS=2 (linear.py): the next kernel, a projection, may launch right after the wait and load
+    # its first weights while this one runs (at batch 1 most of this grid's blocks have no work)
     return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch,
-                      counters=counters)
+                      counters=counters, trigger_early=early_mode() == "2")
 
 
 def split_max() -> int:

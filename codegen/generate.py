@@ -90,6 +90,10 @@ class KernelCode:
     prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
     choice: dict | None = None  # a per-kernel choice worth recording (the report's codegen `kernels`)
     min_blocks: int = 0  # > 0: __launch_bounds__'s blocks per SM (caps the registers per thread for them)
+    # the body calls atlas::pdl_enter itself (linear.cu LinPro: after its first weight loads), before any read of
+    # what an earlier kernel wrote: the wrapper leaves its own out
+    waits_inside: bool = False
+    trigger_early: bool = False  # the wrapper lets the next kernel launch right after the wait (pdl_leave)
 
 
 @dataclass
@@ -396,6 +400,7 @@ def codegen_choices() -> dict:
             "attention_warps": attention.warps_setting(),
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
+            "early_weights": linear.early_mode(),  # ATLAS_EARLY_WEIGHTS (linear.py): loads before the wait
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),
@@ -412,7 +417,9 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
         f'extern "C" __global__ void __launch_bounds__({threads}{f", {code.min_blocks}" if code.min_blocks else ""}) '
         f'{ctx.kernel}(unsigned char* __restrict__ arena) {{',
         *([code.prefetch] if code.prefetch else []),
-        "  atlas::pdl_enter();",
+        *([] if code.waits_inside else ["  atlas::pdl_enter();"]),
+        *(["  atlas::pdl_leave();  // early: the next kernel may launch now (it waits for this one's end)"]
+          if code.trigger_early else []),
         f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",
         "  (void)d;",
         *ctx.lines,

@@ -280,11 +280,37 @@ template <typename T, int R> __device__ __forceinline__ void lin_offsets(const V
   if (threadIdx.x < M) off[threadIdx.x] = lin_row_offset(v, threadIdx.x);
 }
 
-// one feature group [n0, n0 + F) of the GEMV, 16-byte loads
+// one round of the GEMV's 16-byte path: U vectors wv[u][f] of each of the F rows, at vector v0 + 32u
+template <typename T, int MT, int F, int U, typename XS>
+__device__ __forceinline__ void lin_round_vec(float (&acc)[F][MT], const uint4 (&wv)[U][F], const XS& xs, long long M,
+                                              long long v0) {
+  constexpr int V = LinVec<T>::N;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float wf[F][V];
+#pragma unroll
+    for (int f = 0; f < F; ++f) LinVec<T>::unpack(wv[u][f], wf[f]);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m < M) {
+        float xf[V];
+        LinVec<T>::unpack(xs.vec(m, (v0 + 32 * u) * V), xf);
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[f][m] = fmaf(wf[f][e], xf[e], acc[f][m]);
+      }
+    }
+  }
+}
+
+// one feature group [n0, n0 + F) of the GEMV, 16-byte loads into wv. loaded: wv already holds the group's first
+// round (loaded before the kernel's wait, linear_gemv; only when 32 * U <= K / V, so that it is a whole round).
+// One buffer for both, so that the preloaded round takes no registers of its own.
 template <typename T, int MT, int F, int U, typename XS>
 __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const XS& xs, long long M,
                                               const T* __restrict__ w, long long n0, long long N, long long K,
-                                              int lane, long long step) {
+                                              int lane, long long step, uint4 (&wv)[U][F], bool loaded) {
   constexpr int V = LinVec<T>::N;
   const long long KV = K / V;  // 16-byte vectors per row
   const T* wr[F];
@@ -292,28 +318,14 @@ __device__ __forceinline__ void lin_group_vec(float (&acc)[F][MT], const XS& xs,
   for (int f = 0; f < F; ++f) wr[f] = w + imin(n0 + f * step, N - 1) * K;  // rows past N: read row N-1, discard
   long long v0 = lane;
   for (; v0 + 32 * (U - 1) < KV; v0 += 32 * U) {
-    uint4 wv[U][F];
+    if (!loaded) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int f = 0; f < F; ++f) wv[u][f] = lin_ld_stream(wr[f] + (v0 + 32 * u) * V);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float wf[F][V];
-#pragma unroll
-      for (int f = 0; f < F; ++f) LinVec<T>::unpack(wv[u][f], wf[f]);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        if (m < M) {
-          float xf[V];
-          LinVec<T>::unpack(xs.vec(m, (v0 + 32 * u) * V), xf);
-#pragma unroll
-          for (int f = 0; f < F; ++f)
-#pragma unroll
-            for (int e = 0; e < V; ++e) acc[f][m] = fmaf(wf[f][e], xf[e], acc[f][m]);
-        }
-      }
+        for (int f = 0; f < F; ++f) wv[u][f] = lin_ld_stream(wr[f] + (v0 + 32 * u) * V);
     }
+    loaded = false;
+    lin_round_vec<T, MT, F, U>(acc, wv, xs, M, v0);
   }
   for (; v0 < KV; v0 += 32) {  // remainder: one vector per row at a time
     float wf[F][V];
@@ -432,20 +444,59 @@ struct LinRotary {
   }
 };
 
+// Early weights (linear.py early_mode): what a decode path runs once, with every thread of the block, after
+// its warps have issued their first round of weight loads. LinNoPro: nothing (the kernel waited for the
+// previous one at its start: pdl_enter). LinPro: f = the wait (pdl_enter) and whatever must follow it before x
+// is read (a fused prologue's staging), so the first weights are on their way while the previous kernel drains
+// and while x is staged; weights are constants, the only memory read before the wait (with the dims, which the
+// step's input copy wrote before its first kernel). TRIGGER: a block also lets the next kernel launch
+// (pdl_leave) as it starts its last item instead of at its end, so that kernel's first weight loads overlap
+// this one's tail.
+struct LinNoPro {
+  static constexpr bool EARLY = false, TRIGGER = false;
+  __device__ __forceinline__ void operator()() const {}
+};
+template <typename F, bool TRIG>
+struct LinPro {
+  F f;
+  static constexpr bool EARLY = true, TRIGGER = TRIG;
+  __device__ __forceinline__ void operator()() const { f(); }
+};
+
 // GEMV over every feature group (M <= MT <= 32); x from the source xs; yoff: row offsets in shared
 // memory. Paired (EPI not LinNoEpi, F = 2): group p reads weight rows epi.row_a(p) and epi.row_b(p),
-// rounds both sums (+ bias) to T as the unfused Linear stores them and hands them to epi.put.
-template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi>
+// rounds both sums (+ bias) to T as the unfused Linear stores them and hands them to epi.put. pro: see LinPro
+// (each warp's first group's first round is loaded before it).
+template <typename T, int R, int MT, int F, int U, bool HAS_BIAS, typename XS, typename EPI = LinNoEpi,
+          typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ w, const T* __restrict__ bias,
                                             long long bias_stride, const View<T, R>& y, long long M, long long N,
-                                            long long K, const long long* yoff, bool vec, EPI epi = EPI()) {
+                                            long long K, const long long* yoff, bool vec, EPI epi = EPI(),
+                                            PRO pro = PRO()) {
   constexpr bool GATED = lin_gated<EPI>();
+  constexpr int V = LinVec<T>::N;
   static_assert(!GATED || F == 2, "the paired GEMV holds two rows per group");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long H = N / 2;
   const long long groups = GATED ? H : (N + F - 1) / F;
   const long long yn = y.stride[R - 1];
-  for (long long g = (long long)blockIdx.x * LIN_WARPS + warp; g < groups; g += (long long)gridDim.x * LIN_WARPS) {
+  const long long g0 = (long long)blockIdx.x * LIN_WARPS + warp, gstride = (long long)gridDim.x * LIN_WARPS;
+  uint4 wv[U][F];  // the 16-byte path's weight round (lin_group_vec)
+  bool loaded = PRO::EARLY && vec && g0 < groups && 32 * U <= K / V;
+  if (loaded) {
+    const long long n0 = GATED ? epi.row_a(g0, N) : g0 * F, step = GATED ? epi.row_b(g0, N) - n0 : 1;
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      const T* wr = w + imin(n0 + f * step, N - 1) * K;
+#pragma unroll
+      for (int u = 0; u < U; ++u) wv[u][f] = lin_ld_stream(wr + (lane + 32 * u) * V);
+    }
+  }
+  pro();
+  for (long long g = g0; g < groups; g += gstride) {
+    if constexpr (PRO::TRIGGER) {
+      if (g + gstride >= groups) pdl_leave();  // this warp's last group (the block's first such warp counts)
+    }
     const long long n0 = GATED ? epi.row_a(g, N) : g * F, step = GATED ? epi.row_b(g, N) - n0 : 1;
     float acc[F][MT];
 #pragma unroll
@@ -453,7 +504,8 @@ __device__ __forceinline__ void linear_gemv(const XS& xs, const T* __restrict__ 
 #pragma unroll
       for (int m = 0; m < MT; ++m) acc[f][m] = 0.f;
     if (vec) {
-      lin_group_vec<T, MT, F, U>(acc, xs, M, w, n0, N, K, lane, step);
+      lin_group_vec<T, MT, F, U>(acc, xs, M, w, n0, N, K, lane, step, wv, loaded);
+      loaded = false;
     } else {
       lin_group_scalar<T, MT, F>(acc, xs, M, w, n0, N, K, lane, step);
     }
@@ -558,13 +610,15 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // reduced 16 x 8J partial sums to ws (float32, [item][4J x 32 slots]) and bumps the feature block's counter
 // cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
 // and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
-template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi>
+// pro: see LinPro (the block's first item's first round of U steps is loaded before it).
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi,
+          typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
                                                   const long long* yoff, float* red, EPI epi = EPI(),
                                                   float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr,
-                                                  int ks_n = KS) {
+                                                  int ks_n = KS, PRO pro = PRO()) {
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
@@ -580,7 +634,32 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   int xm[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) xm[j] = int(imin(8 * j + g, M - 1));
-  for (long long item = blockIdx.x; item < blocks_n * ks_n; item += gridDim.x) {
+  const long long items = blocks_n * ks_n;
+  uint4 wlo[U][FT], whi[U][FT];  // a round of weights: one buffer for the preloaded round and the loop's
+  bool loaded = false;
+  if constexpr (PRO::EARLY) {  // the block's first item's first round (the same addresses as in the loop below)
+    const long long item = blockIdx.x, ks = item % ks_n, s = ks * run + warp;
+    loaded = item < items && s + LIN_WARPS * (U - 1) < imin(steps, (ks + 1) * run);
+    if (loaded) {
+      const long long nblk = GATED ? (item / ks_n) * 8 : (item / ks_n) * 16 * FT;
+#pragma unroll
+      for (int f = 0; f < FT; ++f) {
+        const long long n0 = nblk + 16 * f;
+        const long long r0 = GATED ? epi.row_a(imin(n0 + g, H - 1), N) : imin(n0 + g, N - 1);
+        const long long r1 = GATED ? epi.row_b(imin(n0 + g, H - 1), N) : imin(n0 + g + 8, N - 1);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          wlo[u][f] = lin_ld_stream(w + r0 * K + 8 * c + (s + LIN_WARPS * u) * 32);
+          whi[u][f] = lin_ld_stream(w + r1 * K + 8 * c + (s + LIN_WARPS * u) * 32);
+        }
+      }
+    }
+  }
+  pro();
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    if constexpr (PRO::TRIGGER) {
+      if (item + gridDim.x >= items) pdl_leave();  // the block's last item
+    }
     const long long nb = item / ks_n, ks = item % ks_n;
     const long long s_end = imin(steps, (ks + 1) * run);
     const long long nblk = GATED ? nb * 8 : nb * 16 * FT;
@@ -603,14 +682,16 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
     long long s = ks * run + warp;
     for (; s + LIN_WARPS * (U - 1) < s_end; s += LIN_WARPS * U) {
-      uint4 wlo[U][FT], whi[U][FT];
+      if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int f = 0; f < FT; ++f) {
-          wlo[u][f] = lin_ld_stream(w0[f] + (s + LIN_WARPS * u) * 32);
-          whi[u][f] = lin_ld_stream(w1[f] + (s + LIN_WARPS * u) * 32);
-        }
+          for (int f = 0; f < FT; ++f) {
+            wlo[u][f] = lin_ld_stream(w0[f] + (s + LIN_WARPS * u) * 32);
+            whi[u][f] = lin_ld_stream(w1[f] + (s + LIN_WARPS * u) * 32);
+          }
+      }
+      loaded = false;
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll

@@ -88,6 +88,19 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
+# Early weights (linear.cu LinPro): a decode projection kernel of at most EARLY_MAX_M rows issues each warp's first
+# round of weight loads before it waits for the previous kernel (pdl_enter) and stages x. ATLAS_EARLY_WEIGHTS:
+# "0" off, "1" on, "2" (default) on and each block lets the next kernel launch as it starts its last item (the
+# attention right after its wait), so the next projection's first loads overlap this kernel's tail. H200, the
+# decode step at batch 1 and 256 keys replayed alone (examples/step_ab.sh, docs/perf.md v23): Llama-3.2-1B (16
+# layers) 931.8 / 941.6 / 898.4 us for 0 / 1 / 2 before the launch bounds of early_min_blocks, 938.8 -> 846.0 us
+# (0 -> 2) with them; 8 layers of Llama-3-8B shapes 1280.1 -> 1260.9 us.
+EARLY_ENV = "ATLAS_EARLY_WEIGHTS"
+EARLY_MODES = ("0", "1", "2")
+# the batch-1 kernels only: the preload adds ~30 registers (ptxas sm90, Llama-3.2-1B shapes: 70-76 -> 100-106 with
+# the MMA decode), which would leave 2 blocks per SM where an 8-row kernel's 384 blocks need 3
+EARLY_MAX_M = 1
+EARLY_WAVE_SMS = 132  # an H200's SMs (early_min_blocks)
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
 PATHS = ("table", "simt", "mma")
@@ -181,6 +194,35 @@ def run_ks(lo: int, hi: int, j: int, n_static, k_static) -> tuple[int, int]:
     return (one or rest), (rest or one)
 
 
+def early_mode() -> str:
+    """ATLAS_EARLY_WEIGHTS (default "2"); CodegenError for an unknown value."""
+    mode = os.environ.get(EARLY_ENV, "") or "2"
+    if mode not in EARLY_MODES:
+        raise CodegenError(f"{EARLY_ENV}={mode!r} is not one of {', '.join(EARLY_MODES)}")
+    return mode
+
+
+def early_pro(m_upper: int, body: str = "") -> list[str]:
+    """Statements declaring `lin_pro` (linear.cu LinPro: pdl_enter, then `body`) for a decode projection kernel
+    of at most m_upper rows when early weights apply (early_mode, m_upper <= EARLY_MAX_M); [] otherwise. The
+    kernel must then pass lin_pro to every decode call and be emitted without the wrapper's pdl_enter
+    (KernelCode.waits_inside)."""
+    mode = early_mode()
+    if mode == "0" or m_upper > EARLY_MAX_M:
+        return []
+    return ["  auto lin_pro_f = [&] {", "    atlas::pdl_enter();", *([body] if body else []), "  };",
+            f"  const atlas::LinPro<decltype(lin_pro_f), {'true' if mode == '2' else 'false'}> lin_pro{{lin_pro_f}};"]
+
+
+def early_min_blocks(blocks: int) -> int:
+    """__launch_bounds__'s blocks per SM for an early-weights kernel of `blocks` blocks (0: no bound). The preload's
+    registers must not push a grid that one wave of an H200 (EARLY_WAVE_SMS) held at 3 or 4 blocks per SM into a
+    second wave: ceil(blocks / EARLY_WAVE_SMS) when that is 3 or more (at most 4: 64 registers), else 0 (the MMA
+    decode kernels, ~100 registers, run at most 2 blocks per SM). ptxas sm90 (8B and 1B shapes): no spills."""
+    need = -(-blocks // EARLY_WAVE_SMS)
+    return min(need, 4) if need >= 3 else 0
+
+
 def path_choice() -> str:
     """ATLAS_LINEAR_PATH (default "table"); CodegenError for an unknown value."""
     path = os.environ.get(PATH_ENV, "") or "table"
@@ -213,14 +255,14 @@ def gemv_buckets(variants: list[int], runs: list[tuple[int, int, int]], fallback
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
                  prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None,
-                 fallback: str = "") -> list[str]:
+                 fallback: str = "", pro: str = "") -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
     With `fallback` (a call statement for any M) the GEMVs are only those of gemv_buckets and the fallback
     ends the chain. With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
     Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps, and with
     `k_static` (a plain Linear) K split across KS = decode_ks(...) blocks (`lin_ws`, `lin_cnt` declared before:
-    split_scratch)."""
+    split_scratch). With `pro` (early_pro's object; no fallback) every call gets it."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
     for run_lo, run_hi, j in runs:
@@ -231,6 +273,10 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
         tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
         tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
         tail += f", M == 1 ? {one} : {rest}" if one != rest else ""
+        if pro:  # every argument up to pro spelled out
+            ks_n = f"M == 1 ? {one} : {rest}" if one != rest else str(ks)
+            tail = (f", lin_ws, lin_cnt, {ks_n}" if ks > 1 else f", nullptr, nullptr, {ks_n}") + f", {pro}"
+            tail = ("" if epi else ", atlas::LinNoEpi()") + tail
         lines.append(f"{prefix}if ({cond}) atlas::linear_mma_decode<{t}, {r}, {j}, {max(1, decode_u(j) // ft)}, "
                      f"{has_bias}{tile}>({args}, lin_red{', ' + epi if epi else ''}{tail});")
         prefix = first + "else "
@@ -239,8 +285,8 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
         f, u = GEMV_CONFIG[mt]
         f = 2 if epi else f
         cond = "" if i == len(gemvs) - 1 and not fallback else f"if (M <= {mt}) "
-        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec"
-                     f"{', ' + epi if epi else ''});")
+        pro_arg = f"{', ' + epi if epi else ', atlas::LinNoEpi()'}, {pro}" if pro else f"{', ' + epi if epi else ''}"
+        lines.append(f"{prefix}{cond}atlas::linear_gemv<{t}, {r}, {mt}, {f}, {u}, {has_bias}>({args}, vec{pro_arg});")
         prefix = first + "else "
     if fallback:
         lines.append(f"{prefix}{fallback}")
@@ -354,6 +400,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     fallback = (f"atlas::linear_tiled<{t}, {r}, {has_bias}>(x, w, bias, bias_stride, y, N, K);"
                 if tiled and runs and min_arch(ctx.archs) >= 80 else "")
     setup = f"atlas::linear_gemv_setup<{t}, {r}>(x, w, y, M, K, lin_xoff, lin_yoff);"
+    early = [] if tiled else early_pro(m_upper)
+    lines += early
     lines += [
         f"  if (M <= {min(variants[-1], GEMV_MAX_M)}) {{",
         f"    const bool vec = {setup}" if gemv_buckets(variants, runs, bool(fallback)) else f"    {setup}",
@@ -365,7 +413,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if scratch:  # the K split's counters and partial sums (linear.cu KS)
         lines.insert(0, f"  unsigned int* lin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         lines.insert(1, f"  float* lin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
-    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static, fallback=fallback)
+    lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static, fallback=fallback,
+                          pro="lin_pro" if early else "")
     lines.append("  }")
     if tc:
         tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
@@ -397,6 +446,6 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     # where two blocks of the tiled GEMM's shared memory fit an SM (sm90, sm100), registers must let them:
     # ptxas alone gave the sm90 kernel 128 or 176 registers depending on which other paths it inlined
     smem_block = gemm.gemm_smem() + static_smem(rows, red, tiled) if tc else 0
-    min_blocks = 2 if tc and blocks_per_sm(ctx.archs, smem_block) >= 2 else 0
+    min_blocks = 2 if tc and blocks_per_sm(ctx.archs, smem_block) >= 2 else early_min_blocks(grid[0]) if early else 0
     return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch,
-                      scratch=scratch, counters=counters, min_blocks=min_blocks)
+                      scratch=scratch, counters=counters, min_blocks=min_blocks, waits_inside=bool(early))

@@ -31,7 +31,8 @@ from atlasc.codegen.elementwise import _align
 from atlasc.codegen.fused import fused_lines
 from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelContext, emitter, weight_prefetch
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
-                                   decode_grid, gemv_variants, red_floats)
+                                   decode_grid, early_min_blocks, early_pro, gemv_variants,
+                                   red_floats)
 from atlasc.codegen.quant import bind_quant_weights, quant_calls
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node, Value
@@ -113,20 +114,23 @@ def _tail(ctx: KernelContext, t: str, r: int, variants, runs, has_bias: str, w_v
     """The kernel body after the declarations in ctx.lines (which define `vec`): `stage` (statements
     filling lin_xbuf, x in dynamic shared memory), the mma flag and the decode calls reading x from
     there; the launch geometry."""
+    early = early_pro(m_upper, "  " + stage)  # the staging after the first weight loads (linear.cu LinPro)
     body = [
         "  extern __shared__ __align__(16) unsigned char lin_dyn[];",
         f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);",
-        stage,
+        *(early or [stage]),
         f"  const atlas::XSmem<{t}> xsm{{lin_xbuf, K}};",
     ]
     if runs:
         body.append(f"  const bool mma = vec && K % 32 == 0 && atlas::LinVec<{t}>::MMA && atlas::lin_sm80();")
-    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi)
+    body += decode_calls(t, r, variants, runs, has_bias, prefix="  ", src="xsm", epi=epi,
+                         pro="lin_pro" if early else "")
     # every block stages all of x: enough blocks to stream the weights, not one per feature group
     blocks = min(decode_grid(ctx.upper(w_v.shape[0]), variants, runs, w_v.shape[0], paired=bool(epi)),
                  grid_cap(m_upper, "float"))
-    return KernelCode("\n".join(body), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1), smem=smem,
-                      prefetch=weight_prefetch(ctx, w_v))
+    grid = max(1, min(MAX_GRID, blocks))
+    return KernelCode("\n".join(body), (grid, 1, 1), (THREADS, 1, 1), smem=smem, prefetch=weight_prefetch(ctx, w_v),
+                      waits_inside=bool(early), min_blocks=early_min_blocks(grid) if early else 0)
 
 
 def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | None) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of one codegen switch inside a real decode step: a LAYERS-layer decoder of CONFIG's shapes is compiled
-# once per value of the switch and `atlasc profile`d (CUDA events, graphs off) at each batch and context, so a
+# once per value of the switch (in parallel) and `atlasc profile`d (CUDA events, graphs off) at each batch and context, so a
 # kernel's time in the step can be compared across values (the labs time it alone). Run on the GPU machine after
 # the install line; logs under $OUT, the rows of the kernels matching KERNELS printed last.
 #   AB=ATLAS_ATTENTION_PREFETCH=0,3 bash examples/step_ab.sh
@@ -31,9 +31,13 @@ max_ctx=$(tr , '\n' <<<"$contexts" | sort -n | tail -1)
 mkdir -p "$work"
 python3 examples/build_llama.py "$config" "$work/m.onnx" --layers "$layers" 2>&1 | tail -1
 status=0
+for v in ${values//,/ }; do  # the compiles in parallel (nvcc and the passes use few cores each)
+    (env "$name=$v" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
+        -o "$work/m-$v.atlas" > "$out/compile_$v.log" 2>&1; echo "compile $name=$v: exit $?") &
+done
+wait
 for v in ${values//,/ }; do
-    env "$name=$v" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
-        -o "$work/m-$v.atlas" 2>&1 | tail -1 || status=1
+    [ -f "$work/m-$v.atlas" ] || status=1
     for b in ${batches//,/ }; do
         for c in ${contexts//,/ }; do
             atlasc profile "$work/m-$v.atlas" --batch "$b" --context "$c" --top 60 > "$out/profile_${v}_b${b}_c${c}.log" 2>&1 ||

@@ -134,7 +134,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_ksplit": "auto", "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
-                 "pdl_wait": True, "pdl_trigger": "end", "weight_prefetch": False, "weight_prefetch_mb": 0,
+                 "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "weight_prefetch": False,
+                 "weight_prefetch_mb": 0,
                  "share_kernels": True,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
@@ -153,12 +154,14 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_LINEAR_KSPLIT", "2")
     monkeypatch.setenv("ATLAS_QUANT_KSPLIT", "4")
     monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
+    monkeypatch.setenv("ATLAS_EARLY_WEIGHTS", "1")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "quant_path": "simt",
                                  "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,
-                                 "pdl_trigger": "end", "weight_prefetch": True, "weight_prefetch_mb": 16,
+                                 "pdl_trigger": "end", "early_weights": "1", "weight_prefetch": True,
+                                 "weight_prefetch_mb": 16,
                                  "share_kernels": False, "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
@@ -172,6 +175,11 @@ def test_every_kernel_starts_with_the_pdl_wait(llama32):
     launched = {k.kernel for e in llama32.manifest.entries.values() for n in e.nodes if n.kernel
                 for k in (n, *n.variants)}
     assert len(defs) == len(launched) > 20  # one definition per kernel the manifest launches
-    assert all(lines[i + 1] == "  atlas::pdl_enter();" for i in defs)
+    # ... except the batch-1 projections (early weights, the default: tests/test_early_weights.py), which wait
+    # inside their lin_pro, after their first weight loads
+    early = [i for i in defs if "_batch1" in lines[i] and "Linear" in lines[i]]
+    assert early and all(lines[i + 1] == "  atlas::pdl_enter();" for i in defs if i not in early)
+    assert all(lines[i + 1] != "  atlas::pdl_enter();" and "atlas::pdl_enter();" in lines[lines.index(
+        "  auto lin_pro_f = [&] {", i) + 1] for i in early)
     ends = [lines.index("}", i) for i in defs]  # the wrapper's closing brace: the first bare one after it
     assert all(lines[j - 1] == "  atlas::pdl_leave();" for j in ends)

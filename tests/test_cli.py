@@ -189,3 +189,5 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "share_kernels": True}) == ""
     assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
+    assert _opt_ins({**defaults, "early_weights": "2"}) == ""
+    assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"

@@ -78,3 +78,26 @@ def test_greedy_with_fa2_prefill_matches_onnxruntime(name, mask_lengths, build_d
     got = generate(model, prompts, 32, keep_logits=True)
     model.close()
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of(name)["dtype"]]["atol"])
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_greedy_with_early_weights_matches_onnxruntime(name, mode, build_dir, monkeypatch):
+    """ATLAS_EARLY_WEIGHTS=1 / 2 (codegen/linear.py early_pro): the batch-1 decode projections load their first
+    weights before they wait for the previous kernel (2: and let the next kernel launch early); greedy tokens and
+    logits as onnxruntime's at batch 1 (the batch-1 kernels), 32 steps, CUDA graphs with programmatic edges."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_EARLY_WEIGHTS", mode)
+    path = f"{build_dir}/{name}-early{mode}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    assert model.manifest.report["codegen"]["early_weights"] == mode
+    prompts, want_tokens, want_logits = stored_greedy(name, 1, 17)
+    got = generate(model, prompts, 32, keep_logits=True)
+    model.close()
+    tol = TOL[entry_of(name)["dtype"]]
+    assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+    if got.tokens == want_tokens:
+        for step, logits in enumerate(got.step_logits):
+            np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
