@@ -39,7 +39,8 @@ class _Stage:
     inputs: np.ndarray
     dims: np.ndarray
     tokens: np.ndarray
-    done: object
+    done: object  # recorded behind the tokens' copy back (on the copy stream with ATLAS_COPY_STREAM=1)
+    ran: object  # recorded on the stream behind the call's kernels (what the copy stream waits for)
     count: int = 0  # tokens of its latest call
     used: bool = False  # done has been recorded
 
@@ -49,6 +50,18 @@ DIMS = "(dims)"  # the dims buffer's slot among a staged upload's slots (_staged
 # bytes of slack (an input below its slot's upper bound) one staged copy may carry rather than split in two: a
 # copy's fixed cost on the stream is microseconds, 4 KB over PCIe well under one
 COPY_GAP = 4096
+
+
+COPY_STREAM_ENV = "ATLAS_COPY_STREAM"
+
+
+def copy_stream_setting() -> bool:
+    """ATLAS_COPY_STREAM (default 1): a pipelined call's tokens go back on a second stream (GpuModel.submit);
+    UsageError for a value not 0 or 1."""
+    value = os.environ.get(COPY_STREAM_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise UsageError(f"{COPY_STREAM_ENV}={value!r} is not 0 or 1")
+    return value == "1"
 
 
 def pdl_setting() -> bool:
@@ -89,6 +102,9 @@ class GpuModel:
         self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
         self._specs: dict[str, list] = {}  # entry -> the slots its staged uploads fill (_staged_specs)
         self._submitted = 0
+        # the tokens' copy back on its own stream, beside the next call's input copy (submit)
+        self._copy_stream = self.dev.cuda.Stream() if copy_stream_setting() else None
+        self._submitted_stage: _Stage | None = None  # the latest submit's stage
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.modules, kernels)
@@ -141,6 +157,8 @@ class GpuModel:
         self.dev.synchronize()
 
     def close(self) -> None:
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
         for g in self.graphs.values():
             g.close()
         self.graphs.clear()
@@ -272,13 +290,16 @@ class GpuModel:
         With `tokens_from` (an arena offset: tokens_offset of the previous call), the input `tokens_to` is then
         overwritten on the device by the int64 tokens there, so the host need not have read them yet (no copy
         when the previous call was a decode step of the same entry: its next_tokens share the slot of the input
-        ids, plan_memory tokens_slot_input). The call's next_tokens are copied back behind it."""
+        ids, plan_memory tokens_slot_input). The call's next_tokens are copied back behind it: with
+        ATLAS_COPY_STREAM=1 (default) on a second stream, which waits for the call's kernels, so that the copy
+        runs beside the next call's input copy; the next call's kernels wait for it (they overwrite the tokens)."""
         slot = self._submitted % 2
         self._submitted += 1
         stage = self._stage(slot)
         if stage.used:
             stage.done.synchronize()
         env = self.write_inputs(entry_name, inputs, symbols, stage, skip=tokens_to if tokens_from is not None else "")
+        self._after_copies()  # the previous call's tokens are read before these kernels rewrite them
         entry = self.manifest.entries[self.routed[entry_name]]
         if tokens_from is not None:
             spec = next(i for i in entry.inputs if i.name == tokens_to)
@@ -289,10 +310,22 @@ class GpuModel:
         self.enqueue(entry_name)
         out = next(o for o in entry.outputs if o.name == "next_tokens")
         stage.count = int(np.prod(output_shape(out, env), dtype=np.int64))
-        self.dev.cuda.memcpy_dtoh_async(stage.tokens[: stage.count], int(self.arena) + out.offset, self.dev.stream)
-        stage.done.record(self.dev.stream)
+        copy = self.dev.stream
+        if self._copy_stream is not None:
+            stage.ran.record(self.dev.stream)
+            copy = self._copy_stream
+            copy.wait_for_event(stage.ran)
+        self.dev.cuda.memcpy_dtoh_async(stage.tokens[: stage.count], int(self.arena) + out.offset, copy)
+        stage.done.record(copy)
         stage.used = True
+        self._submitted_stage = stage
         return slot
+
+    def _after_copies(self) -> None:
+        """With the copy stream: make the stream wait for the latest submitted call's copy back (and so for every
+        earlier one: the copy stream runs them in order) before kernels that may rewrite its tokens."""
+        if self._copy_stream is not None and self._submitted_stage is not None:
+            self.dev.stream.wait_for_event(self._submitted_stage.done)
 
     def collect(self, slot: int) -> np.ndarray:
         """The next_tokens of the call submitted in `slot`, once it has run (waits for it)."""
@@ -317,7 +350,7 @@ class GpuModel:
             cuda = self.dev.cuda
             stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8),
                            cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64),
-                           cuda.pagelocked_zeros(max(batch, 1), np.int64), cuda.Event())
+                           cuda.pagelocked_zeros(max(batch, 1), np.int64), cuda.Event(), cuda.Event())
             self._stages[slot] = stage
         return stage
 
@@ -325,6 +358,7 @@ class GpuModel:
             outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         """Execute one entry point; returns its outputs by name (only `outputs` if given: less to copy back)."""
         env = self.write_inputs(entry_name, inputs, symbols or {})
+        self._after_copies()
         self.enqueue(entry_name)
         out = {}
         for spec in self.manifest.entries[self.routed.get(entry_name, entry_name)].outputs:

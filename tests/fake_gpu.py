@@ -17,8 +17,19 @@ class FakeDevice:
 
         self.launched: list[str] = []
         self.on_launch = self.launched.append
-        self.stream = SimpleNamespace(synchronize=lambda: None, handle=0)
         dev = self
+
+        class Stream:  # records its event waits in ops
+            def __init__(self, name="copy"):
+                self.name, self.handle = name, 0
+
+            def synchronize(self):
+                pass
+
+            def wait_for_event(self, event):
+                dev.ops.append(("wait", self.name, id(event)))
+
+        self.stream = Stream("main")
 
         class Func:
             def __init__(self, name):
@@ -39,7 +50,7 @@ class FakeDevice:
 
         class Event:
             def record(self, stream):
-                dev.ops.append(("event", id(self)))
+                dev.ops.append(("event", id(self), stream.name))
 
             def synchronize(self):
                 dev.ops.append(("sync", id(self)))
@@ -50,8 +61,8 @@ class FakeDevice:
             memset_d8_async=lambda *a: None,
             memcpy_htod_async=lambda dst, src, stream=None: self.ops.append(("htod", dst, src)),
             memcpy_dtod_async=lambda dst, src, n, stream=None: self.ops.append(("dtod", dst, src, n)),
-            memcpy_dtoh_async=lambda dst, src, stream=None: self.ops.append(("dtoh", dst, src)),
-            pagelocked_zeros=lambda n, dt: np.zeros(n, dt), Event=Event)
+            memcpy_dtoh_async=lambda dst, src, stream=None: self.ops.append(("dtoh", dst, src, stream.name)),
+            pagelocked_zeros=lambda n, dt: np.zeros(n, dt), Event=Event, Stream=Stream)
         self.module = SimpleNamespace(get_function=Func)
 
     def load_module(self, cubin):

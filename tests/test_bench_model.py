@@ -262,19 +262,21 @@ def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_
     assert device.freed == 1 and len(destroyed) == 2  # the graph that failed, and the one before it
 
 
-def test_programmatic_launch_is_on_unless_atlas_pdl_is_0(monkeypatch):
-    """ATLAS_PDL: programmatic graph edges by default (docs/perf.md v17), 0 turns them off, anything else is a
-    one-line usage error."""
+@pytest.mark.parametrize("env", ["ATLAS_PDL", "ATLAS_COPY_STREAM"])
+def test_runtime_switches_are_on_unless_0(env, monkeypatch):
+    """ATLAS_PDL (programmatic graph edges, docs/perf.md v17) and ATLAS_COPY_STREAM (the tokens' copy back on a
+    second stream): on by default, 0 turns them off, anything else is a one-line usage error."""
     from atlasc.errors import UsageError
-    from atlasc.runtime.gpu import pdl_setting
+    from atlasc.runtime.gpu import copy_stream_setting, pdl_setting
 
-    monkeypatch.delenv("ATLAS_PDL", raising=False)
-    assert pdl_setting() is True
-    monkeypatch.setenv("ATLAS_PDL", "0")
-    assert pdl_setting() is False
-    monkeypatch.setenv("ATLAS_PDL", "on")
-    with pytest.raises(UsageError, match="ATLAS_PDL='on'"):
-        pdl_setting()
+    setting = pdl_setting if env == "ATLAS_PDL" else copy_stream_setting
+    monkeypatch.delenv(env, raising=False)
+    assert setting() is True
+    monkeypatch.setenv(env, "0")
+    assert setting() is False
+    monkeypatch.setenv(env, "on")
+    with pytest.raises(UsageError, match=f"{env}='on'"):
+        setting()
 
 
 def test_bench_vs_torch_refuses_an_unknown_quant_before_any_work():

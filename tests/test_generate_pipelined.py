@@ -109,18 +109,23 @@ def test_per_step_logits_take_the_plain_loop(llama):
     assert model.submitted == 0 and len(got.step_logits) == 3
 
 
-def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_tokens_back(llama):
+@pytest.mark.parametrize("copy_stream", ["1", "0"])
+def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_tokens_back(llama, copy_stream,
+                                                                                       monkeypatch):
     """GpuModel.submit on a simulated device (tests/fake_gpu.py), in stream order: the dims and the inputs from
     its stage's pinned buffer in one copy (plan_memory puts them side by side after the dims, the growing
     attention mask last; the input ids are not staged: they share next_tokens' slot), then the previous call's
     tokens copied into the input ids on the device unless they are there already (the previous call was a
     decode step), the step's kernels, next_tokens back into the stage, the stage's event; two stages in turn, a
     stage's earlier call waited for before its reuse. The copies leave every staged input's bytes at its arena
-    offset and write nothing outside the dims and the entry's input slots."""
+    offset and write nothing outside the dims and the entry's input slots. ATLAS_COPY_STREAM=1 (default): the
+    tokens go back on the copy stream, which waits for an event behind the step's kernels, and the next call's
+    kernels (and its token copy) wait for that copy, its input copy not."""
     from fake_gpu import FakeDevice
 
     from atlasc.runtime.gpu import GpuModel
 
+    monkeypatch.setenv("ATLAS_COPY_STREAM", copy_stream)
     dev = FakeDevice()
     model = GpuModel(open_artifact(llama), device=dev, cuda_graphs=False)
     m = model.manifest
@@ -148,7 +153,17 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
             assert dev.ops.pop(0) == ("sync", id(stage.done))
         kinds = [op[0] for op in dev.ops]
         # the dims go up with the inputs: one copy
-        assert kinds == (["htod", "dtod", "dtoh", "event"] if call < 3 else ["htod", "dtoh", "event"])
+        want = ["htod", "dtod", "dtoh", "event"] if call < 3 else ["htod", "dtoh", "event"]
+        if copy_stream == "1":
+            want[-2:-2] = ["event", "wait"]  # the step's event on the stream, the copy stream's wait for it
+            if call > 0:  # the kernels wait for the previous call's tokens to be read
+                want.insert(1, "wait")
+                previous = model._stages[slots[-2]]
+                assert dev.ops[1] == ("wait", "main", id(previous.done))
+            assert dev.ops[-4:-2] == [("event", id(stage.ran), "main"), ("wait", "copy", id(stage.ran))]
+        assert kinds == want
+        assert dev.ops[-2][3] == ("copy" if copy_stream == "1" else "main")
+        assert dev.ops[-1] == ("event", id(stage.done), dev.ops[-2][3])
         start, data = dev.ops[0][1], dev.ops[0][2]
         assert data.base is stage.inputs  # a view of the pinned stage
         assert start == m.memory.dims_offset  # plan_memory: the decode step's inputs right after the dims
@@ -165,7 +180,7 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
             assert start <= spec.offset and spec.offset + raw.size <= start + data.size
             assert np.array_equal(data[spec.offset - start: spec.offset - start + raw.size], raw), spec.name
         if call < 3:
-            assert dev.ops[-3] == ("dtod", ids.offset, 4096, 3 * 8)
+            assert next(op for op in dev.ops if op[0] == "dtod") == ("dtod", ids.offset, 4096, 3 * 8)
         assert dev.ops[-2][2] == nxt.offset and len(dev.ops[-2][1]) == 3 and stage.count == 3
         assert len(dev.launched) == sum(1 for n in entry.nodes if n.kernel)  # the step, between the two
         model.collect(slots[-1])
