@@ -390,7 +390,7 @@ def _scratch_need(node: Node, code: KernelCode) -> int:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import attention, flash_attention, gemm, linear, quant
+    from atlasc.codegen import attention, flash_attention, gemm, linear, quant, sampling
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(), "quant_path": quant.path_choice(), "quant_ksplit": quant.ks_choice(),
@@ -401,6 +401,7 @@ def codegen_choices() -> dict:
             "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "early_weights": linear.early_mode(),  # ATLAS_EARLY_WEIGHTS (linear.py): loads before the wait
+            "sample_split": sampling.split_setting(),  # ATLAS_SAMPLE_SPLIT (sampling.py)
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),

@@ -139,6 +139,83 @@ __device__ __forceinline__ void row_argmax(const T* row, long long V, long long 
   }
 }
 
+// Row b's token once its maximum `best` (first index bi) is known: greedy writes bi; otherwise the
+// temperature / top-k / top-p draw over the whole row by this block. Ends with __syncthreads.
+template <typename T>
+__device__ void sample_finish(const T* row, long long V, float best, long long bi, float temperature, float top_p,
+                              long long seed, long long step, long long top_k, long long b,
+                              atlas::View<long long, 1>& out, Scratch& s) {
+  if (temperature <= 0.f || top_k == 1) {
+    if (threadIdx.x == 0) out.p[b * out.stride[0]] = bi;
+    __syncthreads();
+    return;
+  }
+  // 2. p_i = exp(z_i - max z), z = logits / temperature
+  const float inv_t = 1.0f / temperature;
+  const float zmax = best * inv_t;
+  // logits rows are contiguous in the last dim (checked by the emitter)
+  unsigned int floor = 0;
+  if (top_k > 0 && top_k < V) floor = radix_select<T, false>(row, V, inv_t, zmax, 0u, top_k, 0.f, s);
+  float mass = 0.f;
+  for (long long i = threadIdx.x; i < V; i += blockDim.x) {
+    const float p = expf(atlas::load(row + i) * inv_t - zmax);
+    if (__float_as_uint(p) >= floor) mass += p;
+  }
+  mass = atlas::block_sum(mass, s.f);
+  if (top_p > 0.f && top_p < 1.f) {
+    const unsigned int t = radix_select<T, true>(row, V, inv_t, zmax, floor, 0, top_p * mass, s);
+    floor = t > floor ? t : floor;
+    mass = 0.f;
+    for (long long i = threadIdx.x; i < V; i += blockDim.x) {
+      const float p = expf(atlas::load(row + i) * inv_t - zmax);
+      if (__float_as_uint(p) >= floor) mass += p;
+    }
+    mass = atlas::block_sum(mass, s.f);
+  }
+  // 3. the first kept index whose running mass exceeds u * mass (threads own contiguous chunks)
+  const float target = (float)(uniform((unsigned long long)seed, step, b) * (double)mass);
+  const long long chunk = (V + blockDim.x - 1) / blockDim.x;
+  const long long lo = threadIdx.x * chunk, hi = lo + chunk < V ? lo + chunk : V;
+  float local = 0.f;
+  long long last_kept = -1;
+  for (long long i = lo; i < hi; ++i) {
+    const float p = expf(atlas::load(row + i) * inv_t - zmax);
+    if (__float_as_uint(p) >= floor) { local += p; last_kept = i; }
+  }
+  s.scan[threadIdx.x] = local;
+  __syncthreads();
+  for (int off = 1; off < blockDim.x; off <<= 1) {  // inclusive Hillis-Steele scan
+    const float add = threadIdx.x >= off ? s.scan[threadIdx.x - off] : 0.f;
+    __syncthreads();
+    s.scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+  const float base = s.scan[threadIdx.x] - local;
+  if (threadIdx.x == 0) s.ivalue = -1;
+  __syncthreads();
+  if (local > 0.f && base <= target && target < base + local) {
+    float run = base;
+    for (long long i = lo; i < hi; ++i) {
+      const float p = expf(atlas::load(row + i) * inv_t - zmax);
+      if (__float_as_uint(p) >= floor) {
+        run += p;
+        if (run > target) { atomicMax(&s.ivalue, i); break; }
+      }
+    }
+  }
+  __syncthreads();
+  long long picked = s.ivalue;
+  if (picked < 0) {  // rounding left the target past the end: the last kept index
+    float lk = (float)last_kept;
+    long long dummy = last_kept;
+    block_argmax(lk, dummy, s);
+    picked = (long long)lk;
+  }
+  if (threadIdx.x == 0) out.p[b * out.stride[0]] = picked;
+  __syncthreads();
+}
+
+// One block per row (the whole row's maximum, then sample_finish), grid-stride over rows.
 template <typename T>
 __device__ void sample_rows(const atlas::View<T, 3>& logits, float temperature, float top_p, long long seed,
                             long long step, long long top_k, atlas::View<long long, 1>& out) {
@@ -151,74 +228,53 @@ __device__ void sample_rows(const atlas::View<T, 3>& logits, float temperature, 
     long long bi = 0x7fffffffffffffffLL;
     row_argmax(row, V, logits.stride[2], best, bi);
     block_argmax(best, bi, s);
-    if (temperature <= 0.f || top_k == 1) {
-      if (threadIdx.x == 0) out.p[b * out.stride[0]] = bi;
-      __syncthreads();
-      continue;
+    sample_finish(row, V, best, bi, temperature, top_p, seed, step, top_k, b, out, s);
+  }
+}
+
+// The maximum split over `parts` blocks per row (a row's blocks are items b * parts + q, grid-stride): each
+// takes the first maximum of its part (chunk values, a multiple of 8 so that every part starts 16-byte
+// aligned), writes it to wv / wi [rows x parts] and bumps the row's counter cnt[b]; the block that arrives
+// last merges the parts (ties to the smaller index, as one block would), puts the counter back to 0 (the
+// scratch's counters start and end at 0) and runs sample_finish for the row. A greedy step then reads each
+// logit in one round of loads across parts blocks instead of 16 rounds in one.
+template <typename T>
+__device__ void sample_rows_split(const atlas::View<T, 3>& logits, float temperature, float top_p, long long seed,
+                                  long long step, long long top_k, atlas::View<long long, 1>& out, int parts,
+                                  float* __restrict__ wv, long long* __restrict__ wi, unsigned int* cnt) {
+  __shared__ Scratch s;
+  __shared__ bool last;
+  const long long B = logits.shape[0], S = logits.shape[1], V = logits.shape[2];
+  const long long chunk = ((V + parts - 1) / parts + 7) / 8 * 8;
+  for (long long item = blockIdx.x; item < B * parts; item += gridDim.x) {
+    const long long b = item / parts, lo = (item % parts) * chunk;
+    const T* row = logits.p + b * logits.stride[0] + (S - 1) * logits.stride[1];
+    float best = -INFINITY;
+    long long bi = 0x7fffffffffffffffLL;
+    if (lo < V) {
+      row_argmax(row + lo * logits.stride[2], (V - lo < chunk ? V - lo : chunk), logits.stride[2], best, bi);
+      if (bi != 0x7fffffffffffffffLL) bi += lo;
     }
-    // 2. p_i = exp(z_i - max z), z = logits / temperature
-    const float inv_t = 1.0f / temperature;
-    const float zmax = best * inv_t;
-    // logits rows are contiguous in the last dim (checked by the emitter)
-    unsigned int floor = 0;
-    if (top_k > 0 && top_k < V) floor = radix_select<T, false>(row, V, inv_t, zmax, 0u, top_k, 0.f, s);
-    float mass = 0.f;
-    for (long long i = threadIdx.x; i < V; i += blockDim.x) {
-      const float p = expf(atlas::load(row + i) * inv_t - zmax);
-      if (__float_as_uint(p) >= floor) mass += p;
-    }
-    mass = atlas::block_sum(mass, s.f);
-    if (top_p > 0.f && top_p < 1.f) {
-      const unsigned int t = radix_select<T, true>(row, V, inv_t, zmax, floor, 0, top_p * mass, s);
-      floor = t > floor ? t : floor;
-      mass = 0.f;
-      for (long long i = threadIdx.x; i < V; i += blockDim.x) {
-        const float p = expf(atlas::load(row + i) * inv_t - zmax);
-        if (__float_as_uint(p) >= floor) mass += p;
-      }
-      mass = atlas::block_sum(mass, s.f);
-    }
-    // 3. the first kept index whose running mass exceeds u * mass (threads own contiguous chunks)
-    const float target = (float)(uniform((unsigned long long)seed, step, b) * (double)mass);
-    const long long chunk = (V + blockDim.x - 1) / blockDim.x;
-    const long long lo = threadIdx.x * chunk, hi = lo + chunk < V ? lo + chunk : V;
-    float local = 0.f;
-    long long last_kept = -1;
-    for (long long i = lo; i < hi; ++i) {
-      const float p = expf(atlas::load(row + i) * inv_t - zmax);
-      if (__float_as_uint(p) >= floor) { local += p; last_kept = i; }
-    }
-    s.scan[threadIdx.x] = local;
-    __syncthreads();
-    for (int off = 1; off < blockDim.x; off <<= 1) {  // inclusive Hillis-Steele scan
-      const float add = threadIdx.x >= off ? s.scan[threadIdx.x - off] : 0.f;
-      __syncthreads();
-      s.scan[threadIdx.x] += add;
-      __syncthreads();
-    }
-    const float base = s.scan[threadIdx.x] - local;
-    if (threadIdx.x == 0) s.ivalue = -1;
-    __syncthreads();
-    if (local > 0.f && base <= target && target < base + local) {
-      float run = base;
-      for (long long i = lo; i < hi; ++i) {
-        const float p = expf(atlas::load(row + i) * inv_t - zmax);
-        if (__float_as_uint(p) >= floor) {
-          run += p;
-          if (run > target) { atomicMax(&s.ivalue, i); break; }
-        }
-      }
+    block_argmax(best, bi, s);
+    if (threadIdx.x == 0) {
+      wv[item] = best;
+      wi[item] = bi;
+      __threadfence();
+      last = atomicAdd(cnt + b, 1u) == (unsigned int)(parts - 1);
     }
     __syncthreads();
-    long long picked = s.ivalue;
-    if (picked < 0) {  // rounding left the target past the end: the last kept index
-      float lk = (float)last_kept;
-      long long dummy = last_kept;
-      block_argmax(lk, dummy, s);
-      picked = (long long)lk;
+    if (!last) continue;
+    __threadfence();
+    best = -INFINITY;
+    bi = 0x7fffffffffffffffLL;
+    for (long long k = threadIdx.x; k < parts; k += blockDim.x) {
+      const float v = __ldcg(wv + b * parts + k);
+      const long long i = __ldcg(wi + b * parts + k);
+      if (v > best || (v == best && i < bi)) { best = v; bi = i; }
     }
-    if (threadIdx.x == 0) out.p[b * out.stride[0]] = picked;
-    __syncthreads();
+    block_argmax(best, bi, s);
+    if (threadIdx.x == 0) cnt[b] = 0u;  // ready for the next launch
+    sample_finish(row, V, best, bi, temperature, top_p, seed, step, top_k, b, out, s);
   }
 }
 

@@ -89,7 +89,7 @@ def test_reference_runs_per_row():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("vocab", [37, 5000, 128256])
+@pytest.mark.parametrize("vocab", [37, 5000, 40000, 128256])
 def test_kernel_matches_reference(dtype, vocab):
     from kernel_harness import run_on_gpu
 
@@ -117,10 +117,11 @@ def test_kernel_matches_reference(dtype, vocab):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("vocab", [37, 128256])
+@pytest.mark.parametrize("vocab", [37, 40000, 128256])
 def test_kernel_greedy_ties_take_the_first_index(dtype, vocab):
     """Logits of few distinct values (many ties for the maximum, some rows all -inf): the vectorized
-    argmax keeps numpy's first index."""
+    argmax keeps numpy's first index, also where the row's maximum is split over blocks (40000: 3 parts, the
+    last one short; 128256: 8)."""
     from kernel_harness import run_on_gpu
 
     g = sample_graph(vocab, dtype)
@@ -132,3 +133,35 @@ def test_kernel_greedy_ties_take_the_first_index(dtype, vocab):
     got = run_on_gpu(g, feed, upper={"batch": 8})["next_tokens"]
     np.testing.assert_array_equal(got, logits[:, -1].argmax(-1))
     np.testing.assert_array_equal(got, interpret(g, feed)["next_tokens"])
+
+
+def test_row_maximum_split_over_blocks():
+    """Vocabularies above sampling.PART_VALUES split each row's maximum over blocks (sample_rows_split) with
+    their partial maxima in the scratch and a counter per row; small ones keep one block per row."""
+    from atlasc.codegen import generate_module, sampling
+    from atlasc.ir.memory import MemoryPlan, Placement, align
+
+    assert [sampling.sample_parts(v) for v in (37, 16384, 16385, 40000, 128256, 10**7)] == [1, 1, 2, 3, 8, 32]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(sampling.SPLIT_ENV, "0")
+        assert sampling.sample_parts(128256) == 1
+        mp.setenv(sampling.SPLIT_ENV, "yes")
+        with pytest.raises(Exception, match="ATLAS_SAMPLE_SPLIT='yes'"):
+            sampling.sample_parts(128256)
+    for vocab, parts in ((5000, 1), (128256, 8)):
+        g = sample_graph(vocab, "float16")
+        plan = MemoryPlan(symbols=("batch",))
+        plan.dims_offset, off = 0, 256
+        for v in [*g.inputs, *g.outputs]:
+            n = 8 * 3 * vocab * 2 if v.name == "logits" else 64
+            plan.placements[v.name] = Placement("activations", off, n)
+            off = align(off + n)
+        plan.arena_bytes = off
+        mod = generate_module({"run": (g, plan)}, {"run": {"batch": 8}})
+        launch = mod.launches["run"][0]
+        if parts == 1:
+            assert "sample_rows<__half>" in mod.source and launch.grid[0] == 8
+        else:
+            assert f"sample_rows_split<__half>(logits, temperature, top_p, seed, step, top_k, out, {parts}, " \
+                   in mod.source and launch.grid[0] == 8 * parts
+            assert mod.scratch_bytes >= 8 * parts * 12
