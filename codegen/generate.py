@@ -398,7 +398,9 @@ def codegen_choices() -> dict:
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
             "attention_mma": attention.mma_setting(),
             "attention_warps": attention.warps_setting(),
-            "pdl_wait": True,  # every kernel starts with atlas::pdl_enter (common.cuh), after its prefetch
+            # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first
+            # (after its prefetch, if any), or with early weights after its first weight loads (linear.cu LinPro)
+            "pdl_wait": True,
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "early_weights": linear.early_mode(),  # ATLAS_EARLY_WEIGHTS (linear.py): loads before the wait
             "sample_split": sampling.split_setting(),  # ATLAS_SAMPLE_SPLIT (sampling.py)

@@ -13,12 +13,14 @@ ops only where the rows are few (PROLOGUE_MAX_M). The x source (linear.cu) is
   fused.py's statements (the same per-step rounding as the FusedElementwise kernel).
 Each block stages all of x (M x K values) in dynamic shared memory (the pass limits it to staging_limit
 of the archs), then the decode loops read x from there (XSmem): x is computed once per block, not once
-per warp and K step. Float projections stage first; quantized ones stage inside their kernel after each
-warp has issued its first weight loads (quant.cu's `pro`, act_int8.cu's likewise), so the reads overlap
-it. The grid is capped (grid_cap: by the rows and the kind of weights) so that few blocks repeat the
-staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs K % V == 0, an aligned weight
-and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode additionally float16, K % 32 == 0 and
-sm80+. Otherwise the scalar GEMV runs.
+per warp and K step. The batch-1 float projections stage after each warp has issued its first weight loads
+and the kernel has waited for the previous one (early weights: linear.py early_pro, linear.cu LinPro), so the
+reads overlap the wait and the staging; other float projections and quantized ones with float x stage first
+(overlapping it measured slower for the latter in the lab, docs/perf.md v13); int8-x ones (act_int8.cu) stage
+after their first weight loads. The grid is capped (grid_cap: by the rows and the kind of weights) so that few
+blocks repeat the staging (ATLAS_PROLOGUE_MAX_GRID replaces the cap). The 16-byte path needs K % V == 0, an
+aligned weight and (XNorm) aligned unit-stride rows of a, b and g; the MMA decode additionally float16, K % 32 == 0
+and sm80+. Otherwise the scalar GEMV runs.
 """
 
 from __future__ import annotations
