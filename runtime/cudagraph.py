@@ -63,8 +63,9 @@ def make_programmatic(graph) -> int:
     """Turn every plain kernel -> kernel edge of an (uninstantiated) graph into a programmatic one
     (from port CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the downstream kernel's blocks may be scheduled
     once every upstream block has run griddepcontrol.launch_dependents, and its griddepcontrol.wait
-    holds it until the upstream grid has completed with its writes visible (atlasc kernels wait first
-    and trigger last: atlas::pdl_enter / pdl_leave in codegen/common.cuh). Returns how many edges changed."""
+    holds it until the upstream grid has completed with its writes visible (atlasc kernels wait before they
+    read what an earlier kernel wrote and trigger at their end, or earlier with early weights: atlas::pdl_enter /
+    pdl_leave in codegen/common.cuh, codegen/linear.py). Returns how many edges changed."""
     lib = _libcuda()
     calls = {}
     for name in ("cuGraphGetEdges_v2", "cuGraphRemoveDependencies_v2", "cuGraphAddDependencies_v2"):

@@ -7,8 +7,9 @@ free), upload the weights image in one copy, and capture the CUDA graph of every
 buffer and the inputs into the arena, launch the entry's kernels (or replay its captured CUDA graph), read
 the outputs back. No device allocation happens after load. On sm90+ the captured graphs' kernel-to-kernel
 edges are programmatic (ATLAS_PDL=0 turns that off), so a kernel's blocks launch while the previous kernel
-drains (each kernel waits for its inputs in atlas::pdl_enter and lets the next one launch in
-atlas::pdl_leave, its last statement): the decode step replayed alone, 8 layers of Llama-3-8B shapes, batch 1
+drains (each kernel waits for its inputs in atlas::pdl_enter before it reads them and lets the next one launch
+in atlas::pdl_leave: at its end, or earlier for the batch-1 projections and the decode attention, codegen/linear.py
+early weights): the decode step replayed alone, 8 layers of Llama-3-8B shapes, batch 1
 1298.3 -> 1277.9 us, batch 32 2149.1 -> 2132.1 (docs/perf.md v17; earlier one-bench measurements, v7 / v9,
 were inside a bench's own +-3%).
 """
@@ -111,7 +112,8 @@ class GpuModel:
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
         # programmatic dependent launch inside the captured graphs (ATLAS_PDL=0: plain edges; measured in
-        # docs/perf.md v17); needs sm90+ and kernels starting with atlas::pdl_enter (report.codegen)
+        # docs/perf.md v17); needs sm90+ and kernels that wait in atlas::pdl_enter before they read what earlier
+        # kernels wrote (report.codegen pdl_wait)
         self.pdl = (pdl_setting() and int(self.dev.arch[2:]) >= 90
                     and bool(m.report.get("codegen", {}).get("pdl_wait")))
         self.pdl_error = ""  # why the driver refused programmatic edges, when it did (graphs fall back)
