@@ -403,6 +403,7 @@ def codegen_choices() -> dict:
             "pdl_wait": True,
             "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
             "early_weights": linear.early_mode(),  # ATLAS_EARLY_WEIGHTS (linear.py): loads before the wait
+            "early_quant": linear.early_quant(),  # ATLAS_EARLY_QUANT: the same for quantized projections (opt-in)
             "sample_split": sampling.split_setting(),  # ATLAS_SAMPLE_SPLIT (sampling.py)
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,

@@ -100,6 +100,9 @@ EARLY_MODES = ("0", "1", "2")
 # the batch-1 kernels only: the preload adds ~30 registers (ptxas sm90, Llama-3.2-1B shapes: 70-76 -> 100-106 with
 # the MMA decode), which would leave 2 blocks per SM where an 8-row kernel's 384 blocks need 3
 EARLY_MAX_M = 1
+# ATLAS_EARLY_QUANT=1 (opt-in, not yet measured on a GPU): the same for the quantized projections with float x
+# (quant.cu linear_quant_mma: the first round of packed weights and scales before the wait and the staging)
+EARLY_QUANT_ENV = "ATLAS_EARLY_QUANT"
 EARLY_WAVE_SMS = 132  # an H200's SMs (early_min_blocks)
 PATH_ENV = "ATLAS_LINEAR_PATH"
 U_ENV = "ATLAS_LINEAR_U"  # overrides MMA_DECODE_U for every J (examples/kernel_lab.py --u: bytes in flight)
@@ -202,13 +205,22 @@ def early_mode() -> str:
     return mode
 
 
-def early_pro(m_upper: int, body: str = "") -> list[str]:
+def early_quant() -> bool:
+    """ATLAS_EARLY_QUANT (default 0); CodegenError for a value not 0 or 1."""
+    value = os.environ.get(EARLY_QUANT_ENV, "") or "0"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{EARLY_QUANT_ENV}={value!r} is not 0 or 1")
+    return value == "1"
+
+
+def early_pro(m_upper: int, body: str = "", quantized: bool = False) -> list[str]:
     """Statements declaring `lin_pro` (linear.cu LinPro: pdl_enter, then `body`) for a decode projection kernel
-    of at most m_upper rows when early weights apply (early_mode, m_upper <= EARLY_MAX_M); [] otherwise. The
-    kernel must then pass lin_pro to every decode call and be emitted without the wrapper's pdl_enter
-    (KernelCode.waits_inside)."""
+    of at most m_upper rows when early weights apply (early_mode, m_upper <= EARLY_MAX_M; `quantized`: a
+    quantized projection with float x, only with ATLAS_EARLY_QUANT=1, quant.py); [] otherwise. The kernel must
+    then pass lin_pro to every decode call (and run it before any other path) and be emitted without the
+    wrapper's pdl_enter (KernelCode.waits_inside)."""
     mode = early_mode()
-    if mode == "0" or m_upper > EARLY_MAX_M:
+    if mode == "0" or m_upper > EARLY_MAX_M or (quantized and not early_quant()):
         return []
     return ["  auto lin_pro_f = [&] {", "    atlas::pdl_enter();", *([body] if body else []), "  };",
             f"  const atlas::LinPro<decltype(lin_pro_f), {'true' if mode == '2' else 'false'}> lin_pro{{lin_pro_f}};"]

@@ -232,6 +232,7 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     xv.append(f"  xv.shape[{r - 1}] = K; xv.stride[{r - 1}] = 1;")
     smem = staging_bytes(m_upper, ctx.upper(a_v.shape[-1]), dt)
     act8 = act_int8(node.attrs.get("act", ""), m_upper)
+    early: list[str] = []
     if act8:  # W4A8 / W8A8: the staged rows quantized again, to int8, after them
         # (the stage runs inside: W4A8 on tensor cores reads its first weights before it)
         calls, blocks = act8_calls(node.name, t, r, bits, group, zp, has_bias, k_static, m_upper, "xv", smem, epi,
@@ -239,16 +240,19 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         blocks = blocks or -(-(n_upper // 2 if epi else n_upper) // WARPS)
         smem += act8_smem(m_upper, k_static)
         stages = []
-    else:  # staged first (overlapping it with the first weight loads measured slower: docs/perf.md v13)
+    else:  # staged first (overlapping it with the first weight loads measured slower: docs/perf.md v13), or with
+        # ATLAS_EARLY_QUANT=1 (opt-in) after the first weight loads and the wait (linear.py early_pro)
+        early = early_pro(m_upper, "  " + stage, quantized=True)
         calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
-                                    xsmem=True, epi=epi)
-        stages = [stage]
+                                    xsmem=True, epi=epi, pro="lin_pro" if early else "")
+        stages = early or [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
     cap = grid_cap(m_upper, "act8" if act8 else "quantized")
-    grid = (max(1, min(MAX_GRID, blocks, cap)), 1, 1)
-    return KernelCode("\n".join(body), grid, (THREADS, 1, 1), smem=smem,
-                      prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]))
+    grid = max(1, min(MAX_GRID, blocks, cap))
+    return KernelCode("\n".join(body), (grid, 1, 1), (THREADS, 1, 1), smem=smem,
+                      prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]), waits_inside=bool(early),
+                      min_blocks=early_min_blocks(grid) if early else 0)
 
 
 def _rotary_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:

@@ -545,16 +545,17 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
 // blocks are 8 pairs p, A rows g = rows epi.row_a(p0 + g) and rows g + 8 = rows epi.row_b(p0 + g); each
 // pair's two sums, rounded to T as the Linear stores them, go to epi.put. (A fused norm stages x before
 // the call: running the staging after the first weight loads, as linear_w4a8_mma does, measured slower
-// here, docs/perf.md v13.)
+// here, docs/perf.md v13, without the early launch.) pro: see LinPro in linear.cu (ATLAS_EARLY_QUANT=1, quant.py:
+// the block's first item's first round of U steps, weights and scales, is loaded before it).
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
-          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1>
+          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1, typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red,
                                                  const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI(),
                                                  float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr,
-                                                 int ks_n = KS) {
+                                                 int ks_n = KS, PRO pro = PRO()) {
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int FB = GATED ? 8 : 16;  // outputs per feature block
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
@@ -581,7 +582,29 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   const bool split = KS > 1 && ks_n > 1;
   const int run = (steps + ks_n - 1) / ks_n;  // steps per run of a K split across blocks (all of them without)
   const long long keys = (long long)(((outs + FB - 1) / FB + F - 1) / F) * tiles_m, yn = y.stride[R - 1];
+  uint4 wlo[U], whi[U];  // a round of weights: one buffer for the preloaded round and the loop's
+  __half slo[U], shi[U];
+  unsigned char zlo[U], zhi[U];
+  bool loaded = false;
+  if constexpr (PRO::EARLY) {  // the block's first item's first round (the same addresses as in the loop below)
+    const long long key = blockIdx.x / ks_n;
+    const int kr = int(blockIdx.x % ks_n), s_end = min(steps, (kr + 1) * run), s = kr * run + ks;
+    const int n0 = int(key / tiles_m) * (FB * F) + FB * fb;
+    loaded = blockIdx.x < keys * ks_n && n0 < outs && s < s_end;
+    if (loaded) {
+      const int r0 = GATED ? int(epi.row_a(min(n0 + g, H - 1), n_rows)) : min(n0 + g, n_rows - 1);
+      const int r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
+      qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(
+          wlo, whi, slo, shi, zlo, zhi, wq + r0 * row_bytes + 16 * c, wq + r1 * row_bytes + 16 * c,
+          scale + (long long)r0 * groups, scale + (long long)r1 * groups,
+          ZP ? zero + (long long)r0 * groups : nullptr, ZP ? zero + (long long)r1 * groups : nullptr, s, s_end, c);
+    }
+  }
+  pro();
   for (long long item = blockIdx.x; item < keys * ks_n; item += gridDim.x) {
+    if constexpr (PRO::TRIGGER) {
+      if (item + gridDim.x >= keys * ks_n) pdl_leave();  // the block's last item
+    }
     const long long key = item / ks_n;
     const int kr = int(item % ks_n), s_end = min(steps, (kr + 1) * run);
     const int nb0 = int(key / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(key % tiles_m) * (8 * J);
@@ -603,10 +626,11 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
 #pragma unroll
       for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
       for (int s = kr * run + ks; s < s_end; s += S * U) {
-        uint4 wlo[U], whi[U];
-        __half slo[U], shi[U];
-        unsigned char zlo[U], zhi[U];
-        qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end, c);
+        if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
+          qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end,
+                                                     c);
+        }
+        loaded = false;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;

@@ -29,7 +29,7 @@ import os
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
-from atlasc.codegen.linear import GEMV_MAX_M, bind_bias
+from atlasc.codegen.linear import GEMV_MAX_M, bind_bias, early_min_blocks, early_pro
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node
 from atlasc.ir.ops.quant import act_int8
@@ -153,15 +153,18 @@ def steps_in_flight(bits: int, j: int) -> int:
 
 def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
                 n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "",
-                ks: int = 1) -> tuple[list[str], int]:
+                ks: int = 1, pro: str = "") -> tuple[list[str], int]:
     """(statements, blocks): the tensor-core path (when it applies) with the fallback, for the x View `x`
     (xsmem: in shared memory), `epi` a gated epilogue functor or "". Declares qlin_red; expects N, K, M,
     wq, wscale, wzero, bias, bias_stride and y declared, and with ks > 1 (a plain int8 / fp8 projection's K
-    split across blocks at M <= 8, quant_ks) qlin_ws and qlin_cnt (ks_scratch)."""
+    split across blocks at M <= 8, quant_ks) qlin_ws and qlin_cnt (ks_scratch). With `pro` (linear.early_pro's
+    object) every tensor-core call takes it and the fallback runs it first."""
     zero = "wzero" if zp else "nullptr"
     tail = f", {zero}, {epi}" if epi else (", wzero" if zp else "")
     fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
                 f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, {group}LL{tail});")
+    if pro:
+        fallback = f"{pro}(); {fallback}"
     outs = n_upper // 2 if epi else n_upper
     lines, blocks = [], _ceil(outs, WARPS)
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
@@ -181,7 +184,14 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
             if j == 1 and ks > 1:  # plain int8 / fp8 only (quant_ks): no zero points, x in global memory
                 lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, 1, {split}, "
                              f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, false, false, "
-                             f"atlas::LinNoEpi, {ks}>({args}, nullptr, atlas::LinNoEpi(), qlin_ws, qlin_cnt);")
+                             f"atlas::LinNoEpi, {ks}>({args}, nullptr, atlas::LinNoEpi(), qlin_ws, qlin_cnt"
+                             f"{f', {ks}, {pro}' if pro else ''});")
+                continue
+            if pro:  # the call arguments up to pro spelled out (EPI and PRO deduced from them, KS = 1)
+                lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
+                             f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, {str(zp).lower()}, "
+                             f"{str(xsmem).lower()}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, "
+                             f"{zero}, {epi or 'atlas::LinNoEpi()'}, nullptr, nullptr, 1, {pro});")
                 continue
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
                          f"{steps_in_flight(bits, j)}, {has_bias}{flags}>({args});")
@@ -227,9 +237,13 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     if ks > 1:
         lines.append(f"  unsigned int* qlin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         lines.append(f"  float* qlin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
-    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, ks=ks)
-    return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, blocks)), 1, 1), (THREADS, 1, 1),
-                      prefetch=prefetch, scratch=scratch, counters=counters)
+    early = early_pro(m_upper, quantized=True)  # ATLAS_EARLY_QUANT=1 (opt-in)
+    calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, ks=ks,
+                                pro="lin_pro" if early else "")
+    grid = max(1, min(MAX_GRID, blocks))
+    return KernelCode("\n".join(lines + early + calls), (grid, 1, 1), (THREADS, 1, 1), prefetch=prefetch,
+                      scratch=scratch, counters=counters, waits_inside=bool(early),
+                      min_blocks=early_min_blocks(grid) if early else 0)
 
 
 def bind_quant_weights(ctx: KernelContext, node: Node, weights: list, t: str):

@@ -5,9 +5,10 @@
 # the install line; logs under $OUT, the rows of the kernels matching KERNELS printed last.
 #   AB=ATLAS_ATTENTION_PREFETCH=0,3 bash examples/step_ab.sh
 # Settings: AB (required: ENV=v1,v2,...), CONFIG (llama-3-8b), LAYERS (2), BATCHES (1,32), CONTEXTS (256,4096),
-# KERNELS (regex of the profile rows to summarize, default Attention). BENCH_ROUNDS=n (default 0) then runs
-# `atlasc bench` (CUDA graphs, --prompt 128 --gen 128) on the artifacts in turn, n rounds of every value, and
-# prints each round's decode ms/step (one bench moves ~3% between runs, docs/perf.md v16: alternate).
+# KERNELS (regex of the profile rows to summarize, default Attention), QUANT (int4 / int8 / fp8: compiled with
+# --quant). BENCH_ROUNDS=n (default 0) then runs `atlasc bench` (CUDA graphs, --prompt 128 --gen 128) on the
+# artifacts in turn, n rounds of every value, and prints each round's decode ms/step (one bench moves ~3% between
+# runs, docs/perf.md v16: alternate).
 # REPLAY_ROUNDS=n (default 5) times the decode step alone, every artifact in one process, n rounds in turn
 # (examples/replay_ab.py: steps replayed back to back in one CUDA graph); 0 skips it.
 # NCU=regex (needs ncu) then measures the decode kernels matching it with Nsight Compute in each artifact's
@@ -33,7 +34,7 @@ python3 examples/build_llama.py "$config" "$work/m.onnx" --layers "$layers" 2>&1
 status=0
 for v in ${values//,/ }; do  # the compiles in parallel (nvcc and the passes use few cores each)
     (env "$name=$v" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
-        -o "$work/m-$v.atlas" > "$out/compile_$v.log" 2>&1; echo "compile $name=$v: exit $?") &
+        ${QUANT:+--quant "$QUANT"} -o "$work/m-$v.atlas" > "$out/compile_$v.log" 2>&1; echo "compile $name=$v: exit $?") &
 done
 wait
 for v in ${values//,/ }; do

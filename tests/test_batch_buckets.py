@@ -134,9 +134,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_ksplit": "auto", "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
-                 "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "sample_split": True,
-                 "weight_prefetch": False,
-                 "weight_prefetch_mb": 0,
+                 "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
+                 "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
                  "share_kernels": True,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
@@ -157,12 +156,14 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
     monkeypatch.setenv("ATLAS_EARLY_WEIGHTS", "1")
     monkeypatch.setenv("ATLAS_SAMPLE_SPLIT", "0")
+    monkeypatch.setenv("ATLAS_EARLY_QUANT", "1")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "quant_path": "simt",
                                  "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,
-                                 "pdl_trigger": "end", "early_weights": "1", "sample_split": False,
+                                 "pdl_trigger": "end", "early_weights": "1", "early_quant": True,
+                                 "sample_split": False,
                                  "weight_prefetch": True,
                                  "weight_prefetch_mb": 16,
                                  "share_kernels": False, "attention_prefill": "off",

@@ -122,3 +122,42 @@ def test_launch_bounds_keep_one_wave():
     from atlasc.codegen.linear import early_min_blocks
 
     assert [early_min_blocks(b) for b in (128, 256, 264, 265, 384, 396, 397, 528, 8016)] == [0, 0, 0, 3, 3, 3, 4, 4, 4]
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_projections_only_with_early_quant(quant, monkeypatch):
+    """The quantized projections with float x take lin_pro only with ATLAS_EARLY_QUANT=1 (opt-in: not yet measured
+    on a GPU); then every tensor-core call takes it and the CUDA-core fallback runs it first; the kernels compile
+    (sm90). Another value is a CodegenError naming the variable."""
+    from atlasc.codegen.nvcc import compile_cubins
+
+    def generated(early_quant: str):
+        monkeypatch.setenv(EARLY_ENV, "2")
+        monkeypatch.setenv("ATLAS_EARLY_QUANT", early_quant)
+        program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")},
+                          CompileOptions(archs=("sm90",), max_batch=4, max_seq=64, quant=quant, group_size=32))
+        program, _ = run_pipeline(program)
+        return program, program_module(program, ("sm90",))
+
+    _, module = generated("")  # (the batch-1 kernels equal the batch-4 ones then: no kernel of their own)
+    kernels = _kernels(module.source)
+    assert not any("lin_pro" in t for t in kernels.values() if "linear_quant_mma<" in t)
+    program, module = generated("1")
+    kernels = _kernels(module.source)
+    # (the fixture's K = 64 projections have no int4 tensor-core path: K % 128; their kernels hold the fallback only)
+    quantized = [k for k, t in kernels.items() if "_batch1" in k and "atlas::linear_quant" in t]
+    assert len(quantized) == 4 * program.kv_cache.layers + 1  # QKV, o, gate/up, down per layer; the LM head
+    assert any("linear_quant_mma<" in kernels[k] for k in quantized)
+    for name in quantized:
+        text = kernels[name]
+        head = text.split("auto lin_pro_f = [&] {", 1)[0]
+        assert "pdl_enter" not in head and "lin_norm_stage" not in head, name
+        calls = re.findall(r"atlas::linear_quant_mma<[^;]*;", text)
+        assert all(c.endswith(", lin_pro);") for c in calls), (name, calls)
+        assert "lin_pro(); atlas::linear_quant<" in text, name
+    others = [k for k, t in kernels.items() if "_batch1" not in k and "atlas::linear_quant" in t]
+    assert others and not any("lin_pro" in kernels[k] for k in others)
+    source = module.prelude + "\n" + "\n".join(kernels[k] for k in sorted(quantized))
+    assert compile_cubins(source, ("sm90",))["sm90"]
+    with pytest.raises(CodegenError, match="ATLAS_EARLY_QUANT='yes'"):
+        generated("yes")

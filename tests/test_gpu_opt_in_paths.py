@@ -101,3 +101,34 @@ def test_greedy_with_early_weights_matches_onnxruntime(name, mode, build_dir, mo
     if got.tokens == want_tokens:
         for step, logits in enumerate(got.step_logits):
             np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("quant,group", [("int8", 128), ("int4", 32), ("int4z", 32), ("fp8", 128)])
+def test_quantized_early_weights_match_the_cpu_runtime(quant, group, build_dir, monkeypatch):
+    """ATLAS_EARLY_QUANT=1 (opt-in, codegen/linear.py early_pro): the batch-1 quantized projections with float x
+    load their first packed weights and scales before they wait (quant.cu linear_quant_mma's pro); at batch 1 the
+    GPU gives the reference runtime's greedy tokens and logits on the same artifact (int4z: zero points)."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    from test_gpu_runtime import _prompts
+
+    if quant == "fp8" and int(device().arch[2:]) < 89:
+        pytest.skip("fp8 needs sm89 or newer")
+    monkeypatch.setenv("ATLAS_EARLY_QUANT", "1")
+    path = f"{build_dir}/llama-fp16-{quant}-g{group}-early.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(
+        archs=(device().arch,), max_batch=4, max_seq=64, quant=quant.rstrip("z"), group_size=group,
+        zero_points=quant == "int4z"))
+    assert "linear_quant_mma<" in open_artifact(path).source() and "lin_pro);" in open_artifact(path).source()
+    prompts = _prompts(1, 9, seed=23)
+    want = generate(CpuModel(open_artifact(path)), prompts, 12, keep_logits=True)
+    model = GpuModel(open_artifact(path), device=device())
+    got = generate(model, prompts, 12, keep_logits=True)
+    model.close()
+    tol = TOL["fp16"]
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
+    if got.tokens == want.tokens:
+        for a, b in zip(got.step_logits, want.step_logits):
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **tol)
