@@ -1,16 +1,16 @@
-"""Where the time between two pipelined decode steps goes, measured with CUDA events on the stream.
+"""Where the time between two pipelined decode steps goes, measured with CUDA events on the streams.
 
-`atlasc bench` runs decode steps back to back (GpuModel.submit: per step a dims copy, an inputs copy, the device
-copy of the previous tokens, the step's CUDA graph, the tokens' copy back). Its ms/step exceeds the step replayed
-alone (examples/replay_ab.py) by ~20-25 us (docs/perf.md v18). This runs one generate() with an event recorded on
-the stream before and after every one of those operations and prints, as medians over the decode steps, how
-long each took on the GPU and how long the stream sat between them. The events are stream work of their own, so
-the sum runs a little above the uninstrumented step (printed beside it).
+`atlasc bench` runs decode steps back to back (GpuModel.submit: per step the staged input copy (dims and inputs),
+the device copy of the previous tokens where they are not in place, the step's CUDA graph, the tokens' copy back,
+on a second stream by default: ATLAS_COPY_STREAM). Its ms/step exceeds the step replayed alone
+(examples/replay_ab.py) by ~20-25 us (docs/perf.md v18). This runs one generate() with an event recorded on its
+stream before and after every one of those operations and prints, as medians over the decode steps, how long each
+took on the GPU and how long the main stream sat before it (operations on the copy stream: their time only). The
+events are stream work of their own, so the sum runs a little above the uninstrumented step (printed beside it).
 
     python examples/step_gaps.py model.atlas --batch 1 --prompt 128 --gen 64
 
-GPU machine only (pycuda).
-"""
+GPU machine only (pycuda)."""
 
 from __future__ import annotations
 
@@ -27,26 +27,30 @@ from atlasc.runtime.gpu import GpuModel
 
 
 class _Recorder:
-    """Stands in for pycuda.driver on the model's Device: every async copy is bracketed by two events."""
+    """Stands in for pycuda.driver on the model's Device: every async copy is bracketed by two events on the
+    stream it is issued on (its last argument)."""
 
     def __init__(self, cuda, stream):
         self._cuda, self._stream = cuda, stream
-        self.marks: list[tuple[str, object]] = []  # (label of the operation that starts or "end", event)
+        # (label of the operation that starts, or "end"; event; whether on the main stream), in issue order
+        self.marks: list[tuple[str, object, bool]] = []
         self.on = False
 
-    def mark(self, label: str) -> None:
+    def mark(self, label: str, stream=None) -> None:
         if self.on:
             event = self._cuda.Event()
-            event.record(self._stream)
-            self.marks.append((label, event))
+            event.record(stream or self._stream)
+            self.marks.append((label, event, stream is None or stream is self._stream))
 
     def _wrap(self, name: str, label: str):
         fn = getattr(self._cuda, name)
 
         def call(*args, **kwargs):
-            self.mark(label)
+            stream = kwargs.get("stream", args[-1] if args else None)
+            main = stream is None or stream is self._stream
+            self.mark(label if main else f"{label} (copy stream)", stream)
             result = fn(*args, **kwargs)
-            self.mark("end")
+            self.mark("end", stream)
             return result
         return call
 
@@ -81,26 +85,30 @@ def measure(model: GpuModel, batch: int, prompt: int, gen: int, seed: int = 0) -
         model.enqueue = enqueue
     model.dev.stream.synchronize()
     marks = rec.marks
-    # one cycle: from a decode graph's start to the next one's; each interval is an operation or the idle gap
-    starts = [i for i, (label, _) in enumerate(marks) if label.startswith("graph decode")]
+    # one cycle: from a decode graph's start to the next one's. Every operation is a start mark with its end mark
+    # right after it (issue order); on the main stream the gap from the previous main operation's end is idle time
+    starts = [i for i, (label, _, _) in enumerate(marks) if label.startswith("graph decode")]
     cycles: list[list[tuple[str, float]]] = []
     for a, b in zip(starts, starts[1:]):
-        cycle, last = [], "idle after graph"
-        for i in range(a, b):
-            label = marks[i][0]
-            us = marks[i + 1][1].time_since(marks[i][1]) * 1e3
-            if label == "end":
-                cycle.append((f"idle after {last}", us))
-            else:
-                cycle.append((label, us))
-                last = label
+        cycle, last_end, last = [], None, ""
+        for i in range(a, min(b + 1, len(marks) - 1)):
+            label, event, main = marks[i]
+            if label == "end" or (i == b and last_end is None):
+                continue
+            if main and last_end is not None:
+                cycle.append((f"idle after {last}", event.time_since(last_end) * 1e3))
+            if i == b:
+                break
+            cycle.append((label, marks[i + 1][1].time_since(event) * 1e3))
+            if main:
+                last_end, last = marks[i + 1][1], label
         cycles.append(cycle)
     cycles = cycles[2:]  # the first steps still fill the pipeline
     shape = max({tuple(k for k, _ in c) for c in cycles}, key=lambda s: sum(tuple(k for k, _ in c) == s
                                                                            for c in cycles))
     same = [c for c in cycles if tuple(k for k, _ in c) == shape]
     step_ms = statistics.median(plain.decode_seconds) * 1e3
-    total = statistics.median(sum(us for _, us in c) for c in same)
+    total = statistics.median(sum(us for k, us in c if not k.endswith("(copy stream)")) for c in same)  # main
     print(f"batch {batch}, prompt {prompt}, {gen} tokens: {len(same)} of {len(cycles)} steps in this order "
           f"(medians, us)")
     for n, label in enumerate(shape):
