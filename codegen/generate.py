@@ -401,7 +401,9 @@ def codegen_choices() -> dict:
             # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first
             # (after its prefetch, if any), or with early weights after its first weight loads (linear.cu LinPro)
             "pdl_wait": True,
-            "pdl_trigger": "end",  # ... and ends with atlas::pdl_leave (v9; before: right after the wait)
+            # ... and ends with atlas::pdl_leave (v9; before: right after the wait); with early_weights 2 the batch-1
+            # projections and the decode attention also trigger earlier (linear.py)
+            "pdl_trigger": "end",
             "early_weights": linear.early_mode(),  # ATLAS_EARLY_WEIGHTS (linear.py): loads before the wait
             "early_quant": linear.early_quant(),  # ATLAS_EARLY_QUANT: the same for quantized projections (opt-in)
             "sample_split": sampling.split_setting(),  # ATLAS_SAMPLE_SPLIT (sampling.py)
