@@ -11,6 +11,8 @@
 # runs, docs/perf.md v16: alternate).
 # REPLAY_ROUNDS=n (default 5) times the decode step alone, every artifact in one process, n rounds in turn
 # (examples/replay_ab.py: steps replayed back to back in one CUDA graph); 0 skips it.
+# RUNTIME=1: the switch is read at run time (e.g. ATLAS_MAPPED_STAGING): one artifact, compiled without it, and each
+# value set only around its profile / bench runs (the replay then times the same graph for every value).
 # NCU=regex (needs ncu) then measures the decode kernels matching it with Nsight Compute in each artifact's
 # `atlasc bench --batch <first batch>` (NCU_SKIP launches skipped first, default 64; NCU_COUNT measured,
 # default 32) and prints the key metrics per kernel, to say why one value's kernel is slower than another's.
@@ -33,6 +35,12 @@ mkdir -p "$work"
 python3 examples/build_llama.py "$config" "$work/m.onnx" --layers "$layers" 2>&1 | tail -1
 status=0
 for v in ${values//,/ }; do  # the compiles in parallel (nvcc and the passes use few cores each)
+    if [ "${RUNTIME:-0}" = 1 ]; then  # one artifact for every value
+        [ "$v" = "${values%%,*}" ] || { ln -sf "$work/m-${values%%,*}.atlas" "$work/m-$v.atlas"; continue; }
+        (env -u "$name" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
+            ${QUANT:+--quant "$QUANT"} -o "$work/m-$v.atlas" > "$out/compile_$v.log" 2>&1; echo "compile (runtime switch): exit $?") &
+        continue
+    fi
     (env "$name=$v" atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$max_batch" --max-seq $((max_ctx + 64)) \
         ${QUANT:+--quant "$QUANT"} -o "$work/m-$v.atlas" > "$out/compile_$v.log" 2>&1; echo "compile $name=$v: exit $?") &
 done
@@ -41,7 +49,7 @@ for v in ${values//,/ }; do
     [ -f "$work/m-$v.atlas" ] || status=1
     for b in ${batches//,/ }; do
         for c in ${contexts//,/ }; do
-            atlasc profile "$work/m-$v.atlas" --batch "$b" --context "$c" --top 60 > "$out/profile_${v}_b${b}_c${c}.log" 2>&1 ||
+            env "$name=$v" atlasc profile "$work/m-$v.atlas" --batch "$b" --context "$c" --top 60 > "$out/profile_${v}_b${b}_c${c}.log" 2>&1 ||
                 status=1
         done
     done
@@ -66,7 +74,7 @@ rounds="${BENCH_ROUNDS:-0}"
 if [ "$rounds" -gt 0 ]; then
     for r in $(seq "$rounds"); do
         for v in ${values//,/ }; do
-            atlasc bench "$work/m-$v.atlas" --batch "$batches" --prompt 128 --gen 128 --json \
+            env "$name=$v" atlasc bench "$work/m-$v.atlas" --batch "$batches" --prompt 128 --gen 128 --json \
                 > "$out/bench_${v}_r$r.json" 2> "$out/bench_${v}_r$r.err" || status=1
         done
     done

@@ -10,11 +10,15 @@ events are stream work of their own, so the sum runs a little above the uninstru
 
     python examples/step_gaps.py model.atlas --batch 1 --prompt 128 --gen 64
 
+It times the copies' path: ATLAS_MAPPED_STAGING is 0 here unless set (with mapped staging, the default since
+docs/perf.md v24, a step has no copies: examples/staging_ab.py compares the two paths).
+
 GPU machine only (pycuda)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 
@@ -124,6 +128,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=64)
     args = ap.parse_args()
+    os.environ.setdefault("ATLAS_MAPPED_STAGING", "0")  # the copies' path (read at load)
     model = GpuModel(open_artifact(args.artifact), device=Device())
     measure(model, args.batch, args.prompt, args.gen)
 

@@ -59,13 +59,22 @@ def _check(result: int, what: str) -> None:
         raise error
 
 
-def make_programmatic(graph) -> int:
+def chain_ends(frm: list, to: list) -> set:
+    """The nodes of a graph's edges (frm[i] -> to[i]) with no edge in or no edge out: a captured chain's first
+    and last node."""
+    sources, targets = set(frm), set(to)
+    return (sources - targets) | (targets - sources)
+
+
+def make_programmatic(graph, plain_ends: bool = False) -> int:
     """Turn every plain kernel -> kernel edge of an (uninstantiated) graph into a programmatic one
     (from port CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC): the downstream kernel's blocks may be scheduled
     once every upstream block has run griddepcontrol.launch_dependents, and its griddepcontrol.wait
     holds it until the upstream grid has completed with its writes visible (atlasc kernels wait before they
     read what an earlier kernel wrote and trigger at their end, or earlier with early weights: atlas::pdl_enter /
-    pdl_leave in codegen/common.cuh, codegen/linear.py). Returns how many edges changed."""
+    pdl_leave in codegen/common.cuh, codegen/linear.py). plain_ends: the edges out of the graph's first node and
+    into its last one stay plain (the staging kernels of runtime/staging.py, which do not wait). Returns how many
+    edges changed."""
     lib = _libcuda()
     calls = {}
     for name in ("cuGraphGetEdges_v2", "cuGraphRemoveDependencies_v2", "cuGraphAddDependencies_v2"):
@@ -86,8 +95,9 @@ def make_programmatic(graph) -> int:
         _check(lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
         return kind.value == CU_GRAPH_NODE_TYPE_KERNEL
 
+    ends = chain_ends(list(frm), list(to)) if plain_ends else set()
     picked = [i for i in range(n) if data[i].from_port == 0 and data[i].type == 0
-              and is_kernel(frm[i]) and is_kernel(to[i])]
+              and is_kernel(frm[i]) and is_kernel(to[i]) and frm[i] not in ends and to[i] not in ends]
     if not picked:
         return 0
     m = len(picked)
@@ -109,7 +119,7 @@ class CapturedGraph:
     its kernel-to-kernel edges become programmatic first (make_programmatic; self.programmatic counts
     them)."""
 
-    def __init__(self, stream, record, programmatic: bool = False):
+    def __init__(self, stream, record, programmatic: bool = False, plain_ends: bool = False):
         lib = _libcuda()
         self.stream_handle = ctypes.c_void_p(stream.handle)
         begin = getattr(lib, "cuStreamBeginCapture_v2", None) or lib.cuStreamBeginCapture
@@ -128,7 +138,7 @@ class CapturedGraph:
         self.exec = ctypes.c_void_p()
         try:
             if programmatic:
-                self.programmatic = make_programmatic(graph)
+                self.programmatic = make_programmatic(graph, plain_ends)
             _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0)),
                    "cuGraphInstantiate")
             # the graph's device-side resources now, not at its first launch

@@ -11,7 +11,8 @@ drains (each kernel waits for its inputs in atlas::pdl_enter before it reads the
 in atlas::pdl_leave: at its end, or earlier for the batch-1 projections and the decode attention, codegen/linear.py
 early weights): the decode step replayed alone, 8 layers of Llama-3-8B shapes, batch 1
 1298.3 -> 1277.9 us, batch 32 2149.1 -> 2132.1 (docs/perf.md v17; earlier one-bench measurements, v7 / v9,
-were inside a bench's own +-3%).
+were inside a bench's own +-3%). The pipelined decode loop (submit / collect) stages a step's inputs and tokens
+through mapped host memory and two small kernels in the step's graph (runtime/staging.py), not copies.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
+from atlasc.runtime.staging import (BLOCK, HEADER, MAX_BYTES, blocks_for, load_staging, mapped_setting, mapped_span,
+                                    write_header)
 
 
 @dataclass
 class _Stage:
     """One pipelined call's pinned host memory (GpuModel.submit): its inputs, its dims, its tokens coming back,
-    and the event recorded behind it."""
+    and the event recorded behind it. With mapped staging (runtime/staging.py) the input and token buffers are
+    mapped: raw is the input buffer with its header, inputs the part after it; host_in / host_tokens are their
+    device addresses."""
 
     inputs: np.ndarray
     dims: np.ndarray
@@ -44,6 +49,10 @@ class _Stage:
     ran: object  # recorded on the stream behind the call's kernels (what the copy stream waits for)
     count: int = 0  # tokens of its latest call
     used: bool = False  # done has been recorded
+    raw: np.ndarray | None = None
+    host_in: int = 0
+    host_tokens: int = 0
+    mapped: bool = False  # its latest call went through the staging kernels (done is on the main stream)
 
 
 DIMS = "(dims)"  # the dims buffer's slot among a staged upload's slots (_staged_specs)
@@ -103,9 +112,13 @@ class GpuModel:
         self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
         self._specs: dict[str, list] = {}  # entry -> the slots its staged uploads fill (_staged_specs)
         self._submitted = 0
+        self.mapped_calls = 0  # submitted calls that went through the staging kernels
         # the tokens' copy back on its own stream, beside the next call's input copy (submit)
         self._copy_stream = self.dev.cuda.Stream() if copy_stream_setting() else None
         self._submitted_stage: _Stage | None = None  # the latest submit's stage
+        # the staging kernels of a pipelined call's graph (runtime/staging.py), or why there are none
+        self.staging, self.staging_error = (load_staging(self.dev.cuda, self.dev.device) if mapped_setting()
+                                            else (None, "ATLAS_MAPPED_STAGING=0"))
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.modules, kernels)
@@ -122,7 +135,11 @@ class GpuModel:
             try:
                 for name, (symbol, uptos) in self.buckets.items():
                     for upto in (*uptos, None):  # None: the default kernels, above every bucket
-                        self._graph(*self.schedule(name, {symbol: upto} if upto is not None else {}))
+                        key, launches = self.schedule(name, {symbol: upto} if upto is not None else {})
+                        self._graph(key, launches)
+                        if self._staged(name):  # and one per pinned stage with the staging kernels
+                            for slot in (0, 1):
+                                self._staged_graph(key, launches, slot)
                 self.dev.synchronize()
             except BaseException as e:  # a failed load keeps nothing on the device
                 self.close()
@@ -195,18 +212,49 @@ class GpuModel:
             return
         self._graph(key, launches).launch()
 
+    def _staged(self, entry: str) -> bool:
+        """Whether pipelined calls of `entry` (one with next_tokens, not the prefill) can stage through the
+        staging kernels."""
+        e = self.manifest.entries[entry]
+        return self.staging is not None and entry != "prefill" and any(o.name == "next_tokens" for o in e.outputs)
+
+    def _capacity(self, entry: str) -> int:
+        """Bytes of a call's span that the staging kernel of `entry`'s graphs covers: its staged slots, at most
+        staging.MAX_BYTES (a longer span goes through the copy engine)."""
+        specs = self._slots(self.manifest.entries[entry])
+        most = max(i.offset + i.nbytes for i in specs) - min(i.offset for i in specs) if specs else 0
+        return min(-(-most // 16) * 16, MAX_BYTES)
+
+    def _record_staged(self, entry: str, launches: list[tuple], stage: _Stage) -> None:
+        """Issue a call with its staging kernels: the span in, the launches, next_tokens out."""
+        out = next(o for o in self.manifest.entries[entry].outputs if o.name == "next_tokens")
+        self.staging.copy_in(self.arena, stage.host_in, blocks_for(self._capacity(entry)), self.dev.stream)
+        self._launch_all(launches)
+        self.staging.copy_out(stage.host_tokens, int(self.arena) + out.offset, stage.tokens.nbytes, self.dev.stream)
+
+    def _staged_graph(self, key: tuple, launches: list[tuple], slot: int) -> CapturedGraph:
+        """The graph of one (entry, bucket) between the staging kernels of pinned stage `slot` (the edges to and
+        from them stay plain: they do not wait in pdl_enter)."""
+        stage = self._stage(slot)
+        return self._captured((*key, "staged", slot), lambda: self._record_staged(key[0], launches, stage), True)
+
     def _graph(self, key: tuple, launches: list[tuple]) -> CapturedGraph:
         """The CUDA graph of one (entry, bucket): captured, instantiated and uploaded on first use (load
         captures every one, so that no run allocates)."""
+        return self._captured(key, lambda: self._launch_all(launches))
+
+    def _captured(self, key: tuple, record, plain_ends: bool = False) -> CapturedGraph:
+        """The graph under `key` in self.graphs, captured from `record` the first time: with programmatic edges
+        while the driver takes them (a driver without them: plain ones from then on)."""
         graph = self.graphs.get(key)
         if graph is None:
             if self.pdl:
                 try:
-                    graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches), programmatic=True)
-                except CudaGraphError as e:  # a driver without programmatic edges: plain ones
+                    graph = CapturedGraph(self.dev.stream, record, programmatic=True, plain_ends=plain_ends)
+                except CudaGraphError as e:
                     self.pdl, self.pdl_error = False, str(e)
             if graph is None:
-                graph = CapturedGraph(self.dev.stream, lambda: self._launch_all(launches))
+                graph = CapturedGraph(self.dev.stream, record)
             self.graphs[key] = graph
         return graph
 
@@ -218,7 +266,9 @@ class GpuModel:
         its arena offset relative to the entry's first slot, and inputs in adjacent slots (plan_memory puts an
         entry's inputs side by side, smallest first, and the decode step's right after the dims buffer) go up
         in one copy, so a decode step's dims and inputs are one copy (two before: docs/perf.md v22). Input `skip`
-        is not written (submit overwrites it on the device afterwards)."""
+        is not written (submit overwrites it on the device afterwards). With mapped staging, when the call's bytes
+        are one span from the dims on that its graph's staging kernel covers (staging.mapped_span), no copy is
+        issued: the span's header is written and stage.mapped set (submit then runs the staged graph)."""
         called = entry_name
         entry_name, env = bind_call(self.manifest, entry_name, inputs, symbols, self.bounds)
         self.routed[called] = entry_name
@@ -234,7 +284,15 @@ class GpuModel:
                 self.dev.upload(self.arena, spec.offset, np.ascontiguousarray(inputs[spec.name]))
             return env
         base = min((spec.offset for spec in specs), default=0)
-        for start, end in self._stage_inputs(specs, {**inputs, DIMS: dims[: len(self.symbols)]}, stage.inputs, skip):
+        spans = self._stage_inputs(specs, {**inputs, DIMS: dims[: len(self.symbols)]}, stage.inputs, skip)
+        nbytes = None
+        if stage.raw is not None and specs and specs[0].name == DIMS and self._staged(entry_name):
+            nbytes = mapped_span(spans, base, self._capacity(entry_name))
+        stage.mapped = nbytes is not None
+        if stage.mapped:
+            write_header(stage.raw, nbytes, base)
+            return env
+        for start, end in spans:
             self.dev.cuda.memcpy_htod_async(int(self.arena) + start, stage.inputs[start - base: end - base],
                                             self.dev.stream)
         return env
@@ -292,9 +350,12 @@ class GpuModel:
         With `tokens_from` (an arena offset: tokens_offset of the previous call), the input `tokens_to` is then
         overwritten on the device by the int64 tokens there, so the host need not have read them yet (no copy
         when the previous call was a decode step of the same entry: its next_tokens share the slot of the input
-        ids, plan_memory tokens_slot_input). The call's next_tokens are copied back behind it: with
-        ATLAS_COPY_STREAM=1 (default) on a second stream, which waits for the call's kernels, so that the copy
-        runs beside the next call's input copy; the next call's kernels wait for it (they overwrite the tokens)."""
+        ids, plan_memory tokens_slot_input). With mapped staging (ATLAS_MAPPED_STAGING=1, default; runtime/staging.py)
+        the call runs in the graph that stages its inputs in and its tokens out itself (no copy engine: ~10 us less
+        between steps, docs/perf.md v24), when its inputs fit (write_inputs). Otherwise its inputs go up in one copy
+        and its next_tokens are copied back behind it: with ATLAS_COPY_STREAM=1 (default) on a second stream,
+        which waits for the call's kernels, so that the copy runs beside the next call's input copy; the next
+        call's kernels wait for it (they overwrite the tokens)."""
         slot = self._submitted % 2
         self._submitted += 1
         stage = self._stage(slot)
@@ -309,9 +370,20 @@ class GpuModel:
             if spec.offset != tokens_from:  # the same slot (plan_memory tokens_slot_input): the tokens are there
                 self.dev.cuda.memcpy_dtod_async(int(self.arena) + spec.offset, int(self.arena) + tokens_from,
                                                 nbytes, self.dev.stream)
-        self.enqueue(entry_name)
         out = next(o for o in entry.outputs if o.name == "next_tokens")
         stage.count = int(np.prod(output_shape(out, env), dtype=np.int64))
+        stage.used = True
+        self._submitted_stage = stage
+        if stage.mapped:
+            self.mapped_calls += 1
+            key, launches = self.schedule(entry.name, env)
+            if self.cuda_graphs:
+                self._staged_graph(key, launches, slot).launch()
+            else:
+                self._record_staged(entry.name, launches, stage)
+            stage.done.record(self.dev.stream)
+            return slot
+        self.enqueue(entry_name)
         copy = self.dev.stream
         if self._copy_stream is not None:
             stage.ran.record(self.dev.stream)
@@ -319,15 +391,14 @@ class GpuModel:
             copy.wait_for_event(stage.ran)
         self.dev.cuda.memcpy_dtoh_async(stage.tokens[: stage.count], int(self.arena) + out.offset, copy)
         stage.done.record(copy)
-        stage.used = True
-        self._submitted_stage = stage
         return slot
 
     def _after_copies(self) -> None:
         """With the copy stream: make the stream wait for the latest submitted call's copy back (and so for every
         earlier one: the copy stream runs them in order) before kernels that may rewrite its tokens."""
-        if self._copy_stream is not None and self._submitted_stage is not None:
-            self.dev.stream.wait_for_event(self._submitted_stage.done)
+        latest = self._submitted_stage
+        if self._copy_stream is not None and latest is not None and not latest.mapped:
+            self.dev.stream.wait_for_event(latest.done)
 
     def collect(self, slot: int) -> np.ndarray:
         """The next_tokens of the call submitted in `slot`, once it has run (waits for it)."""
@@ -350,9 +421,18 @@ class GpuModel:
             most = max(slots_bytes(e) for e in self.manifest.entries.values())
             batch = self.manifest.kv_cache.max_batch if self.manifest.kv_cache is not None else 1
             cuda = self.dev.cuda
-            stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8),
-                           cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64),
-                           cuda.pagelocked_zeros(max(batch, 1), np.int64), cuda.Event(), cuda.Event())
+            dims = cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
+            tokens = -(-max(batch, 1) // 2) * 2  # whole 16-byte words (staging.copy_out)
+            if self.staging is None:
+                stage = _Stage(cuda.pagelocked_zeros(max(most, 16), np.uint8), dims,
+                               cuda.pagelocked_zeros(tokens, np.int64), cuda.Event(), cuda.Event())
+            else:  # mapped; atlas_stage_in's block 0 reads BLOCK words whatever the span
+                mapped = cuda.host_alloc_flags.DEVICEMAP
+                raw = cuda.pagelocked_zeros(HEADER + max(-(-most // 16) * 16, 16 * BLOCK), np.uint8, mem_flags=mapped)
+                out = cuda.pagelocked_zeros(tokens, np.int64, mem_flags=mapped)
+                stage = _Stage(raw[HEADER:], dims, out, cuda.Event(), cuda.Event(), raw=raw,
+                               host_in=int(raw.base.get_device_pointer()),
+                               host_tokens=int(out.base.get_device_pointer()))
             self._stages[slot] = stage
         return stage
 

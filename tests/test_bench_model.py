@@ -262,14 +262,17 @@ def test_gpu_model_load_that_runs_out_of_memory_for_graphs_frees_everything(tmp_
     assert device.freed == 1 and len(destroyed) == 2  # the graph that failed, and the one before it
 
 
-@pytest.mark.parametrize("env", ["ATLAS_PDL", "ATLAS_COPY_STREAM"])
+@pytest.mark.parametrize("env", ["ATLAS_PDL", "ATLAS_COPY_STREAM", "ATLAS_MAPPED_STAGING"])
 def test_runtime_switches_are_on_unless_0(env, monkeypatch):
-    """ATLAS_PDL (programmatic graph edges, docs/perf.md v17) and ATLAS_COPY_STREAM (the tokens' copy back on a
-    second stream): on by default, 0 turns them off, anything else is a one-line usage error."""
+    """ATLAS_PDL (programmatic graph edges, docs/perf.md v17), ATLAS_COPY_STREAM (the tokens' copy back on a
+    second stream) and ATLAS_MAPPED_STAGING (a pipelined step's inputs and tokens through mapped memory, v24): on
+    by default, 0 turns them off, anything else is a one-line usage error."""
     from atlasc.errors import UsageError
     from atlasc.runtime.gpu import copy_stream_setting, pdl_setting
+    from atlasc.runtime.staging import mapped_setting
 
-    setting = pdl_setting if env == "ATLAS_PDL" else copy_stream_setting
+    setting = {"ATLAS_PDL": pdl_setting, "ATLAS_COPY_STREAM": copy_stream_setting,
+               "ATLAS_MAPPED_STAGING": mapped_setting}[env]
     monkeypatch.delenv(env, raising=False)
     assert setting() is True
     monkeypatch.setenv(env, "0")

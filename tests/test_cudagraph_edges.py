@@ -78,6 +78,18 @@ def test_kernel_chain_edges_become_programmatic(monkeypatch):
                                            (0x30, 0x40, PROGRAMMATIC), (0x40, 0x50, already)])
 
 
+def test_plain_ends_keep_the_staging_kernels_edges_plain(monkeypatch):
+    """A staged step's graph (runtime/staging.py): stage_in -> k1 -> k2 -> k3 -> stage_out. With plain_ends only the
+    inner kernel edges become programmatic: the staging kernels do not wait in pdl_enter."""
+    k = CU_GRAPH_NODE_TYPE_KERNEL
+    chain = [0x1, 0x2, 0x3, 0x4, 0x5]
+    driver = FakeDriver({n: k for n in chain}, [(a, b, (0, 0, 0)) for a, b in zip(chain, chain[1:])])
+    _with(monkeypatch, driver)
+    assert make_programmatic(ctypes.c_void_p(1), plain_ends=True) == 2
+    assert sorted(driver.edges) == sorted([(0x1, 0x2, (0, 0, 0)), (0x2, 0x3, PROGRAMMATIC), (0x3, 0x4, PROGRAMMATIC),
+                                           (0x4, 0x5, (0, 0, 0))])
+
+
 def test_no_edges_and_no_kernel_edges(monkeypatch):
     _with(monkeypatch, FakeDriver({}, []))
     assert make_programmatic(ctypes.c_void_p(1)) == 0

@@ -188,6 +188,82 @@ def test_gpu_submit_enqueues_staged_inputs_the_token_copy_the_step_and_the_token
     assert model.tokens_offset("decode") == nxt.offset
 
 
+def test_gpu_submit_stages_a_step_through_the_mapped_kernels_when_its_inputs_fit(llama, monkeypatch):
+    """Mapped staging (runtime/staging.py) on a simulated device that maps host memory: a call whose dims and inputs
+    are one span within the graph's capacity issues no copy: the header (16-byte words, the dims' arena offset)
+    and the bytes in arena layout are in its stage's mapped buffer, and its kernels run between atlas_stage_in
+    (reading that buffer) and atlas_stage_out (next_tokens' slot into the stage's mapped tokens), the stage's event
+    on the main stream. A call whose span is longer than the capacity (call 2 here) takes the copies instead; the
+    call after it waits for its tokens' copy back, the one after a mapped call does not."""
+    from fake_gpu import FakeDevice
+
+    import atlasc.runtime.gpu as gpu
+
+    monkeypatch.delenv("ATLAS_MAPPED_STAGING", raising=False)
+    dev = FakeDevice(mapped=True)
+    model = gpu.GpuModel(open_artifact(llama), device=dev, cuda_graphs=False)
+    assert model.staging is not None
+    m = model.manifest
+    entry = m.entries["decode"]
+    nxt = next(o for o in entry.outputs if o.name == "next_tokens")
+    specs = sorted((i for i in entry.inputs if i.name != "input_ids"), key=lambda i: i.offset)
+    kernels = [n.kernel for n in entry.nodes if n.kernel]
+    rng = np.random.default_rng(1)
+    slots = []
+    for call in range(4):
+        past = 8 + call
+        feeds = {"input_ids": np.zeros((3, 1), np.int64), "attention_mask": rng.integers(0, 2, (3, past + 1)),
+                 "position_ids": rng.integers(0, 60, (3, 1)), **Sampling(seed=call).inputs(1)}
+        feeds = {i.name: feeds[i.name] for i in entry.inputs}
+        monkeypatch.setattr(gpu, "MAX_BYTES", 64 if call == 2 else staging_max())
+        dev.ops.clear()
+        dev.launched.clear()
+        tokens_from = 4096 if call == 0 else model.tokens_offset("decode")
+        slots.append(model.submit("decode", feeds, {"past_seq": past}, tokens_from=tokens_from,
+                                  tokens_to="input_ids"))
+        stage = model._stages[slots[-1]]
+        ops = [op for op in dev.ops if op[0] != "sync"]
+        if call == 2:  # the copies
+            assert [op[0] for op in ops] == ["htod", "event", "wait", "dtoh", "event"] and not stage.mapped
+            assert dev.launched == kernels
+            model.collect(slots[-1])
+            continue
+        assert stage.mapped and dev.launched == ["atlas_stage_in", *kernels, "atlas_stage_out"]
+        want = ["atlas_stage_in", "atlas_stage_out", "event"]
+        if call == 0:
+            want.insert(0, "dtod")  # the prefill's tokens into the input ids
+        if call == 3:  # after call 2's copy back on the copy stream
+            want.insert(0, "wait")
+            assert ops[0] == ("wait", "main", id(model._stages[slots[2]].done))
+        assert [op[0] for op in ops] == want
+        stage_in = next(op for op in ops if op[0] == "atlas_stage_in")
+        assert stage_in[2:] == (0, stage.host_in) and dev.pinned[stage.host_in] is stage.raw
+        words, offset = stage.raw[:16].view(np.uint64).tolist()
+        assert offset == m.memory.dims_offset
+        raw = stage.raw[16:]
+        env = model.last_env["decode"]
+        dims = np.array([env.get(s.name, 0) for s in m.symbols], np.int64)
+        assert np.array_equal(raw[: dims.nbytes], dims.view(np.uint8))
+        end = 0
+        for spec in specs:
+            data = np.ascontiguousarray(feeds[spec.name]).view(np.uint8).reshape(-1)
+            at = spec.offset - offset
+            assert np.array_equal(raw[at: at + data.size], data), spec.name
+            end = at + data.size
+        assert words == -(-end // 16) and stage_in[1][0] * 256 * 16 >= 16 * words
+        stage_out = next(op for op in ops if op[0] == "atlas_stage_out")
+        assert stage_out[2:] == (stage.host_tokens, nxt.offset, stage.tokens.nbytes // 16)
+        assert dev.pinned[stage.host_tokens] is stage.tokens and stage.count == 3
+        assert ops[-1] == ("event", id(stage.done), "main")
+        model.collect(slots[-1])
+
+
+def staging_max() -> int:
+    from atlasc.runtime.staging import MAX_BYTES
+
+    return MAX_BYTES
+
+
 def test_staged_copies_split_where_an_input_is_far_below_its_slot():
     """GpuModel._stage_inputs: adjacent slots go up in one copy while the slack between them stays within
     COPY_GAP; a larger slack, a gap between slots, or a skipped first input starts a new copy; a skipped input
