@@ -100,8 +100,9 @@ EARLY_MODES = ("0", "1", "2")
 # the batch-1 kernels only: the preload adds ~30 registers (ptxas sm90, Llama-3.2-1B shapes: 70-76 -> 100-106 with
 # the MMA decode), which would leave 2 blocks per SM where an 8-row kernel's 384 blocks need 3
 EARLY_MAX_M = 1
-# ATLAS_EARLY_QUANT=1 (opt-in, not yet measured on a GPU): the same for the quantized projections with float x
-# (quant.cu linear_quant_mma: the first round of packed weights and scales before the wait and the staging)
+# ATLAS_EARLY_QUANT=1 (opt-in): the same for the quantized projections with float x (quant.cu linear_quant_mma: the
+# first round of packed weights and scales before the wait and the staging); H200: faster only for Llama-3.2-1B
+# int8, slower for its int4 and for 8B-shape int8 (docs/perf.md v24), so off by default
 EARLY_QUANT_ENV = "ATLAS_EARLY_QUANT"
 EARLY_WAVE_SMS = 132  # an H200's SMs (early_min_blocks)
 PATH_ENV = "ATLAS_LINEAR_PATH"
