@@ -111,6 +111,7 @@ class GpuModel:
         self.routed: dict[str, str] = {}  # entry called -> the entry its latest write_inputs ran (bind_call)
         self._stages: dict[int, _Stage] = {}  # submit's two pinned stages, made at first use
         self._specs: dict[str, list] = {}  # entry -> the slots its staged uploads fill (_staged_specs)
+        self._capacities: dict[str, int] = {}  # entry -> bytes its staging kernel covers (_capacity)
         self._submitted = 0
         self.mapped_calls = 0  # submitted calls that went through the staging kernels
         # the tokens' copy back on its own stream, beside the next call's input copy (submit)
@@ -221,9 +222,11 @@ class GpuModel:
     def _capacity(self, entry: str) -> int:
         """Bytes of a call's span that the staging kernel of `entry`'s graphs covers: its staged slots, at most
         staging.MAX_BYTES (a longer span goes through the copy engine)."""
-        specs = self._slots(self.manifest.entries[entry])
-        most = max(i.offset + i.nbytes for i in specs) - min(i.offset for i in specs) if specs else 0
-        return min(-(-most // 16) * 16, MAX_BYTES)
+        if entry not in self._capacities:  # worked out once: submit asks per call
+            specs = self._slots(self.manifest.entries[entry])
+            most = max(i.offset + i.nbytes for i in specs) - min(i.offset for i in specs) if specs else 0
+            self._capacities[entry] = min(-(-most // 16) * 16, MAX_BYTES)
+        return self._capacities[entry]
 
     def _record_staged(self, entry: str, launches: list[tuple], stage: _Stage) -> None:
         """Issue a call with its staging kernels: the span in, the launches, next_tokens out."""
