@@ -611,14 +611,8 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
 // and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
 // pro: see LinPro (the block's first item's first round of U steps is loaded before it).
-// S < LIN_WARPS: the block's warps are LIN_WARPS / S feature groups (each 16 * FT features, or 8 pairs) x S ways
-// of the K split, so a block owns LIN_WARPS / S times the features and the groups' warps read the same x
-// values at about the same time (through L1: at S = 8 every warp of a block reads other x values, so each
-// block reads all of x from L2 once per 16 * FT features).
-// PIPE: each round's weight loads are issued before the previous round's MMAs (two rounds of registers), so
-// that a warp has loads in flight while it waits on x and runs its MMAs.
-template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, int S = LIN_WARPS,
-          bool PIPE = false, typename XS, typename EPI = LinNoEpi, typename PRO = LinNoPro>
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi,
+          typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
@@ -628,15 +622,11 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
-  static_assert(S == 1 || S == 2 || S == 4 || S == LIN_WARPS, "S ways of the K split divide the block's warps");
-  constexpr int FG = LIN_WARPS / S;  // feature groups per block
-  constexpr int SLOTS = 4 * J * 32;  // one feature group's partial sums (red's rows r = 4j + q x 32 lanes)
+  constexpr int SLOTS = 4 * J * 32;  // one feature block's partial sums (red's rows r = 4j + q x 32 lanes)
   __shared__ bool lin_last;  // KS > 1: this block is the feature block's last run to finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int fw = warp / S, sw = warp % S;  // this warp's feature group and way of the K split
   const long long H = N / 2;
-  const long long steps = K / 32;
-  const long long blocks_n = GATED ? (H + 8 * FG - 1) / (8 * FG) : (N + 16 * FT * FG - 1) / (16 * FT * FG);
+  const long long steps = K / 32, blocks_n = GATED ? (H + 7) / 8 : (N + 16 * FT - 1) / (16 * FT);
   if constexpr (KS == 1) ks_n = 1;
   const bool split = KS > 1 && ks_n > 1;
   const long long run = (steps + ks_n - 1) / ks_n;  // steps per run of the K split
@@ -648,10 +638,10 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   uint4 wlo[U][FT], whi[U][FT];  // a round of weights: one buffer for the preloaded round and the loop's
   bool loaded = false;
   if constexpr (PRO::EARLY) {  // the block's first item's first round (the same addresses as in the loop below)
-    const long long item = blockIdx.x, ks = item % ks_n, s = ks * run + sw;
-    loaded = item < items && s + S * (U - 1) < imin(steps, (ks + 1) * run);
+    const long long item = blockIdx.x, ks = item % ks_n, s = ks * run + warp;
+    loaded = item < items && s + LIN_WARPS * (U - 1) < imin(steps, (ks + 1) * run);
     if (loaded) {
-      const long long nblk = GATED ? ((item / ks_n) * FG + fw) * 8 : ((item / ks_n) * FG + fw) * 16 * FT;
+      const long long nblk = GATED ? (item / ks_n) * 8 : (item / ks_n) * 16 * FT;
 #pragma unroll
       for (int f = 0; f < FT; ++f) {
         const long long n0 = nblk + 16 * f;
@@ -659,8 +649,8 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         const long long r1 = GATED ? epi.row_b(imin(n0 + g, H - 1), N) : imin(n0 + g + 8, N - 1);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          wlo[u][f] = lin_ld_stream(w + r0 * K + 8 * c + (s + S * u) * 32);
-          whi[u][f] = lin_ld_stream(w + r1 * K + 8 * c + (s + S * u) * 32);
+          wlo[u][f] = lin_ld_stream(w + r0 * K + 8 * c + (s + LIN_WARPS * u) * 32);
+          whi[u][f] = lin_ld_stream(w + r1 * K + 8 * c + (s + LIN_WARPS * u) * 32);
         }
       }
     }
@@ -672,7 +662,7 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
     }
     const long long nb = item / ks_n, ks = item % ks_n;
     const long long s_end = imin(steps, (ks + 1) * run);
-    const long long nblk = GATED ? (nb * FG + fw) * 8 : (nb * FG + fw) * 16 * FT;  // this warp's features
+    const long long nblk = GATED ? nb * 8 : nb * 16 * FT;
     const T* w0[FT];
     const T* w1[FT];
 #pragma unroll
@@ -690,61 +680,15 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
       for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
-    long long s = ks * run + sw;
-    if constexpr (PIPE) {  // the next round's loads issued before this round's MMAs
-      bool have = s + S * (U - 1) < s_end;
-      if (have && !loaded) {
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int f = 0; f < FT; ++f) {
-            wlo[u][f] = lin_ld_stream(w0[f] + (s + S * u) * 32);
-            whi[u][f] = lin_ld_stream(w1[f] + (s + S * u) * 32);
-          }
-      }
-      loaded = false;
-      while (have) {
-        const long long sn = s + S * U;
-        const bool next = sn + S * (U - 1) < s_end;
-        uint4 nlo[U][FT], nhi[U][FT];
-        if (next) {
-#pragma unroll
-          for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int f = 0; f < FT; ++f) {
-              nlo[u][f] = lin_ld_stream(w0[f] + (sn + S * u) * 32);
-              nhi[u][f] = lin_ld_stream(w1[f] + (sn + S * u) * 32);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int j = 0; j < J; ++j) {
-            const uint4 xv = xs.vec(xm[j], (s + S * u) * 32 + 8 * c);
-#pragma unroll
-            for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[u][f], whi[u][f], xv);
-          }
-        if (next) {
-#pragma unroll
-          for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int f = 0; f < FT; ++f) {
-              wlo[u][f] = nlo[u][f];
-              whi[u][f] = nhi[u][f];
-            }
-        }
-        s = sn;
-        have = next;
-      }
-    }
-    for (; !PIPE && s + S * (U - 1) < s_end; s += S * U) {
+    long long s = ks * run + warp;
+    for (; s + LIN_WARPS * (U - 1) < s_end; s += LIN_WARPS * U) {
       if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int f = 0; f < FT; ++f) {
-            wlo[u][f] = lin_ld_stream(w0[f] + (s + S * u) * 32);
-            whi[u][f] = lin_ld_stream(w1[f] + (s + S * u) * 32);
+            wlo[u][f] = lin_ld_stream(w0[f] + (s + LIN_WARPS * u) * 32);
+            whi[u][f] = lin_ld_stream(w1[f] + (s + LIN_WARPS * u) * 32);
           }
       }
       loaded = false;
@@ -752,12 +696,12 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-          const uint4 xv = xs.vec(xm[j], (s + S * u) * 32 + 8 * c);
+          const uint4 xv = xs.vec(xm[j], (s + LIN_WARPS * u) * 32 + 8 * c);
 #pragma unroll
           for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[u][f], whi[u][f], xv);
         }
     }
-    for (; s < s_end; s += S) {
+    for (; s < s_end; s += LIN_WARPS) {
       uint4 wlo[FT], whi[FT];
 #pragma unroll
       for (int f = 0; f < FT; ++f) {
@@ -771,9 +715,9 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wlo[f], whi[f], xv);
       }
     }
-    const long long nbase = GATED ? nb * FG * 8 : nb * FG * 16 * FT;  // the block's first feature (or pair)
 #pragma unroll
     for (int f = 0; f < FT; ++f) {
+      const long long n0 = nblk + 16 * f;
       // red[r][warp][lane], r = 4j + q: conflict-free writes here and reads below
 #pragma unroll
       for (int j = 0; j < J; ++j)
@@ -781,16 +725,15 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         for (int q = 0; q < 4; ++q) red[((4 * j + q) * LIN_WARPS + warp) * 32 + lane] = acc[f][j][q];
       __syncthreads();
       if constexpr (GATED) {
-        for (int gs = threadIdx.x; gs < FG * 2 * J * 32; gs += LIN_THREADS) {
-          const int grp = gs / (2 * J * 32), slot = gs % (2 * J * 32);
+        for (int slot = threadIdx.x; slot < 2 * J * 32; slot += LIN_THREADS) {
           const int r = 4 * (slot >> 6) + ((slot >> 5) & 1), l = slot & 31, q = r & 3;  // q = 0, 1: gate rows
           float sg = 0.f, su = 0.f;
 #pragma unroll
-          for (int v = grp * S; v < grp * S + S; ++v) {
+          for (int v = 0; v < LIN_WARPS; ++v) {
             sg += red[(r * LIN_WARPS + v) * 32 + l];
             su += red[((r + 2) * LIN_WARPS + v) * 32 + l];
           }
-          const long long n = nbase + grp * 8 + (l >> 2);
+          const long long n = n0 + (l >> 2);
           const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
           if (m < M && n < H) {
             float bg = 0.f, bu = 0.f;
@@ -803,10 +746,9 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         }
       } else {
         // C fragment: c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)
-        // gs = grp * SLOTS + slot: feature group grp's partial sum `slot`
-        auto put = [&](int gs, float sum) {
-          const int grp = gs / SLOTS, r = (gs % SLOTS) >> 5, l = gs & 31, q = r & 3;
-          const long long n = nbase + (grp * FT + f) * 16 + (l >> 2) + (q >= 2 ? 8 : 0);
+        auto put = [&](int slot, float sum) {
+          const int r = slot >> 5, l = slot & 31, q = r & 3;
+          const long long n = n0 + (l >> 2) + (q >= 2 ? 8 : 0);
           const long long m = 8 * (r >> 2) + 2 * (l & 3) + (q & 1);
           if (m < M && n < N) {
             float b = 0.f;
@@ -814,15 +756,15 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
             store(y.p + yoff[m] + n * yn, sum + b);
           }
         };
-        for (int gs = threadIdx.x; gs < FG * SLOTS; gs += LIN_THREADS) {
-          const int grp = gs / SLOTS, r = (gs % SLOTS) >> 5, l = gs & 31;
+        for (int slot = threadIdx.x; slot < SLOTS; slot += LIN_THREADS) {
+          const int r = slot >> 5, l = slot & 31;
           float sum = 0.f;
 #pragma unroll
-          for (int v = grp * S; v < grp * S + S; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
+          for (int v = 0; v < LIN_WARPS; ++v) sum += red[(r * LIN_WARPS + v) * 32 + l];
           if (split) {
-            ws[item * FG * SLOTS + gs] = sum;
+            ws[item * SLOTS + slot] = sum;
           } else {
-            put(gs, sum);
+            put(slot, sum);
           }
         }
         if (split) {  // the feature block's last run adds the ks_n partials in run order
@@ -832,10 +774,10 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
           __syncthreads();
           if (lin_last) {
             __threadfence();
-            for (int gs = threadIdx.x; gs < FG * SLOTS; gs += LIN_THREADS) {
+            for (int slot = threadIdx.x; slot < SLOTS; slot += LIN_THREADS) {
               float sum = 0.f;
-              for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + (nb * ks_n + k) * FG * SLOTS + gs);
-              put(gs, sum);
+              for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + (nb * ks_n + k) * SLOTS + slot);
+              put(slot, sum);
             }
             if (threadIdx.x == 0) cnt[nb] = 0u;  // ready for the next launch
           }

@@ -86,11 +86,6 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 # one wave on the H200's 132 SMs) splits at all, and in a kernel for one row alone (max batch 1: other code,
 # 78 registers) only to KS_MIN_BLOCKS_M1 (v18 lab, M = 1 kernel: 1B down 14.50 / 12.70 / 14.79).
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
-# Ways of the K split inside an MMA decode block (S in linear.cu): 8 (every warp on one feature group) or 4, 2, 1
-# (8 / S feature groups whose warps read the same x values, through L1). ATLAS_LINEAR_S: forced for every run.
-S_ENV = "ATLAS_LINEAR_S"
-# ATLAS_LINEAR_PIPE=1: the MMA decode issues each round's weight loads before the previous round's MMAs (linear.cu PIPE)
-PIPE_ENV = "ATLAS_LINEAR_PIPE"
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
 # Early weights (linear.cu LinPro): a decode projection kernel of at most EARLY_MAX_M rows issues each warp's first
@@ -163,26 +158,6 @@ def decode_ft(j: int, n_static) -> int:
     if j < 2 or not isinstance(n_static, int):
         return 1
     return 2 if -(-n_static // 32) >= (FT_AUTO_MIN_BLOCKS_J4 if j >= 4 else FT_AUTO_MIN_BLOCKS) else 1
-
-
-def decode_s(j: int) -> int:
-    """Ways of the K split inside a block for the MMA decode run with J x-row tiles: ATLAS_LINEAR_S when set
-    (CodegenError unless 1, 2, 4 or 8), else WARPS."""
-    forced = os.environ.get(S_ENV, "")
-    if forced:
-        if forced not in ("1", "2", "4", "8"):
-            raise CodegenError(f"{S_ENV}={forced!r} is not a K split inside a block (expected 1, 2, 4 or 8)")
-        return int(forced)
-    return WARPS
-
-
-def decode_pipe(j: int) -> bool:
-    """Whether the MMA decode run with J x-row tiles issues each round's loads before the previous round's MMAs:
-    ATLAS_LINEAR_PIPE=1 (CodegenError unless 0 or 1), else off."""
-    value = os.environ.get(PIPE_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{PIPE_ENV}={value!r} is not 0 or 1")
-    return value == "1"
 
 
 def ks_choice() -> str:
@@ -308,9 +283,7 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
         one, rest = run_ks(run_lo, run_hi, j, n_static, None if epi else k_static)
         ks = max(one, rest)
         cond = f"mma && M <= {run_hi}" if run_lo == 0 else f"mma && M > {run_lo} && M <= {run_hi}"
-        sk, pipe = decode_s(j), decode_pipe(j)
-        tile = (f", {ft}, {ks}, {sk}, true" if pipe else f", {ft}, {ks}, {sk}" if sk != WARPS
-                else f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else "")
+        tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
         tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
         tail += f", M == 1 ? {one} : {rest}" if one != rest else ""
         if pro:  # every argument up to pro spelled out
@@ -367,8 +340,7 @@ def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_
             j = -(-mt // 8)
             run = next((lo, hi) for lo, hi, rj in runs if rj == j and lo < mt <= hi)
             ks = 1 if paired or k_static is None else run_ks(*run, j, n_static, k_static)[mt > 1]
-            groups = WARPS // decode_s(j)
-            blocks = max(blocks, ks * -(-n_upper // (16 * groups * (1 if paired else decode_ft(j, n_static)))))
+            blocks = max(blocks, ks * -(-n_upper // (16 * (1 if paired else decode_ft(j, n_static)))))
         else:
             blocks = max(blocks, -(-n_upper // (WARPS * GEMV_CONFIG[mt][0])))
     return blocks

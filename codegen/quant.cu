@@ -547,9 +547,8 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
 // the call: running the staging after the first weight loads, as linear_w4a8_mma does, measured slower
 // here, docs/perf.md v13, without the early launch.) pro: see LinPro in linear.cu (ATLAS_EARLY_QUANT=1, quant.py:
 // the block's first item's first round of U steps, weights and scales, is loaded before it).
-// PIPE: each round's loads are issued before the previous round's MMAs (two rounds of registers).
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
-          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1, typename PRO = LinNoPro, bool PIPE = false>
+          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1, typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
@@ -626,8 +625,12 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
       const T* xr[J];
 #pragma unroll
       for (int j = 0; j < J; ++j) xr[j] = x.p + qlin_row(x, min(m0 + 8 * j + g, m_rows - 1)) + KL * c;
-      // the MMAs of the round of steps s, s + S, ..., s + S (U - 1) held in wlo / whi
-      auto consume = [&](int s) {
+      for (int s = kr * run + ks; s < s_end; s += S * U) {
+        if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
+          qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end,
+                                                     c);
+        }
+        loaded = false;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;
@@ -650,38 +653,6 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
             }
           }
         }
-      };
-      int s = kr * run + ks;
-      if constexpr (PIPE) {  // the next round's loads issued before this round's MMAs
-        if (s < s_end && !loaded)
-          qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end,
-                                                     c);
-        loaded = false;
-        while (s < s_end) {
-          const int sn = s + S * U;
-          uint4 nlo[U], nhi[U];
-          __half nslo[U], nshi[U];
-          unsigned char nzlo[U], nzhi[U];
-          if (sn < s_end)
-            qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(nlo, nhi, nslo, nshi, nzlo, nzhi, w0, w1, s0, s1, z0, z1, sn,
-                                                       s_end, c);
-          consume(s);
-          if (sn < s_end) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-              wlo[u] = nlo[u], whi[u] = nhi[u], slo[u] = nslo[u], shi[u] = nshi[u], zlo[u] = nzlo[u], zhi[u] = nzhi[u];
-            }
-          }
-          s = sn;
-        }
-      }
-      for (; !PIPE && s < s_end; s += S * U) {
-        if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
-          qlin_load_steps<BITS, GS, S, U, EXACT, ZP>(wlo, whi, slo, shi, zlo, zhi, w0, w1, s0, s1, z0, z1, s, s_end,
-                                                     c);
-        }
-        loaded = false;
-        consume(s);
       }
     }
     // C fragment (per j): c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1] (row = feature, column = x row)

@@ -56,9 +56,6 @@ U_ENV = "ATLAS_QUANT_U"
 # 8B o (256) 7.86 / 11.04 / 10.39, 8B down (256) 20.93 / 26.07 / 20.98, 8B qkv (384) 9.38 / 13.03 / 13.87 (the
 # split takes the kernel from 60 to 74-77 registers, 4 to 3 blocks per SM); fp8 and eight rows alike
 KS_ENV = "ATLAS_QUANT_KSPLIT"
-# ATLAS_QUANT_PIPE=1: the tensor-core path issues each round's loads before the previous round's MMAs (quant.cu PIPE;
-# calls without early weights or a K split across blocks)
-PIPE_ENV = "ATLAS_QUANT_PIPE"
 KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
@@ -110,14 +107,6 @@ def split_k(n: int, steps: int) -> int:
     while s < WARPS and 2 * s <= steps and _ceil(blocks, WARPS // s) < SPLIT_TARGET:
         s *= 2
     return s
-
-
-def pipe_choice() -> bool:
-    """ATLAS_QUANT_PIPE (default 0); CodegenError for a value not 0 or 1."""
-    value = os.environ.get(PIPE_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{PIPE_ENV}={value!r} is not 0 or 1")
-    return value == "1"
 
 
 def ks_choice() -> str:
@@ -203,12 +192,6 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
                              f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, {str(zp).lower()}, "
                              f"{str(xsmem).lower()}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, "
                              f"{zero}, {epi or 'atlas::LinNoEpi()'}, nullptr, nullptr, 1, {pro});")
-                continue
-            if pipe_choice():  # every template argument spelled out up to PIPE
-                epi_t = f"decltype({epi})" if epi else "atlas::LinNoEpi"
-                lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                             f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, {str(zp).lower()}, "
-                             f"{str(xsmem).lower()}, {epi_t}, 1, atlas::LinNoPro, true>({args});")
                 continue
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
                          f"{steps_in_flight(bits, j)}, {has_bias}{flags}>({args});")

@@ -136,7 +136,7 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-VARIANT_KEYS = ("ft", "u", "s", "ks", "p")  # forced options in a variant name, after the path: /ftFT, /uU, /sS, /ksKS
+VARIANT_KEYS = ("ft", "u", "s", "ks")  # forced options in a variant name, after the path: /ftFT, /uU, /sS, /ksKS
 
 
 def with_options(variants, key: str, values: str) -> tuple[str, ...]:
@@ -154,14 +154,12 @@ def split_variant(name: str) -> tuple[str, dict[str, str]]:
     return path, found
 
 
-def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = "", ks: str = "", s: str = "",
-             pipe: str = ""):
+def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = "", ks: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
-    variant: its node with the default path table), ATLAS_LINEAR_U=u, ATLAS_LINEAR_FT=ft,
-    ATLAS_LINEAR_KSPLIT=ks and ATLAS_LINEAR_S=s when given."""
+    variant: its node with the default path table), ATLAS_LINEAR_U=u, ATLAS_LINEAR_FT=ft and
+    ATLAS_LINEAR_KSPLIT=ks when given."""
     env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | \
-        ({linear.KS_ENV: ks} if ks else {}) | ({linear.S_ENV: s} if s else {}) | \
-        ({linear.PIPE_ENV: pipe} if pipe else {}) | \
+        ({linear.KS_ENV: ks} if ks else {}) | \
         {gemm.PREFILL_ENV: "mma" if variant == "mma" else ""}  # at M > 32: mma the MMA prefill, others the default
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
@@ -222,13 +220,6 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="",
                     help="comma-separated K splits across blocks of the plain MMA decode to compare "
                          "(ATLAS_LINEAR_KSPLIT: 1, 2, 4, 8, auto); each value becomes a variant name path/ksKS")
-    ap.add_argument("--s", default="",
-                    help="comma-separated ways of the K split inside an MMA decode block to compare (ATLAS_LINEAR_S: "
-                         "1, 2, 4, 8); each value becomes a variant name path/sS (S < 8: the block's warps are 8 / S "
-                         "feature groups reading the same x)")
-    ap.add_argument("--pipe", default="",
-                    help="comma-separated 0 / 1 (ATLAS_LINEAR_PIPE: the MMA decode's next loads before this round's "
-                         "MMAs); each value becomes a variant name path/pP")
     ap.add_argument("--bucket", type=int, default=0,
                     help="compile each kernel for up to max(BUCKET, M) rows and time it at M (a step's kernel serves a "
                          "batch bucket: e.g. 8, the decode kernel of batches 1-8; default: M, a kernel for M rows)")
@@ -245,7 +236,6 @@ def main(argv=None) -> int:
     variants = tuple(v for v in args.variant.split(",") if v)
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
     variants = with_options(with_options(with_options(variants, "u", args.u), "ft", args.ft), "ks", args.ks)
-    variants = with_options(with_options(variants, "s", args.s), "p", args.pipe)
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(LAB_VARIANTS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
@@ -258,7 +248,7 @@ def main(argv=None) -> int:
     for name, k, n, m, v in jobs:
         path, opts = split_variant(v)
         mods[(name, m, v)] = generate(k, n, max(m, args.bucket), path, opts.get("u", ""), opts.get("ft", ""),
-                                      opts.get("ks", ""), opts.get("s", ""), opts.get("p", ""))
+                                      opts.get("ks", ""))
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))

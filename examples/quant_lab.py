@@ -97,14 +97,14 @@ def build(k: int, n: int, m_max: int, mode: str, act: str = "", kind: str = "lin
 
 
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
-             act: str = "", ks: str = "", pipe: str = ""):
+             act: str = "", ks: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
     ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks when given); variant "norm" / "gated": that
     fused kind with the default path table."""
     kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
     return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
                                                               quant.SPLIT_ENV: split, quant.U_ENV: u,
-                                                              quant.KS_ENV: ks, quant.PIPE_ENV: pipe})
+                                                              quant.KS_ENV: ks})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -136,8 +136,6 @@ def main(argv=None) -> int:
                                             "default: quant.MMA_U); each becomes a variant name path/uU")
     ap.add_argument("--ks", default="", help="comma-separated K splits across blocks to force (1, 2, 4, 8 or auto; "
                                              "default: quant.quant_ks); each becomes a variant name path/ksKS")
-    ap.add_argument("--pipe", default="", help="comma-separated 0 / 1 (ATLAS_QUANT_PIPE: each round's loads before the "
-                                               "previous round's MMAs); each becomes a variant name path/pP")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     ap.add_argument("--copies", type=int, default=1,
                     help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
@@ -165,7 +163,6 @@ def main(argv=None) -> int:
     if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     variants = with_options(with_options(with_options(variants, "s", args.split), "u", args.u), "ks", args.ks)
-    variants = with_options(variants, "p", args.pipe)
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
@@ -179,8 +176,7 @@ def main(argv=None) -> int:
                     mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if path == "a8" else
                                                               path.removesuffix("-a8"),
                                                               opts.get("s", ""), opts.get("u", ""),
-                                                              "int8" if a8 else "", opts.get("ks", ""),
-                                                              opts.get("p", ""))
+                                                              "int8" if a8 else "", opts.get("ks", ""))
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()

@@ -83,17 +83,3 @@ def test_linear_mma_k_split(ks, monkeypatch):
     monkeypatch.setenv(linear.KS_ENV, ks)
     _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=15,
          repeat=2)
-
-
-@pytest.mark.parametrize("s,ft,ks", [("1", "1", "1"), ("2", "2", "1"), ("4", "1", "4"), ("1", "1", "8")])
-def test_linear_mma_k_ways(s, ft, ks, monkeypatch):
-    """The MMA decode with its block's warps as 8 / S feature groups x S ways of the K split (ATLAS_LINEAR_S),
-    with FT feature tiles per warp or K split across KS blocks, for every bucket: N = 8 and 1000 leave a block's
-    last groups partial or empty, N = 4096 fills them; the split's scratch holds every group's partial sums (the
-    kernel runs twice: the counters must be back at 0)."""
-    monkeypatch.setenv(linear.PATH_ENV, "mma")
-    monkeypatch.setenv(linear.S_ENV, s)
-    monkeypatch.setenv(linear.FT_ENV, ft)
-    monkeypatch.setenv(linear.KS_ENV, ks)
-    _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=16,
-         repeat=2)

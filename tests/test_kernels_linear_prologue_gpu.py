@@ -28,8 +28,6 @@ from kernel_harness import check_against_reference
 from test_codegen_matmul_attention import Builder, plan_for
 from test_fuse_linear import _weight
 
-from atlasc.codegen import linear
-
 pytestmark = pytest.mark.gpu
 
 TOL = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3)}
@@ -107,22 +105,6 @@ def test_prologue_linears_match_reference(dtype):
     for m in (1, 2, 3, 5, 8):
         feeds = builder.inputs(rng, {"m": m})
         check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn)
-
-
-@pytest.mark.parametrize("s", ["1", "2"])
-def test_prologue_linears_k_ways(s, monkeypatch):
-    """float16 with the MMA decode's warps as 8 / S feature groups (ATLAS_LINEAR_S): the gated (SwiGLU) and plain
-    prologue kernels, rows 1 .. 8, and the rotary epilogue's paired rows (past 0 and 7)."""
-    monkeypatch.setenv(linear.S_ENV, s)
-    builder = build_prologue("float16")
-    graph = builder.done()
-    rtol, atol = TOL["float16"]
-    plan_fn = functools.partial(plan_for, transposed={"at"})
-    rng = np.random.default_rng(22)
-    for m in (1, 2, 5, 8):
-        feeds = builder.inputs(rng, {"m": m})
-        check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=builder.upper, plan_fn=plan_fn)
-    check_with_cache(build_rotary("float16", 4096), "float16", rotary_plan, ROT_KV, rng)
 
 
 # NormLinearRotary: 4 q heads, 2 kv heads of 64 dims (N = 512), one cache layer per node
