@@ -195,3 +195,34 @@ def test_quant_lab_fused_variants(kind):
     want = kernel_lab.reference(x, dequantize_int4(wq, scale, quant_lab.GROUP), kind)
     assert got.shape == want.shape == (m, n // 2 if kind == "gated" else n)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_ring_variants_stream_weights_through_shared_memory(monkeypatch):
+    """--ring / ATLAS_LINEAR_RING (opt-in): the MMA decode runs of more than 8 rows carry RING, lin_red becomes
+    dynamic shared memory sized for the rings (8 warps x RING x FT KB) and the launch asks for it; the runs of up to
+    8 rows, prefill-sized kernels (the tiled path's arrays) and the default keep registers; the module compiles;
+    bad values and rings over RING_MAX_KB are CodegenErrors naming the variable."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.nvcc import compile_cubins
+
+    _, _, mod = kernel_lab.generate(4096, 28672, 32, "table", "", "", "", "4")  # FT 2 (auto) at 32 rows
+    (launch,) = mod.launches["run"]
+    assert "linear_mma_decode<__half, 2, 4, 2, false, 2, 1, 4>" in mod.source
+    assert "linear_mma_decode<__half, 2, 2, 2, false, 2, 1, 4>" in mod.source
+    assert re.search(r"linear_mma_decode<__half, 2, 1, \d+, false>", mod.source)  # M <= 8: registers
+    assert "extern __shared__ __align__(16) float lin_red[];" in mod.source
+    assert launch.smem == 8 * 4 * 2 * 1024
+    assert set(compile_cubins(mod.source, ("sm80", "sm90"))) == {"sm80", "sm90"}
+    _, _, plain = kernel_lab.generate(4096, 28672, 32, "table")
+    assert "float lin_red[];" not in plain.source and plain.launches["run"][0].smem == 0
+    _, _, prefill = kernel_lab.generate(4096, 28672, 64, "table", "", "", "", "4")
+    assert "extern __shared__ __align__(16) float lin_red" not in prefill.source
+    assert not re.search(r"linear_mma_decode<__half, 2, \d, \d, false, \d, \d, 4>", prefill.source)
+    assert kernel_lab.split_variant("table/ft1/ring8") == ("table", {"ft": "1", "ring": "8"})
+    monkeypatch.setenv(linear.RING_ENV, "8")
+    with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_RING=8: 128 KB"):
+        linear.decode_ring(4, 28672)  # FT 2
+    assert linear.decode_ring(4, 4096) == 8 and linear.decode_ring(1, 4096) == 0
+    monkeypatch.setenv(linear.RING_ENV, "5")
+    with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_RING"):
+        linear.decode_ring(4, 4096)
