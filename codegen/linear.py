@@ -373,13 +373,12 @@ def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_
     return blocks
 
 
-def red_floats(runs: list, n_static=None, paired: bool = False, ring: bool = False) -> int:
+def red_floats(runs: list, n_static=None, ring: bool = False) -> int:
     """Shared floats for the MMA decode's partial C fragments, or (`ring`) its weight rings when larger (decode_ring:
-    256 floats per KB; the rings of N = n_static outputs, FT = 1 when `paired`); 0 without MMA runs."""
+    256 floats per KB; the rings of a plain Linear of N = n_static outputs); 0 without MMA runs."""
     red = 4 * WARPS * 32 * max([j for _, _, j in runs], default=0)
     for _, _, j in runs if ring else []:
-        ft = 1 if paired else decode_ft(j, n_static)
-        red = max(red, WARPS * decode_ring(j, 1 if paired else n_static) * ft * 256)
+        red = max(red, WARPS * decode_ring(j, n_static) * decode_ft(j, n_static) * 256)
     return red
 
 
@@ -437,7 +436,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     ]
     # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill), or the MMA decode's weight rings, in
     # dynamic shared memory then (not beside the tiled path: its arrays and the GEMM's stages are there)
-    ring = not tiled and red_floats(runs, w_v.shape[0], ring=True) > red_floats(runs)
+    ring = not tiled and any(decode_ring(j, w_v.shape[0]) for _, _, j in runs)
     red = max(red_floats(runs, w_v.shape[0], ring=ring), mma_red if mma_big else 0)
     if ring:
         lines.append("  extern __shared__ __align__(16) float lin_red[];")

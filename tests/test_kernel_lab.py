@@ -218,6 +218,9 @@ def test_ring_variants_stream_weights_through_shared_memory(monkeypatch):
     _, _, prefill = kernel_lab.generate(4096, 28672, 64, "table", "", "", "", "4")
     assert "extern __shared__ __align__(16) float lin_red" not in prefill.source
     assert not re.search(r"linear_mma_decode<__half, 2, \d, \d, false, \d, \d, 4>", prefill.source)
+    _, _, small = kernel_lab.generate(4096, 28672, 32, "table", "", "1", "", "2")  # the ring no larger than the sums
+    assert "linear_mma_decode<__half, 2, 4, 4, false, 1, 1, 2>" in small.source
+    assert "float lin_red[];" in small.source and small.launches["run"][0].smem == 8 * 2 * 1024
     assert kernel_lab.split_variant("table/ft1/ring8") == ("table", {"ft": "1", "ring": "8"})
     monkeypatch.setenv(linear.RING_ENV, "8")
     with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_RING=8: 128 KB"):
