@@ -1,6 +1,6 @@
 // FlashAttention-2-style prefill attention on tensor cores (see flash_attention.py; chosen with
-// ATLAS_ATTENTION_PREFILL=fa2). Uses AttnArgs / row_key_bias / attention_rows (attention.cu) and lin_mma
-// (linear.cu: mma.sync m16n8k16, fp16 in, fp32 accumulate).
+// ATLAS_ATTENTION_PREFILL=fa2). Uses AttnArgs / row_key_bias / attention_rows (attention.cu), lin_mma
+// (linear.cu: mma.sync m16n8k16, fp16 in, fp32 accumulate) and linear.cu's cp.async helpers (lin_cp16, lin_smem).
 //
 // Layout: Q, K, V, Y are the rank-4 Views [B, H, S, D] the other attention kernels get (K/V may be
 // KV-cache views with a row stride; Y may be [B, S, H*D] by strides). float16 only, head dim D a
@@ -50,36 +50,17 @@ __device__ __forceinline__ float fa2_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ unsigned fa2_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// 16 bytes global -> shared, bypassing L1; zero-filled when !full (nothing is read then)
-__device__ __forceinline__ void fa2_cp16s(unsigned dst, const void* src, bool full) {  // dst: a shared address
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
-#endif
-}
-__device__ __forceinline__ void fa2_cp_commit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fa2_cp_wait1() {  // all but the most recent group have landed
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-
 // four 8x8 b16 matrices from shared memory: lane L gives the address of row L % 8 of matrix L / 8
 __device__ __forceinline__ void fa2_ldsm4(unsigned (&r)[4], const void* p) {
 #if __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2_smem(p)) : "memory");
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lin_smem(p)) : "memory");
 #endif
 }
 __device__ __forceinline__ void fa2_ldsm4_t(unsigned (&r)[4], const void* p) {
 #if __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2_smem(p)) : "memory");
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lin_smem(p)) : "memory");
 #endif
 }
 
@@ -140,7 +121,7 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
   // from one base, so the copies take immediate offsets); keys past Skv are zero-filled
   constexpr int RPI = NW * 32 / CH, ITERS = (BC + RPI - 1) / RPI;
   const int lr = threadIdx.x / CH, lch = threadIdx.x % CH;
-  const unsigned sbase = fa2_smem(smem) + (unsigned)(lr * LD + lch * 8) * 2u;
+  const unsigned sbase = lin_smem(smem) + (unsigned)(lr * LD + lch * 8) * 2u;
   const __half* kb = a.k.p + b * a.k.stride[0] + hk * a.k.stride[1] + lch * 8;
   const __half* vb = a.v.p + b * a.v.stride[0] + hk * a.v.stride[1] + lch * 8;
   const __half* pkb = HAS_PAST ? a.pk.p + b * a.pk.stride[0] + hk * a.pk.stride[1] + lch * 8 : kb;
@@ -156,8 +137,8 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
       const __half* kp = old ? pkb + jj * a.pk.stride[2] : kb + (jj - P) * a.k.stride[2];
       const __half* vp = old ? pvb + jj * a.pv.stride[2] : vb + (jj - P) * a.v.stride[2];
       const unsigned dst = sbase + (unsigned)(buf * 2 * TILE + RPI * it * LD) * 2u;
-      fa2_cp16s(dst, kp, in);
-      fa2_cp16s(dst + TILE * 2u, vp, in);
+      lin_cp16(dst, kp, in);
+      lin_cp16(dst + TILE * 2u, vp, in);
     }
   };
 
@@ -177,12 +158,12 @@ __device__ __forceinline__ void attention_fa2_item(const AttnArgs<__half, MT>& a
       for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
     const long long kt0 = klo / BC, kt1 = (khi + BC - 1) / BC;
     if (kt0 < kt1) load_tile(kt0, 0);
-    fa2_cp_commit();
+    lin_cp_commit();
     for (long long kt = kt0; kt < kt1; ++kt) {
       const int buf = (int)((kt - kt0) & 1);
       if (kt + 1 < kt1) load_tile(kt + 1, buf ^ 1);
-      fa2_cp_commit();
-      fa2_cp_wait1();
+      lin_cp_commit();
+      lin_cp_wait<1>();
       __syncthreads();
       const int j0 = (int)(kt * BC);
       // the bias of the lane's element e of key n-tile nt (natural-log units): mask, causal, keys past Skv

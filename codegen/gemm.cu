@@ -1,7 +1,7 @@
 // Tiled tensor-core GEMM for the prefill Linear (see gemm.py; chosen with ATLAS_LINEAR_PREFILL=tc, the
 // M > 32 branch of linear.py's kernel): y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]). Uses View /
-// lin_row_offset / lin_mma (linear.cu) and the cp.async / ldmatrix helpers fa2_cp16s, fa2_cp_commit,
-// fa2_cp_wait1, fa2_ldsm4, fa2_smem (flash_attention.cu).
+// lin_row_offset / lin_mma and the cp.async helpers lin_cp16, lin_cp_commit, lin_cp_wait, lin_smem (linear.cu), and
+// the ldmatrix helper fa2_ldsm4 (flash_attention.cu).
 //
 // Layout: w is a contiguous [N, K] constant; x and y are Views whose leading dims flatten to M rows (any
 // strides: row offsets computed once per tile into shared memory xoff / yoff, 128 entries each). float16
@@ -51,7 +51,7 @@ __device__ __forceinline__ void linear_gemm_tc(const View<T, R>& x, const T* __r
   const long long yn = y.stride[R - 1];
   // loader: thread t copies 16-byte chunk t % 4 of rows t / 4 and t / 4 + 64 of both tiles
   const int lrow = tid >> 2, lcol = (tid & 3) * 8;
-  const unsigned s_base = fa2_smem(sm) + unsigned((lrow * GEMM_LD + lcol) * sizeof(T));
+  const unsigned s_base = lin_smem(sm) + unsigned((lrow * GEMM_LD + lcol) * sizeof(T));
   constexpr unsigned HALF = 64 * GEMM_LD * sizeof(T), TILE_B = GEMM_TILE * sizeof(T);
   // fragment rows inside a stage: A (x) row wm + 16 i + lane % 16 at k (lane / 16) * 8; B (w) row
   // wn + 16 j + lane % 8 + 8 (lane / 16) at k ((lane / 8) % 2) * 8 (matrices: n 0-7 k 0-7, n 0-7 k 8-15,
@@ -74,15 +74,15 @@ __device__ __forceinline__ void linear_gemm_tc(const View<T, R>& x, const T* __r
     auto stage_in = [&](int kt, int stage) {  // k tile kt into stage `stage`: 4 x 16 bytes per thread
       const unsigned s = s_base + unsigned(stage) * 2 * TILE_B;
       const long long k0 = (long long)kt * GEMM_BK;
-      fa2_cp16s(s, gx0 + k0, true);
-      fa2_cp16s(s + HALF, gx1 + k0, true);
-      fa2_cp16s(s + TILE_B, gw0 + k0, true);
-      fa2_cp16s(s + TILE_B + HALF, gw1 + k0, true);
+      lin_cp16(s, gx0 + k0, true);
+      lin_cp16(s + HALF, gx1 + k0, true);
+      lin_cp16(s + TILE_B, gw0 + k0, true);
+      lin_cp16(s + TILE_B + HALF, gw1 + k0, true);
     };
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; ++s) {
       if (s < kts) stage_in(s, s);
-      fa2_cp_commit();  // one group per stage, empty or not: wait_group counts stay aligned
+      lin_cp_commit();  // one group per stage, empty or not: wait_group counts stay aligned
     }
     float acc[4][4][4];
 #pragma unroll
@@ -93,10 +93,10 @@ __device__ __forceinline__ void linear_gemm_tc(const View<T, R>& x, const T* __r
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
     int stage = 0, next = GEMM_STAGES - 1;
     for (int kt = 0; kt < kts; ++kt) {
-      fa2_cp_wait1();   // GEMM_STAGES - 2 = 1 group may stay in flight: k tile kt has landed (this thread's)
+      lin_cp_wait<1>();   // GEMM_STAGES - 2 = 1 group may stay in flight: k tile kt has landed (this thread's)
       __syncthreads();  // ... every thread's; and every warp is done with the stage refilled next
       if (kt + GEMM_STAGES - 1 < kts) stage_in(kt + GEMM_STAGES - 1, next);
-      fa2_cp_commit();
+      lin_cp_commit();
       const T* st = sm + stage * 2 * GEMM_TILE;
 #pragma unroll
       for (int ks = 0; ks < GEMM_BK; ks += 16) {

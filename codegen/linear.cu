@@ -54,11 +54,14 @@ __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
   return r;
 }
 
-// 16 bytes of weights global -> shared, bypassing L1 (cp.async; sm80+, nothing on older arches, where the MMA paths
-// that call it never run); dst: a shared-space address
-__device__ __forceinline__ void lin_cp16(unsigned dst, const void* src) {
+// cp.async and shared-space helpers (sm80+; nothing on older arches, where the paths that call them never run),
+// shared by the MMA decode's weight ring here, flash_attention.cu and gemm.cu
+__device__ __forceinline__ unsigned lin_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared (dst: a shared address), bypassing L1; zero-filled when !full (nothing is read then)
+__device__ __forceinline__ void lin_cp16(unsigned dst, const void* src, bool full = true) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
 #endif
 }
 __device__ __forceinline__ void lin_cp_commit() {
@@ -715,8 +718,8 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
         uint4* dst = ring + (t % RING) * FT * 64 + lane;
 #pragma unroll
         for (int f = 0; f < FT; ++f) {
-          lin_cp16((unsigned)__cvta_generic_to_shared(dst + f * 64), w0[f] + (s + LIN_WARPS * t) * 32);
-          lin_cp16((unsigned)__cvta_generic_to_shared(dst + f * 64 + 32), w1[f] + (s + LIN_WARPS * t) * 32);
+          lin_cp16(lin_smem(dst + f * 64), w0[f] + (s + LIN_WARPS * t) * 32);
+          lin_cp16(lin_smem(dst + f * 64 + 32), w1[f] + (s + LIN_WARPS * t) * 32);
         }
       };
 #pragma unroll
