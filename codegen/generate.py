@@ -393,7 +393,7 @@ def codegen_choices() -> dict:
     from atlasc.codegen import attention, flash_attention, gemm, linear, quant, sampling
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
-            "linear_ksplit": linear.ks_choice(), "linear_ring": linear.ring_choice(),
+            "linear_ksplit": linear.ks_choice(),
             "quant_path": quant.path_choice(), "quant_ksplit": quant.ks_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),

@@ -55,7 +55,7 @@ __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
 }
 
 // cp.async and shared-space helpers (sm80+; nothing on older arches, where the paths that call them never run),
-// shared by the MMA decode's weight ring here, flash_attention.cu and gemm.cu
+// shared by flash_attention.cu and gemm.cu
 __device__ __forceinline__ unsigned lin_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // 16 bytes global -> shared (dst: a shared address), bypassing L1; zero-filled when !full (nothing is read then)
@@ -633,14 +633,8 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
 // and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
 // pro: see LinPro (the block's first item's first round of U steps is loaded before it).
-// RING > 0 (opt-in, ATLAS_LINEAR_RING; no pro): the weights go through a ring of RING steps per warp in shared memory
-// (red: dynamic, 16-byte aligned, LIN_WARPS x RING x FT KB; linear.py) instead of registers: each lane copies its own
-// two 16-byte pieces
-// of a step's FT tiles with cp.async, RING - 1 steps ahead of the step it multiplies, and reads back only what it
-// copied (no barrier inside the loop). Loads stay in flight while a warp waits on x and runs its MMAs, and the
-// registers of U rounds are freed. The ring shares red: a barrier separates the loop from the reduction.
-template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, int RING = 0, typename XS,
-          typename EPI = LinNoEpi, typename PRO = LinNoPro>
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi,
+          typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
@@ -650,7 +644,6 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
-  static_assert(RING == 0 || (RING >= 2 && !PRO::EARLY), "a ring of at least 2 steps, without early weights");
   constexpr int SLOTS = 4 * J * 32;  // one feature block's partial sums (red's rows r = 4j + q x 32 lanes)
   __shared__ bool lin_last;  // KS > 1: this block is the feature block's last run to finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -710,45 +703,6 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
     long long s = ks * run + warp;
-    if constexpr (RING > 0) {
-      // this warp's ring: [slot][tile][row half][lane] 16-byte pieces (a lane's pieces 16 bytes apart: conflict-free)
-      uint4* ring = reinterpret_cast<uint4*>(red) + warp * (RING * FT * 64);
-      const long long mine = s < s_end ? (s_end - s + LIN_WARPS - 1) / LIN_WARPS : 0;  // this warp's steps
-      auto issue = [&](long long t) {  // step t of this warp into slot t % RING
-        uint4* dst = ring + (t % RING) * FT * 64 + lane;
-#pragma unroll
-        for (int f = 0; f < FT; ++f) {
-          lin_cp16(lin_smem(dst + f * 64), w0[f] + (s + LIN_WARPS * t) * 32);
-          lin_cp16(lin_smem(dst + f * 64 + 32), w1[f] + (s + LIN_WARPS * t) * 32);
-        }
-      };
-#pragma unroll
-      for (int t = 0; t < RING - 1; ++t) {
-        if (t < mine) issue(t);
-        lin_cp_commit();  // (an empty group when there is no step t: the wait below counts groups)
-      }
-      for (long long t = 0; t < mine; ++t) {
-        if (t + RING - 1 < mine) issue(t + RING - 1);
-        lin_cp_commit();
-        lin_cp_wait<RING - 1>();  // step t's group has landed
-        const uint4* src = ring + (t % RING) * FT * 64 + lane;
-        uint4 wl[FT], wh[FT];
-#pragma unroll
-        for (int f = 0; f < FT; ++f) {
-          wl[f] = src[f * 64];
-          wh[f] = src[f * 64 + 32];
-        }
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          const uint4 xv = xs.vec(xm[j], (s + LIN_WARPS * t) * 32 + 8 * c);
-#pragma unroll
-          for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wl[f], wh[f], xv);
-        }
-      }
-      lin_cp_wait<0>();
-      __syncthreads();  // every warp is done with its ring before red is written
-      s = s_end;
-    }
     for (; s + LIN_WARPS * (U - 1) < s_end; s += LIN_WARPS * U) {
       if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
 #pragma unroll

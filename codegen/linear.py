@@ -86,12 +86,6 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 # one wave on the H200's 132 SMs) splits at all, and in a kernel for one row alone (max batch 1: other code,
 # 78 registers) only to KS_MIN_BLOCKS_M1 (v18 lab, M = 1 kernel: 1B down 14.50 / 12.70 / 14.79).
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
-# ATLAS_LINEAR_RING=R (opt-in, default 0: registers): the MMA decode runs of more than 8 rows (J >= 2) stream their
-# weights through a ring of R steps per warp in shared memory (linear.cu RING; cp.async). ncu (docs/perf.md v25) puts
-# the M = 16 / 32 kernels at 2 blocks per SM (128 registers), latency-bound on their loads. Not measured yet.
-RING_ENV = "ATLAS_LINEAR_RING"
-RING_VALUES = ("0", "2", "3", "4", "6", "8")
-RING_MAX_KB = 64  # dynamic shared memory per block (every sm80+ arch has 99 KB or more)
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
 # Early weights (linear.cu LinPro): a decode projection kernel of at most EARLY_MAX_M rows issues each warp's first
@@ -164,24 +158,6 @@ def decode_ft(j: int, n_static) -> int:
     if j < 2 or not isinstance(n_static, int):
         return 1
     return 2 if -(-n_static // 32) >= (FT_AUTO_MIN_BLOCKS_J4 if j >= 4 else FT_AUTO_MIN_BLOCKS) else 1
-
-
-def ring_choice() -> str:
-    """ATLAS_LINEAR_RING as given ("0" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(RING_ENV, "") or "0"
-
-
-def decode_ring(j: int, n_static) -> int:
-    """Steps in the shared-memory ring of each warp for the MMA decode run with J x-row tiles (0: registers):
-    ATLAS_LINEAR_RING for J >= 2 (CodegenError for an unknown value, or a ring over RING_MAX_KB per block)."""
-    mode = ring_choice()
-    if mode not in RING_VALUES:
-        raise CodegenError(f"{RING_ENV}={mode!r} is not a ring size (expected one of: {', '.join(RING_VALUES)})")
-    ring = int(mode) if j >= 2 else 0
-    if ring and WARPS * ring * decode_ft(j, n_static) > RING_MAX_KB:
-        raise CodegenError(f"{RING_ENV}={mode}: {WARPS * ring * decode_ft(j, n_static)} KB of shared memory per block "
-                           f"with {decode_ft(j, n_static)} feature tiles per warp (at most {RING_MAX_KB} KB)")
-    return ring
 
 
 def ks_choice() -> str:
@@ -292,25 +268,22 @@ def gemv_buckets(variants: list[int], runs: list[tuple[int, int, int]], fallback
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
                  prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None,
-                 fallback: str = "", pro: str = "", ring: bool = False) -> list[str]:
+                 fallback: str = "", pro: str = "") -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
     With `fallback` (a call statement for any M) the GEMVs are only those of gemv_buckets and the fallback
     ends the chain. With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
     Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps, and with
     `k_static` (a plain Linear) K split across KS = decode_ks(...) blocks (`lin_ws`, `lin_cnt` declared before:
-    split_scratch). With `pro` (early_pro's object; no fallback) every call gets it. With `ring` the runs of more
-    than 8 rows take decode_ring's weight ring (the kernel's lin_red sized by red_floats with the same flag)."""
+    split_scratch). With `pro` (early_pro's object; no fallback) every call gets it."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
-    ring_ok = ring and not pro
     lines, first = [], prefix
     for run_lo, run_hi, j in runs:
         ft = 1 if epi else decode_ft(j, n_static)
         one, rest = run_ks(run_lo, run_hi, j, n_static, None if epi else k_static)
         ks = max(one, rest)
-        steps = decode_ring(j, 1 if epi else n_static) if ring_ok else 0
         cond = f"mma && M <= {run_hi}" if run_lo == 0 else f"mma && M > {run_lo} && M <= {run_hi}"
-        tile = f", {ft}, {ks}, {steps}" if steps else f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
+        tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
         tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
         tail += f", M == 1 ? {one} : {rest}" if one != rest else ""
         if pro:  # every argument up to pro spelled out
@@ -373,13 +346,9 @@ def decode_grid(n_upper: int, variants: list[int], runs: list, n_static=None, m_
     return blocks
 
 
-def red_floats(runs: list, n_static=None, ring: bool = False) -> int:
-    """Shared floats for the MMA decode's partial C fragments, or (`ring`) its weight rings when larger (decode_ring:
-    256 floats per KB; the rings of a plain Linear of N = n_static outputs); 0 without MMA runs."""
-    red = 4 * WARPS * 32 * max([j for _, _, j in runs], default=0)
-    for _, _, j in runs if ring else []:
-        red = max(red, WARPS * decode_ring(j, n_static) * decode_ft(j, n_static) * 256)
-    return red
+def red_floats(runs: list) -> int:
+    """Shared floats for the MMA decode's partial C fragments (0 without MMA runs)."""
+    return 4 * WARPS * 32 * max([j for _, _, j in runs], default=0)
 
 
 # linear_tiled's static tiles (matmul.cu: float As[MM_BK][MM_BM + 1], Bs[MM_BK][MM_BN + 1], MM_BK 16, MM_BM = MM_BN 64)
@@ -434,13 +403,8 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         *[f"  M *= x.shape[{i}];" for i in range(r - 1)],
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
-    # partial C fragments: 4J floats x 8 warps x 32 lanes (J = 8: prefill), or the MMA decode's weight rings, in
-    # dynamic shared memory then (not beside the tiled path: its arrays and the GEMM's stages are there)
-    ring = not tiled and any(decode_ring(j, w_v.shape[0]) for _, _, j in runs)
-    red = max(red_floats(runs, w_v.shape[0], ring=ring), mma_red if mma_big else 0)
-    if ring:
-        lines.append("  extern __shared__ __align__(16) float lin_red[];")
-    elif red:
+    red = max(red_floats(runs), mma_red if mma_big else 0)  # partial C fragments: 4J floats x 8 warps x 32 lanes
+    if red:  # (J = 8: prefill)
         lines.append(f"  __shared__ float lin_red[{red}];")
     # a prefill kernel's decode paths (M <= 32) fall back to the tiled path where the MMA decode cannot run
     # (misaligned rows) instead of a GEMV per bucket: the GEMVs behind the MMA runs took most of the module's
@@ -463,7 +427,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         lines.insert(0, f"  unsigned int* lin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         lines.insert(1, f"  float* lin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
     lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static, fallback=fallback,
-                          pro="lin_pro" if early else "", ring=ring)
+                          pro="lin_pro" if early else "")
     lines.append("  }")
     if tc:
         tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
@@ -496,6 +460,5 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     # ptxas alone gave the sm90 kernel 128 or 176 registers depending on which other paths it inlined
     smem_block = gemm.gemm_smem() + static_smem(rows, red, tiled) if tc else 0
     min_blocks = 2 if tc and blocks_per_sm(ctx.archs, smem_block) >= 2 else early_min_blocks(grid[0]) if early else 0
-    smem = gemm.gemm_smem() if tc else 4 * red if ring else 0
-    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=smem, prefetch=prefetch,
+    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch,
                       scratch=scratch, counters=counters, min_blocks=min_blocks, waits_inside=bool(early))

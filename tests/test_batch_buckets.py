@@ -130,7 +130,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     kernels = c.pop("kernels")  # float32: every Attention keeps today's kernel, fa2's decline recorded
     assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
                            for k in kernels.values())
-    assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto", "linear_ring": "0",
+    assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto",
                  "quant_path": "table",
                  "quant_ksplit": "auto", "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
@@ -158,8 +158,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_EARLY_WEIGHTS", "1")
     monkeypatch.setenv("ATLAS_SAMPLE_SPLIT", "0")
     monkeypatch.setenv("ATLAS_EARLY_QUANT", "1")
-    monkeypatch.setenv("ATLAS_LINEAR_RING", "4")
-    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "linear_ring": "4",
+    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,

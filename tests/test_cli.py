@@ -188,8 +188,6 @@ def test_inspect_names_the_opt_in_kernel_choices():
         "ATLAS_ATTENTION_WARPS=4")
     assert _opt_ins({**defaults, "share_kernels": True}) == ""
     assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"
-    assert _opt_ins({**defaults, "linear_ring": "0"}) == ""
-    assert _opt_ins({**defaults, "linear_ring": "4"}) == "ATLAS_LINEAR_RING=4"
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
     assert _opt_ins({**defaults, "early_weights": "2"}) == ""
     assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"

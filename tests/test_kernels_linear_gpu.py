@@ -83,17 +83,3 @@ def test_linear_mma_k_split(ks, monkeypatch):
     monkeypatch.setenv(linear.KS_ENV, ks)
     _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=15,
          repeat=2)
-
-
-@pytest.mark.parametrize("ring,ft,ks", [("2", "1", "1"), ("3", "2", "1"), ("4", "2", "1"), ("8", "1", "4")])
-def test_linear_mma_ring(ring, ft, ks, monkeypatch):
-    """The MMA decode with its weights streamed through a ring of RING steps per warp in dynamic shared memory
-    (ATLAS_LINEAR_RING, M > 8 only) for every bucket, with FT feature tiles or K split across KS blocks: K = 64 (two
-    32-k steps: a warp has at most one, fewer than the ring's depth), K = 4096; N = 8 and 1000 leave feature blocks
-    partial; run twice (the ring shares the partial sums' memory, the split's counters must be back at 0)."""
-    monkeypatch.setenv(linear.PATH_ENV, "mma")
-    monkeypatch.setenv(linear.RING_ENV, ring)
-    monkeypatch.setenv(linear.FT_ENV, ft)
-    monkeypatch.setenv(linear.KS_ENV, ks)
-    _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=17,
-         repeat=2)
