@@ -312,6 +312,85 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
   }
 }
 
+// -- offset dequantization of one row of x (OFS: ATLAS_QUANT_OFS, quant.py ofs_applies) ----------------
+// The int4 A operands skip qlin_q4_pairs' subtraction and fma: an even k's LOP3 pair holds 1024 + n and an odd
+// k's 1024 + 16 n (n the stored nibble), multiplied by x and by x / 16 (exact in float16 down to |x| = 2^-10).
+// qlin_ofs_stage writes x that way into shared memory, in fragment order, so one 16-byte load per word of 8 k
+// feeds both MMAs of the word without byte permutes: (x0, x4) (x2, x6) (x1/16, x5/16) (x3/16, x7/16). A step's
+// MMA chain then sums 1024 S_e + 64 S_o + sum n x (S_e / S_o: the x sums over the step's even / odd k), so it
+// starts from -(1024 S_e + 64 S_o + z (S_e + S_o)) and ends at sum (n - z) x = sum q x. 5 instructions per 8
+// weights instead of 9, none for x. Products stay exact; the chain's partial sums are ~1000x larger than the
+// result, so its float32 rounding is larger too (measured against the default in docs/perf.md v26).
+struct QlinNoOfs {
+  static constexpr bool ON = false;
+  __half* x = nullptr;
+  float* corr = nullptr;
+};
+struct QlinOfs {
+  static constexpr bool ON = true;
+  __half* x;     // K halves, 16-byte aligned
+  float* corr;   // per 128-k step: 1032 S_e + 72 S_o (symmetric), or (ZP) the pair 1024 S_e + 64 S_o, S_e + S_o
+};
+
+// x row 0 (K halves at xp: unit stride, 16-byte aligned, K % 128 == 0) into ofs.x in the OFS order, and the
+// steps' sums into ofs.corr; ends with a barrier. Every thread of the block calls it.
+template <bool ZP, bool XSMEM>
+__device__ __forceinline__ void qlin_ofs_stage(const __half* xp, int K, QlinOfs ofs) {
+  const int words = K / 8;  // 16 per 128-k step: a step's words are 16 aligned lanes of one pass
+  const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16) in float16
+  for (int base = 0; base < words; base += QLIN_THREADS) {  // uniform trip count: every lane shuffles
+    const int v = base + threadIdx.x;
+    float se = 0.f, so = 0.f;
+    if (v < words) {
+      const uint4 p = qlin_ldx<XSMEM>(xp + 8 * v);  // (x0, x1) (x2, x3) (x4, x5) (x6, x7)
+      *reinterpret_cast<uint4*>(ofs.x + 8 * v) =
+          make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
+                     qlin_hmul2(qlin_hi(p.y, p.w), sixteenth));
+      const unsigned u[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // (even k, odd k) of each half2
+        se += __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu)));
+        so += __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+      }
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) {
+      se += __shfl_xor_sync(0xffffffffu, se, off);
+      so += __shfl_xor_sync(0xffffffffu, so, off);
+    }
+    if (v < words && v % 16 == 0) {
+      if constexpr (ZP) {
+        ofs.corr[2 * (v / 16)] = fmaf(1024.f, se, 64.f * so);
+        ofs.corr[2 * (v / 16) + 1] = se + so;
+      } else {
+        ofs.corr[v / 16] = fmaf(1032.f, se, 72.f * so);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// one int4 step of OFS (J = 1, G % 128 == 0): wlo / whi as in qlin_step4, xs + k the staged x at the lane's
+// k, clo / chi the offset sums of rows g / g + 8 (the chain starts at minus them), slo / shi their group scales
+__device__ __forceinline__ void qlin_step4_ofs(float (&acc)[1][4], const uint4& wlo, const uint4& whi,
+                                               const __half* xs, int k, float slo, float shi, float clo, float chi) {
+  float part[4] = {-clo, -clo, -chi, -chi};  // C fragment: c0, c1 on row g, c2, c3 on row g + 8
+  const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {  // word w: k 8w .. 8w+7 of the lane's 32; even k (k0, k4) (k2, k6), odd (k1, k5) (k3, k7)
+    const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
+    const uint4 xv = *reinterpret_cast<const uint4*>(xs + k + 8 * w);
+    lin_mma(part, qlin_nibbles<0x000F000Fu>(ulo[w]), qlin_nibbles<0x000F000Fu>(uhi[w]),
+            qlin_nibbles<0x000F000Fu>(vlo), qlin_nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
+    lin_mma(part, qlin_nibbles<0x00F000F0u>(ulo[w]), qlin_nibbles<0x00F000F0u>(uhi[w]),
+            qlin_nibbles<0x00F000F0u>(vlo), qlin_nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
+  }
+  acc[0][0] = fmaf(slo, part[0], acc[0][0]);
+  acc[0][1] = fmaf(slo, part[1], acc[0][1]);
+  acc[0][2] = fmaf(shi, part[2], acc[0][2]);
+  acc[0][3] = fmaf(shi, part[3], acc[0][3]);
+}
+
 // one int8 step (F8: E4M3 codes): wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
 template <typename T, int J, bool F8, bool XSMEM = false>
 __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
@@ -548,14 +627,14 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
 // here, docs/perf.md v13, without the early launch.) pro: see LinPro in linear.cu (ATLAS_EARLY_QUANT=1, quant.py:
 // the block's first item's first round of U steps, weights and scales, is loaded before it).
 template <typename T, int R, int BITS, int GS, int J, int S, int U, bool HAS_BIAS, bool F8 = false, bool ZP = false,
-          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1, typename PRO = LinNoPro>
+          bool XSMEM = false, typename EPI = LinNoEpi, int KS = 1, typename PRO = LinNoPro, typename OFS = QlinNoOfs>
 __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsigned char* __restrict__ wq,
                                                  const __half* __restrict__ scale, const T* __restrict__ bias,
                                                  long long bias_stride, const View<T, R>& y, long long M,
                                                  long long N, long long K, float* red,
                                                  const unsigned char* __restrict__ zero = nullptr, EPI epi = EPI(),
                                                  float* __restrict__ ws = nullptr, unsigned int* cnt = nullptr,
-                                                 int ks_n = KS, PRO pro = PRO()) {
+                                                 int ks_n = KS, PRO pro = PRO(), OFS ofs = OFS()) {
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int FB = GATED ? 8 : 16;  // outputs per feature block
   static_assert(BITS == 8 || (GS > 0 && GS % 32 == 0), "int4 tensor-core path needs G % 32 == 0");
@@ -566,6 +645,8 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
   constexpr bool EXACT = BITS == 8 || GS % 128 == 0;
+  static_assert(!OFS::ON || (BITS == 4 && EXACT && J == 1 && KS == 1 && sizeof(T) == 2),
+                "offset dequantization: int4 with G % 128 == 0, one row of float16 x");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int fb = warp / S, ks = warp % S;
   // 32-bit indices (qlin_mma_ok: M, N, K < 2^31); byte and element offsets of rows stay 64-bit
@@ -586,7 +667,9 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   __half slo[U], shi[U];
   unsigned char zlo[U], zhi[U];
   bool loaded = false;
-  if constexpr (PRO::EARLY) {  // the block's first item's first round (the same addresses as in the loop below)
+  // the block's first item's first round (the same addresses as in the loop below): before pro, or (OFS) before
+  // the staging of x
+  if constexpr (PRO::EARLY || OFS::ON) {
     const long long key = blockIdx.x / ks_n;
     const int kr = int(blockIdx.x % ks_n), s_end = min(steps, (kr + 1) * run), s = kr * run + ks;
     const int n0 = int(key / tiles_m) * (FB * F) + FB * fb;
@@ -601,6 +684,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
     }
   }
   pro();
+  if constexpr (OFS::ON) qlin_ofs_stage<ZP, XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs);
   for (long long item = blockIdx.x; item < keys * ks_n; item += gridDim.x) {
     if constexpr (PRO::TRIGGER) {
       if (item + gridDim.x >= keys * ks_n) pdl_leave();  // the block's last item
@@ -635,7 +719,18 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
         for (int u = 0; u < U; ++u) {
           const int st = s + S * u;
           if (st < s_end) {
-            if constexpr (BITS == 4) {
+            if constexpr (OFS::ON) {  // J = 1, one x row: xr unused
+              float clo, chi;
+              if constexpr (ZP) {
+                const float2 t = reinterpret_cast<const float2*>(ofs.corr)[st];
+                clo = fmaf(float(zlo[u]), t.y, t.x);
+                chi = fmaf(float(zhi[u]), t.y, t.x);
+              } else {
+                clo = chi = ofs.corr[st];
+              }
+              qlin_step4_ofs(acc, wlo[u], whi[u], ofs.x + KL * c, st * 128, __half2float(slo[u]),
+                             __half2float(shi[u]), clo, chi);
+            } else if constexpr (BITS == 4) {
               if constexpr (ZP) {
                 unsigned sub_lo, fma_lo, sub_hi, fma_hi;
                 qlin_zero_consts(zlo[u], sub_lo, fma_lo);

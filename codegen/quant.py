@@ -19,7 +19,8 @@ Environment variables read at code generation, for A/B timing (examples/quant_la
 by tests/test_kernels_quant_gpu.py, 4-60x faster than simt in docs/perf.md v5) or "simt" (the
 CUDA-core kernel only); ATLAS_QUANT_SPLIT = 1, 2,
 4 or 8 overrides split_k; ATLAS_QUANT_U = 1 .. 8 overrides MMA_U (steps_in_flight); ATLAS_QUANT_KSPLIT = 1, 2, 4
-or 8 overrides quant_ks (a plain int8 / fp8 projection's K split across blocks at M <= 8).
+or 8 overrides quant_ks (a plain int8 / fp8 projection's K split across blocks at M <= 8); ATLAS_QUANT_OFS = auto,
+1 or 0 chooses where the one-row int4 kernels take the offset dequantization (ofs_applies).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ U_ENV = "ATLAS_QUANT_U"
 # split takes the kernel from 60 to 74-77 registers, 4 to 3 blocks per SM); fp8 and eight rows alike
 KS_ENV = "ATLAS_QUANT_KSPLIT"
 KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
+# The one-row int4 kernels with groups of 128k can take quant.cu's offset dequantization (OFS: x staged per block
+# in fragment order, 5 instructions per 8 weights instead of 9, no x byte permutes). ATLAS_QUANT_OFS=auto (default)
+# takes it for weights of at least OFS_MIN_N rows: H200 lab at one row (docs/perf.md v26), us off / on: 8B gate/up
+# with SwiGLU 29.01 / 27.00, LM head 87.22 / 77.30; QKV 7.66 / 8.22, o 6.19 / 6.65, down 15.08 / 15.77 (the staging
+# at the block's start costs more than the shorter steps save where a warp has few steps). 1 / 0: always / never.
+OFS_ENV = "ATLAS_QUANT_OFS"
+OFS_MIN_N = 16384
+OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
@@ -81,6 +90,25 @@ def mma_applies(dtype: str, bits: int, k, group: int) -> bool:
     if bits == 8:
         return k % STEP_BYTES == 0
     return k % (2 * STEP_BYTES) == 0 and group % 32 == 0
+
+
+def ofs_choice() -> str:
+    """ATLAS_QUANT_OFS as given ("auto" when unset); CodegenError unless auto, 0 or 1. Recorded in the artifact's
+    codegen choices."""
+    mode = os.environ.get(OFS_ENV, "") or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise CodegenError(f"{OFS_ENV}={mode!r} is not a choice (expected auto, 0 or 1)")
+    return mode
+
+
+def ofs_applies(bits: int, group: int, k_static, m_upper: int, ks: int, n_upper: int) -> bool:
+    """Whether the tensor-core call takes the offset dequantization (quant.cu OFS): int4 with groups of a multiple
+    of 128, one row of x (m_upper 1), K static up to OFS_MAX_K, no K split across blocks, and ATLAS_QUANT_OFS 1, or
+    auto with a weight of at least OFS_MIN_N rows."""
+    mode = ofs_choice()
+    wide = mode == "1" or (mode == "auto" and n_upper >= OFS_MIN_N)
+    return (wide and bits == 4 and group % 128 == 0 and m_upper == 1 and ks == 1 and isinstance(k_static, int)
+            and k_static <= OFS_MAX_K)
 
 
 def mma_variants(m_upper: int) -> list[int]:
@@ -175,12 +203,23 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
         else:
             lines.append("  float* qlin_red = nullptr;")
         args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{tail}"
+        ofs = ofs_applies(bits, group, k_static, m_upper, ks, n_upper)
+        if ofs:  # the staged row and the steps' offset sums (quant.cu QlinOfs)
+            lines += [f"  __shared__ __align__(16) __half qlin_ofs_x[{k_static}];",
+                      f"  __shared__ float qlin_ofs_c[{k_static // 128 * (2 if zp else 1)}];"]
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
         lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K)) {{")
         for i, j in enumerate(js):
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
+            if ofs:  # m_upper 1: the only call; the arguments up to ofs spelled out (EPI, PRO and OFS deduced)
+                lines.append(f"{prefix}atlas::linear_quant_mma<{t}, {r}, 4, {group}, 1, {split}, "
+                             f"{steps_in_flight(bits, j)}, {has_bias}, false, {str(zp).lower()}, "
+                             f"{str(xsmem).lower()}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, "
+                             f"{zero}, {epi or 'atlas::LinNoEpi()'}, nullptr, nullptr, 1, "
+                             f"{pro or 'atlas::LinNoPro()'}, atlas::QlinOfs{{qlin_ofs_x, qlin_ofs_c}});")
+                continue
             if j == 1 and ks > 1:  # plain int8 / fp8 only (quant_ks): no zero points, x in global memory
                 lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, 1, {split}, "
                              f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, false, false, "

@@ -6,6 +6,7 @@
     python examples/quant_lab.py --variant table,a8    # float activations vs int8 ones (W4A8 / W8A8 dp4a, M <= 8)
     python examples/quant_lab.py --split 1,4,8 --u 2,4 # sweep forced split-K ways x steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --quant int8 --ks 1,2,4 # a K split across blocks (ATLAS_QUANT_KSPLIT)
+    python examples/quant_lab.py --quant int4 --ofs 0,1 # int4 at one row: the offset dequantization (ATLAS_QUANT_OFS)
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
     python examples/quant_lab.py --variant table,norm,gated --quant int4 --shapes "8B gate_up"   # fused prologue cost
 
@@ -97,14 +98,14 @@ def build(k: int, n: int, m_max: int, mode: str, act: str = "", kind: str = "lin
 
 
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
-             act: str = "", ks: str = ""):
+             act: str = "", ks: str = "", ofs: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
-    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks when given); variant "norm" / "gated": that
-    fused kind with the default path table."""
+    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks, ATLAS_QUANT_OFS=ofs when given); variant
+    "norm" / "gated": that fused kind with the default path table."""
     kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
     return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
                                                               quant.SPLIT_ENV: split, quant.U_ENV: u,
-                                                              quant.KS_ENV: ks})
+                                                              quant.KS_ENV: ks, quant.OFS_ENV: ofs})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -136,6 +137,9 @@ def main(argv=None) -> int:
                                             "default: quant.MMA_U); each becomes a variant name path/uU")
     ap.add_argument("--ks", default="", help="comma-separated K splits across blocks to force (1, 2, 4, 8 or auto; "
                                              "default: quant.quant_ks); each becomes a variant name path/ksKS")
+    ap.add_argument("--ofs", default="", help="comma-separated 0 / 1 / auto: the offset dequantization of the one-row "
+                                              "int4 kernels off / on / by width (ATLAS_QUANT_OFS); each becomes a "
+                                              "variant name path/ofsO")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     ap.add_argument("--copies", type=int, default=1,
                     help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
@@ -163,6 +167,7 @@ def main(argv=None) -> int:
     if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     variants = with_options(with_options(with_options(variants, "s", args.split), "u", args.u), "ks", args.ks)
+    variants = with_options(variants, "ofs", args.ofs)
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
@@ -176,7 +181,8 @@ def main(argv=None) -> int:
                     mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if path == "a8" else
                                                               path.removesuffix("-a8"),
                                                               opts.get("s", ""), opts.get("u", ""),
-                                                              "int8" if a8 else "", opts.get("ks", ""))
+                                                              "int8" if a8 else "", opts.get("ks", ""),
+                                                              opts.get("ofs", ""))
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()
@@ -234,7 +240,7 @@ def main(argv=None) -> int:
                 weight_bytes = wq.nbytes + scale.nbytes
                 io = m * k + m * ref.shape[1] + (2 * m * k if path in FUSED else 0)  # fused: + b read, s written
                 gbs = (weight_bytes + io * 2) / (us * 1e-6) / 1e9
-                check = "ok" if ok else f"FAIL err {err:.3g} / max {top:.3g}"
+                check = f"ok (err {err / top:.1e} of max |y|)" if ok else f"FAIL err {err:.3g} / max {top:.3g}"
                 if copies_us:
                     check += f"  x{args.copies} copies {copies_us:.2f} us"
                 rows.append((name, f"{k}x{n}", m, f"{mode} {variant}", us, gbs, 100 * gbs * 1e9 / PEAK, weight_bytes,

@@ -132,7 +132,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                            for k in kernels.values())
     assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto",
                  "quant_path": "table",
-                 "quant_ksplit": "auto", "attention_path": "fast",
+                 "quant_ksplit": "auto", "quant_ofs": "auto", "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_mma": True, "attention_warps": "auto",
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
@@ -158,9 +158,11 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_EARLY_WEIGHTS", "1")
     monkeypatch.setenv("ATLAS_SAMPLE_SPLIT", "0")
     monkeypatch.setenv("ATLAS_EARLY_QUANT", "1")
+    monkeypatch.setenv("ATLAS_QUANT_OFS", "1")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
-                                 "quant_ksplit": "4", "attention_path": "rows", "attention_max_split": 4,
+                                 "quant_ksplit": "4", "quant_ofs": "1", "attention_path": "rows",
+                                 "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_mma": False, "attention_warps": "4",
                                  "pdl_wait": True,

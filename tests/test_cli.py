@@ -188,6 +188,8 @@ def test_inspect_names_the_opt_in_kernel_choices():
         "ATLAS_ATTENTION_WARPS=4")
     assert _opt_ins({**defaults, "share_kernels": True}) == ""
     assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"
+    assert _opt_ins({**defaults, "quant_ofs": "auto"}) == ""
+    assert _opt_ins({**defaults, "quant_ofs": "0"}) == "ATLAS_QUANT_OFS=0"
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
     assert _opt_ins({**defaults, "early_weights": "2"}) == ""
     assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"

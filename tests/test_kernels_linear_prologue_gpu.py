@@ -166,14 +166,14 @@ DECODE_ENVS = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 3, "seq": 1, "pa
                {"batch": 4, "seq": 2, "past_seq": 7})
 
 
-def check_with_cache(builder: Builder, dtype: str, plan_fn, kv: dict, rng) -> None:
+def check_with_cache(builder: Builder, dtype: str, plan_fn, kv: dict, rng, envs=DECODE_ENVS) -> None:
     """Run builder's graph (nodes writing the KV cache of geometry kv) at DECODE_ENVS on the GPU against the
     reference: every output, the whole cache afterwards, and no cache row outside [past, past + seq) of
     the batch's rows touched."""
     graph = builder.done()
     rtol, atol = TOL[dtype]
     shape = (kv["layers"], 2, kv["max_batch"], kv["kv_heads"], kv["max_seq"], kv["head_dim"])
-    for env in DECODE_ENVS:
+    for env in envs:
         cache = rng.uniform(-1, 1, shape).astype(np.dtype(dtype))
         feeds = builder.inputs(rng, env)
         state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}

@@ -17,7 +17,8 @@ from atlasc.artifact.writer import CUBIN_RE
 
 # codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
 OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "ATLAS_LINEAR_KSPLIT"),
-           ("quant_ksplit", "auto", "ATLAS_QUANT_KSPLIT"), ("weight_prefetch", False, "ATLAS_PREFETCH"),
+           ("quant_ksplit", "auto", "ATLAS_QUANT_KSPLIT"), ("quant_ofs", "auto", "ATLAS_QUANT_OFS"),
+           ("weight_prefetch", False, "ATLAS_PREFETCH"),
            ("linear_prefill", "auto", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"),
            ("attention_split_min_keys", 256, "ATLAS_ATTENTION_SPLIT_MIN_KEYS"),
            ("attention_v_prefetch", True, "ATLAS_ATTENTION_VPREFETCH"), ("attention_mma", True, "ATLAS_ATTENTION_MMA"),

@@ -1,0 +1,156 @@
+"""GPU numerics of the int4 offset dequantization (ATLAS_QUANT_OFS=1, quant.cu QlinOfs) against the reference.
+
+The path applies to kernels of one row of float16 x with int4 groups of a multiple of 128 (quant.py ofs_applies):
+the graph's rows are bounded by 1. It covers LinearQ4 (x from global memory) with K in {128, 4096, 14336}
+(one step, the 8B shapes' K), groups of 128 and 256 (a group spans two steps), with and without bias and zero
+points, N not a multiple of 16; NormLinearQ (x staged by the fused RMSNorm in shared memory, then again in
+the OFS order) plain, with the residual sum, and with the SwiGLU epilogue, symmetric and with zero points; and
+NormLinearRotary over int4 (the decode step's QKV projection: rotary and both cache appends as its epilogue).
+
+The chain of MMAs starts at minus the step's offset sums, so its float32 partial sums are ~1000x larger than
+the result: each output is checked against the reference with the tolerance of the other quantized kernels
+(2e-2 of max |y|, tests/test_kernels_quant_gpu.py) and against the default path's own error on the same
+inputs: at most twice it plus 1e-3 of max |y| (the fp16 output rounding of either path may flip).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlasc.passes.quantize import quantize_int4, quantize_int4_asym
+
+# (K, N, group); N = 16384: the width where ATLAS_QUANT_OFS=auto takes the path (quant.OFS_MIN_N)
+LINEAR_CASES = [(128, 40, 128), (4096, 1000, 128), (14336, 72, 128), (512, 70, 256), (128, 16384, 128)]
+ZP_CASES = [(4096, 72, 128), (512, 40, 256)]
+SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
+
+
+def _const(b, name, a):
+    return b.input(name, str(a.dtype), a.shape, gen=lambda rng, shape, a=a: a)
+
+
+def build_ofs():
+    """LinearQ4 and NormLinearQ nodes over one row of float16 x (see the module docstring)."""
+    from test_codegen_matmul_attention import Builder
+
+    b = Builder("quant_ofs", {"m": (1, 1)})
+    xs = {}
+    for i, (k, n, group) in enumerate(LINEAR_CASES + ZP_CASES):
+        w = np.random.default_rng(30 + i).uniform(-1 if i < len(LINEAR_CASES) else -0.5, 1, (n, k)) / np.sqrt(k)
+        if k not in xs:
+            xs[k] = b.input(f"x{k}", "float16", ("m", k))
+        if i < len(LINEAR_CASES):
+            wq, scale = quantize_int4(w.astype(np.float32), group)
+            zero = None
+        else:
+            wq, scale, zero = quantize_int4_asym(w.astype(np.float32), group)
+        ins = [xs[k], _const(b, f"w{i}", wq), _const(b, f"s{i}", scale)]
+        tail = [_const(b, f"z{i}", zero)] if zero is not None else []
+        b.node("LinearQ4", ins + ([None] if tail else []) + tail, {"group_size": group})
+        b.node("LinearQ4", ins + [b.input(f"b{i}", "float16", (n,))] + tail, {"group_size": group})
+    k, n = 4096, 1000
+    w = np.random.default_rng(40).uniform(-1, 1, (n, k)) / np.sqrt(k)
+    wq, scale = quantize_int4(w.astype(np.float32), 128)
+    wq_z, scale_z, zero = quantize_int4_asym(w.astype(np.float32) + 0.3 / np.sqrt(k), 128)
+    a, r = b.input("a", "float16", ("m", k)), b.input("r", "float16", ("m", k))
+    g = b.input("g", "float16", (k,))
+    q4 = [_const(b, "nw", wq), _const(b, "ns", scale)]
+    q4z = [_const(b, "nwz", wq_z), _const(b, "nsz", scale_z), None, _const(b, "nz", zero)]
+    attrs = {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128}
+    swiglu = {"epilogue": SWIGLU, "gate_input": 0}
+    b.node("NormLinearQ", [a, None, g, *q4], attrs)
+    b.node("NormLinearQ", [a, r, g, *q4], attrs | swiglu, outputs=2)
+    b.node("NormLinearQ", [a, None, g, *q4z], attrs | swiglu)
+    return b
+
+
+def test_ofs_is_emitted_for_one_row_only(monkeypatch):
+    """(CPU) ATLAS_QUANT_OFS=1 reaches every int4 node of the graph (rows bounded by 1), 0 none, auto (the default)
+    the two of N = 16384; with rows up to 2 none of them takes it."""
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.codegen import quant
+    from atlasc.codegen.generate import generate_module
+
+    builder = build_ofs()
+    graph = builder.done()
+    plan, _ = plan_for(graph, builder.upper)
+    monkeypatch.setenv(quant.OFS_ENV, "1")
+    source = generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
+    assert source.count("atlas::QlinOfs{") == len(graph.nodes)
+    monkeypatch.setenv(quant.OFS_ENV, "0")
+    assert "atlas::QlinOfs{" not in generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
+    monkeypatch.delenv(quant.OFS_ENV)
+    assert quant.OFS_MIN_N == 16384
+    assert generate_module({"run": (graph, plan)}, {"run": builder.upper}).source.count("atlas::QlinOfs{") == 2
+    monkeypatch.setenv(quant.OFS_ENV, "1")
+    two = {"m": 2}
+    assert "atlas::QlinOfs{" not in generate_module({"run": (graph, plan_for(graph, two)[0])}, {"run": two}).source
+    monkeypatch.setenv(quant.OFS_ENV, "yes")
+    with pytest.raises(quant.CodegenError, match="ATLAS_QUANT_OFS='yes' is not a choice"):
+        generate_module({"run": (graph, plan)}, {"run": builder.upper})
+
+
+@pytest.mark.gpu
+def test_ofs_matches_reference_and_the_default_path(monkeypatch):
+    from kernel_harness import run_on_gpu
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.codegen import quant
+    from atlasc.ir import interpret
+
+    builder = build_ofs()
+    graph = builder.done()
+    rng = np.random.default_rng(8)
+    for trial in range(2):
+        feeds = builder.inputs(rng, {"m": 1})
+        want = interpret(graph, feeds)
+        got = {}
+        for mode in ("0", "1"):
+            monkeypatch.setenv(quant.OFS_ENV, mode)
+            got[mode] = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_for)
+        for name, w in want.items():
+            w = w.astype(np.float64)
+            top = max(np.abs(w).max(), 1e-3)
+            err = {mode: np.abs(got[mode][name].astype(np.float64) - w).max() for mode in got}
+            assert np.isfinite(err["1"]) and err["1"] <= 2e-2 * top, f"{name} trial {trial}: err {err['1']} / {top}"
+            assert err["1"] <= 2 * err["0"] + 1e-3 * top, f"{name} trial {trial}: {err['1']} vs default {err['0']}"
+
+
+@pytest.mark.gpu
+def test_ofs_rotary_projection_matches_reference(monkeypatch):
+    """NormLinearRotary over int4 groups of 128 (symmetric with the residual add, zero points without) at batch
+    1, one new position after 0 and 7 cached ones: q, both present views and the whole cache (tolerances of
+    tests/test_kernels_linear_prologue_gpu.py)."""
+    from test_codegen_matmul_attention import Builder
+    from test_kernels_linear_prologue_gpu import ROT_HEADS, ROT_KV, check_with_cache, rotary_plan
+
+    from atlasc.codegen import quant
+    from atlasc.ir import symbolic as S
+
+    monkeypatch.setenv(quant.OFS_ENV, "1")
+    k, n = 4096, (ROT_HEADS["q_heads"] + 2 * ROT_HEADS["kv_heads"]) * ROT_HEADS["head_dim"]
+    b = Builder("ofs_rotary", {"batch": (1, 1), "seq": (1, 1), "past_seq": (0, 10)})
+    a, r = b.input("a", "float16", ("batch", "seq", k)), b.input("r", "float16", ("batch", "seq", k))
+    g = b.input("g", "float16", (k,))
+    cos, sin = b.input("cos", "float16", (1, "seq", 64)), b.input("sin", "float16", (1, "seq", 64))
+    w = (np.random.default_rng(41).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+    wq, scale = quantize_int4(w, 128)
+    wq_z, scale_z, zero = quantize_int4_asym(w + 0.3 / np.sqrt(k), 128)
+    attrs = {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128, "past": S.sym("past_seq")} | ROT_HEADS
+    b.node("NormLinearRotary", [a, r, g, cos, sin, _const(b, "w", wq), _const(b, "s", scale)], attrs | {"layer": 0},
+           outputs=4)
+    b.node("NormLinearRotary", [a, None, g, cos, sin, _const(b, "wz", wq_z), _const(b, "sz", scale_z), None,
+                                _const(b, "z", zero)], attrs | {"layer": 1}, outputs=3)
+    graph = b.done()
+    kv = ROT_KV
+    cache = np.zeros((kv["layers"], 2, kv["max_batch"], kv["kv_heads"], kv["max_seq"], kv["head_dim"]), np.float16)
+    plan, kv_offset = rotary_plan(graph, b.upper, cache)
+    spec = {"offset": kv_offset, "layers": kv["layers"], "max_batch": kv["max_batch"], "kv_heads": kv["kv_heads"],
+            "max_seq": kv["max_seq"], "head_dim": kv["head_dim"], "dtype": "float16"}
+    from atlasc.codegen.generate import generate_module
+
+    assert generate_module({"run": (graph, plan)}, {"run": b.upper}, spec).source.count("atlas::QlinOfs{") == 2
+    envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
+    check_with_cache(b, "float16", rotary_plan, ROT_KV, np.random.default_rng(42), envs=envs)
