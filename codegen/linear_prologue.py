@@ -35,7 +35,7 @@ from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelCo
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
                                    decode_grid, early_min_blocks, early_pro, gemv_variants,
                                    red_floats)
-from atlasc.codegen.quant import bind_quant_weights, quant_calls
+from atlasc.codegen.quant import bind_quant_weights, ofs_room, quant_calls
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
@@ -244,7 +244,8 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         # ATLAS_EARLY_QUANT=1 (opt-in) after the first weight loads and the wait (linear.py early_pro)
         early = early_pro(m_upper, "  " + stage, quantized=True)
         calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, x="xv",
-                                    xsmem=True, epi=epi, pro="lin_pro" if early else "")
+                                    xsmem=True, epi=epi, pro="lin_pro" if early else "",
+                                    room=ofs_room(ctx.archs, smem))
         stages = early or [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]

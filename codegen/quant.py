@@ -32,6 +32,7 @@ from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, Kernel
                                      weight_prefetch)
 from atlasc.codegen.linear import GEMV_MAX_M, bind_bias, early_min_blocks, early_pro
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
+from atlasc.ir.archs import STATIC_SMEM_RESERVE, block_smem
 from atlasc.ir.graph import Node
 from atlasc.ir.ops.quant import act_int8
 
@@ -101,14 +102,26 @@ def ofs_choice() -> str:
     return mode
 
 
-def ofs_applies(bits: int, group: int, k_static, m_upper: int, ks: int, n_upper: int) -> bool:
+def ofs_smem(k: int, zp: bool) -> int:
+    """Static shared bytes of the offset dequantization's arrays (qlin_ofs_x, qlin_ofs_c) for K = k."""
+    return 2 * k + 4 * (k // 128) * (2 if zp else 1)
+
+
+def ofs_applies(bits: int, group: int, zp: bool, k_static, m_upper: int, ks: int, n_upper: int, room: int) -> bool:
     """Whether the tensor-core call takes the offset dequantization (quant.cu OFS): int4 with groups of a multiple
-    of 128, one row of x (m_upper 1), K static up to OFS_MAX_K, no K split across blocks, and ATLAS_QUANT_OFS 1, or
-    auto with a weight of at least OFS_MIN_N rows."""
+    of 128, one row of x (m_upper 1), K static up to OFS_MAX_K with its arrays (ofs_smem) within `room` bytes of the
+    block's shared memory, no K split across blocks, and ATLAS_QUANT_OFS 1, or auto with a weight of at least
+    OFS_MIN_N rows."""
     mode = ofs_choice()
     wide = mode == "1" or (mode == "auto" and n_upper >= OFS_MIN_N)
     return (wide and bits == 4 and group % 128 == 0 and m_upper == 1 and ks == 1 and isinstance(k_static, int)
-            and k_static <= OFS_MAX_K)
+            and k_static <= OFS_MAX_K and ofs_smem(k_static, zp) <= room)
+
+
+def ofs_room(archs: tuple[str, ...], dynamic: int = 0) -> int:
+    """The shared bytes a kernel with `dynamic` bytes of dynamic shared memory has left for the offset
+    dequantization's arrays on every arch of the compile (beside the STATIC_SMEM_RESERVE its other arrays keep)."""
+    return block_smem(archs) - dynamic - STATIC_SMEM_RESERVE
 
 
 def mma_variants(m_upper: int) -> list[int]:
@@ -181,12 +194,13 @@ def steps_in_flight(bits: int, j: int) -> int:
 
 def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
                 n_upper: int, m_upper: int, x: str = "x", xsmem: bool = False, epi: str = "",
-                ks: int = 1, pro: str = "") -> tuple[list[str], int]:
+                ks: int = 1, pro: str = "", room: int = 0) -> tuple[list[str], int]:
     """(statements, blocks): the tensor-core path (when it applies) with the fallback, for the x View `x`
     (xsmem: in shared memory), `epi` a gated epilogue functor or "". Declares qlin_red; expects N, K, M,
     wq, wscale, wzero, bias, bias_stride and y declared, and with ks > 1 (a plain int8 / fp8 projection's K
     split across blocks at M <= 8, quant_ks) qlin_ws and qlin_cnt (ks_scratch). With `pro` (linear.early_pro's
-    object) every tensor-core call takes it and the fallback runs it first."""
+    object) every tensor-core call takes it and the fallback runs it first. room: the shared bytes left for the
+    offset dequantization's arrays (ofs_room; 0: none)."""
     zero = "wzero" if zp else "nullptr"
     tail = f", {zero}, {epi}" if epi else (", wzero" if zp else "")
     fallback = (f"atlas::linear_quant<{t}, {r}, {bits}, {has_bias}{', true' if f8 else ''}>("
@@ -203,10 +217,10 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
         else:
             lines.append("  float* qlin_red = nullptr;")
         args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{tail}"
-        ofs = ofs_applies(bits, group, k_static, m_upper, ks, n_upper)
-        if ofs:  # the staged row and the steps' offset sums (quant.cu QlinOfs)
+        ofs = ofs_applies(bits, group, zp, k_static, m_upper, ks, n_upper, room)
+        if ofs:  # the staged row and the steps' offset sums (quant.cu QlinOfs; float2 pairs with zero points)
             lines += [f"  __shared__ __align__(16) __half qlin_ofs_x[{k_static}];",
-                      f"  __shared__ float qlin_ofs_c[{k_static // 128 * (2 if zp else 1)}];"]
+                      f"  __shared__ __align__(8) float qlin_ofs_c[{k_static // 128 * (2 if zp else 1)}];"]
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
         lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K)) {{")
@@ -278,7 +292,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         lines.append(f"  float* qlin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
     early = early_pro(m_upper, quantized=True)  # ATLAS_EARLY_QUANT=1 (opt-in)
     calls, blocks = quant_calls(t, r, dt, bits, f8, zp, group, has_bias, k_static, n_upper, m_upper, ks=ks,
-                                pro="lin_pro" if early else "")
+                                pro="lin_pro" if early else "", room=ofs_room(ctx.archs))
     grid = max(1, min(MAX_GRID, blocks))
     return KernelCode("\n".join(lines + early + calls), (grid, 1, 1), (THREADS, 1, 1), prefetch=prefetch,
                       scratch=scratch, counters=counters, waits_inside=bool(early),

@@ -79,6 +79,8 @@ def test_ofs_is_emitted_for_one_row_only(monkeypatch):
     monkeypatch.setenv(quant.OFS_ENV, "1")
     source = generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
     assert source.count("atlas::QlinOfs{") == len(graph.nodes)
+    # the zero points' kernels read (1024 S_e + 64 S_o, S_e + S_o) as a float2: 8-byte aligned
+    assert source.count("__shared__ __align__(8) float qlin_ofs_c[") == len(graph.nodes)
     monkeypatch.setenv(quant.OFS_ENV, "0")
     assert "atlas::QlinOfs{" not in generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
     monkeypatch.delenv(quant.OFS_ENV)
@@ -154,3 +156,23 @@ def test_ofs_rotary_projection_matches_reference(monkeypatch):
     assert generate_module({"run": (graph, plan)}, {"run": b.upper}, spec).source.count("atlas::QlinOfs{") == 2
     envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
     check_with_cache(b, "float16", rotary_plan, ROT_KV, np.random.default_rng(42), envs=envs)
+
+
+def test_ofs_keeps_within_the_smallest_arch_shared_memory():
+    """(CPU) A fused projection of K = 16384 stages its row (32 KB of dynamic shared memory); the offset
+    dequantization's 32 KB more fit sm90 (227 KB per block) but not beside sm75's 64 KB: a compile for sm75 leaves
+    it out, so the kernel still launches there."""
+    from test_codegen_matmul_attention import Builder, plan_for
+
+    from atlasc.codegen.generate import generate_module
+
+    k, n = 16384, 16384
+    b = Builder("ofs_room", {"m": (1, 1)})
+    a, g = b.input("a", "float16", ("m", k)), b.input("g", "float16", (k,))
+    w, s = b.input("w", "uint8", (n, k // 2)), b.input("s", "float16", (n, k // 128))
+    b.node("NormLinearQ", [a, None, g, w, s], {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128})
+    graph = b.done()
+    plan, _ = plan_for(graph, b.upper)
+    source = {arch: generate_module({"run": (graph, plan)}, {"run": b.upper}, archs=(arch,)).source
+              for arch in ("sm90", "sm75")}
+    assert "atlas::QlinOfs{" in source["sm90"] and "atlas::QlinOfs{" not in source["sm75"]
