@@ -1,4 +1,4 @@
-"""GPU numerics of the int4 offset dequantization (ATLAS_QUANT_OFS=1, quant.cu QlinOfs) against the reference.
+"""GPU numerics of the offset dequantization (ATLAS_QUANT_OFS=1, quant.cu QlinOfs) against the reference.
 
 The path applies to kernels of one row of float16 x with int4 groups of a multiple of 128 (quant.py ofs_applies):
 the graph's rows are bounded by 1. It covers LinearQ4 (x from global memory) with K in {128, 4096, 14336}
@@ -6,6 +6,8 @@ the graph's rows are bounded by 1. It covers LinearQ4 (x from global memory) wit
 points, N not a multiple of 16; NormLinearQ (x staged by the fused RMSNorm in shared memory, then again in
 the OFS order) plain, with the residual sum, and with the SwiGLU epilogue, symmetric and with zero points; and
 NormLinearRotary over int4 (the decode step's QKV projection: rotary and both cache appends as its epilogue).
+int8's form (no staged row: one correction of 1152 sum x per row, ATLAS_QUANT_OFS=1 only): LinearQ8 with K in
+{64, 4096, 14336}, with and without bias, and NormLinearQ int8 with the SwiGLU epilogue; FP8 codes never take it.
 
 The chain of MMAs starts at minus the step's offset sums, so its float32 partial sums are ~1000x larger than
 the result: each output is checked against the reference with the tolerance of the other quantized kernels
@@ -18,11 +20,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlasc.passes.quantize import quantize_int4, quantize_int4_asym
+from atlasc.passes.quantize import quantize_fp8, quantize_int4, quantize_int4_asym, quantize_int8
 
 # (K, N, group); N = 16384: the width where ATLAS_QUANT_OFS=auto takes the path (quant.OFS_MIN_N)
 LINEAR_CASES = [(128, 40, 128), (4096, 1000, 128), (14336, 72, 128), (512, 70, 256), (128, 16384, 128)]
 ZP_CASES = [(4096, 72, 128), (512, 40, 256)]
+INT8_CASES = [(64, 40), (4096, 1000), (14336, 72)]  # (K, N)
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 
 
@@ -31,7 +34,7 @@ def _const(b, name, a):
 
 
 def build_ofs():
-    """LinearQ4 and NormLinearQ nodes over one row of float16 x (see the module docstring)."""
+    """LinearQ4 / LinearQ8 / LinearF8 and NormLinearQ nodes over one row of float16 x (see the module docstring)."""
     from test_codegen_matmul_attention import Builder
 
     b = Builder("quant_ofs", {"m": (1, 1)})
@@ -49,6 +52,15 @@ def build_ofs():
         tail = [_const(b, f"z{i}", zero)] if zero is not None else []
         b.node("LinearQ4", ins + ([None] if tail else []) + tail, {"group_size": group})
         b.node("LinearQ4", ins + [b.input(f"b{i}", "float16", (n,))] + tail, {"group_size": group})
+    for i, (k, n) in enumerate(INT8_CASES):
+        w = (np.random.default_rng(60 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        if k not in xs:
+            xs[k] = b.input(f"x{k}", "float16", ("m", k))
+        ins = [xs[k], *(_const(b, f"{name}8_{i}", a) for name, a in zip("ws", quantize_int8(w)))]
+        b.node("LinearQ8", ins)
+        b.node("LinearQ8", ins + [b.input(f"b8_{i}", "float16", (n,))])
+    wf, sf = quantize_fp8((np.random.default_rng(70).uniform(-1, 1, (40, 4096)) / 64).astype(np.float32))
+    b.node("LinearF8", [xs[4096], _const(b, "wf", wf), _const(b, "sf", sf)])  # FP8 codes: never OFS
     k, n = 4096, 1000
     w = np.random.default_rng(40).uniform(-1, 1, (n, k)) / np.sqrt(k)
     wq, scale = quantize_int4(w.astype(np.float32), 128)
@@ -62,12 +74,15 @@ def build_ofs():
     b.node("NormLinearQ", [a, None, g, *q4], attrs)
     b.node("NormLinearQ", [a, r, g, *q4], attrs | swiglu, outputs=2)
     b.node("NormLinearQ", [a, None, g, *q4z], attrs | swiglu)
+    q8 = [_const(b, f"n{name}8", a) for name, a in zip("ws", quantize_int8(w.astype(np.float32)))]
+    b.node("NormLinearQ", [a, r, g, *q8], {"epsilon": 1e-5, "linear": "LinearQ8"} | swiglu, outputs=2)
     return b
 
 
 def test_ofs_is_emitted_for_one_row_only(monkeypatch):
-    """(CPU) ATLAS_QUANT_OFS=1 reaches every int4 node of the graph (rows bounded by 1), 0 none, auto (the default)
-    the two of N = 16384; with rows up to 2 none of them takes it."""
+    """(CPU) ATLAS_QUANT_OFS=1 reaches every int4 and int8 node of the graph (rows bounded by 1), not the FP8 one, nor
+    the int8 ones whose K is split across blocks (quant_ks: N = 1000 and 72 at K >= 4096) until ATLAS_QUANT_KSPLIT=1;
+    0 none; auto (the default) the two int4 ones of N = 16384; with rows up to 2 none of them takes it."""
     from test_codegen_matmul_attention import plan_for
 
     from atlasc.codegen import quant
@@ -78,9 +93,15 @@ def test_ofs_is_emitted_for_one_row_only(monkeypatch):
     plan, _ = plan_for(graph, builder.upper)
     monkeypatch.setenv(quant.OFS_ENV, "1")
     source = generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
-    assert source.count("atlas::QlinOfs{") == len(graph.nodes)
+    int4 = [n for n in graph.nodes if n.attrs.get("linear", n.op) == "LinearQ4"]
+    int8 = [n for n in graph.nodes if n.attrs.get("linear", n.op) == "LinearQ8"]
+    assert len(int8) == 7 and source.count("atlas::QlinOfs{") == len(int4) + len(int8) - 4
+    monkeypatch.setenv(quant.KS_ENV, "1")
+    source = generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
+    assert source.count("atlas::QlinOfs{") == len(int4) + len(int8) == len(graph.nodes) - 1
+    monkeypatch.delenv(quant.KS_ENV)
     # the zero points' kernels read (1024 S_e + 64 S_o, S_e + S_o) as a float2: 8-byte aligned
-    assert source.count("__shared__ __align__(8) float qlin_ofs_c[") == len(graph.nodes)
+    assert source.count("__shared__ __align__(8) float qlin_ofs_c[") == len(int4)
     monkeypatch.setenv(quant.OFS_ENV, "0")
     assert "atlas::QlinOfs{" not in generate_module({"run": (graph, plan)}, {"run": builder.upper}).source
     monkeypatch.delenv(quant.OFS_ENV)
@@ -105,6 +126,7 @@ def test_ofs_matches_reference_and_the_default_path(monkeypatch):
     builder = build_ofs()
     graph = builder.done()
     rng = np.random.default_rng(8)
+    monkeypatch.setenv(quant.KS_ENV, "1")  # every int8 node a single K range: all of them take OFS
     for trial in range(2):
         feeds = builder.inputs(rng, {"m": 1})
         want = interpret(graph, feeds)
