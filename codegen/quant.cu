@@ -354,14 +354,18 @@ __device__ __forceinline__ void qlin_ofs_stage(const __half* xp, int K, QlinOfs 
     float se = 0.f, so = 0.f;
     if (v < words) {
       const uint4 p = qlin_ldx<XSMEM>(xp + 8 * v);  // (x0, x1) (x2, x3) (x4, x5) (x6, x7)
-      *reinterpret_cast<uint4*>(ofs.x + 8 * v) =
-          make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
-                     qlin_hmul2(qlin_hi(p.y, p.w), sixteenth));
-      const unsigned u[4] = {p.x, p.y, p.z, p.w};
+      const uint4 q = make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
+                                 qlin_hmul2(qlin_hi(p.y, p.w), sixteenth));
+      *reinterpret_cast<uint4*>(ofs.x + 8 * v) = q;
+      // the sums of what the MMAs multiply: S_o from the staged x / 16 (times 16, exact), so the offsets cancel
+      // exactly even where x / 16 rounds (|x| < 2^-10)
+      const unsigned u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // (even k, odd k) of each half2
-        se += __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu)));
-        so += __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+      for (int i = 0; i < 4; ++i) {
+        const float h = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu))) +
+                        __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+        if (i < 2) se += h;
+        else so += 16.f * h;
       }
     }
 #pragma unroll

@@ -231,7 +231,8 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
             lines += ["  __half* qlin_ofs_x = nullptr;", f"  __shared__ float qlin_ofs_c[{1 + WARPS}];"]
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
-        lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K)) {{")
+        # (OFS: a kernel for one row; any other M, e.g. 0, takes the fallback)
+        lines.append(f"  if (atlas::qlin_mma_ok<{t}, {r}, {bits}>({x}, wq, M, N, K){' && M == 1' if ofs else ''}) {{")
         for i, j in enumerate(js):
             cond = "" if i == len(js) - 1 else f"if (M <= {8 * j}) "
             prefix = "    " if i == 0 else "    else "
