@@ -544,8 +544,9 @@ def test_quant_kernels_generate():
 @pytest.mark.slow
 def test_quant_kernels_no_spills():
     """Every quantized Linear kernel (LinearQ8 / LinearQ4, fp16 and fp32 x, with and without bias, strided x)
-    of the GPU test's graphs and of the 8B decode shapes (M <= 8, the kernels examples/quant_lab.py times)
-    compiles for sm80 and sm90 without register spills."""
+    of the GPU test's graphs and of the 8B decode shapes (M <= 8, the kernels examples/quant_lab.py times; and the
+    one-row kernels with the offset dequantization, ATLAS_QUANT_OFS=1) compiles for sm80 and sm90 without register
+    spills."""
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
@@ -564,6 +565,9 @@ def test_quant_kernels_no_spills():
     for name in ("8B qkv", "8B gate_up", "8B lm_head"):
         k, n = SHAPES[name]
         sources = [lab_generate(k, n, 8, mode)[2].source for mode in ("int4", "int8")]
+        ofs = [lab_generate(k, n, 1, mode, ofs="1")[2].source for mode in ("int4", "int8")]
+        assert all("atlas::QlinOfs{" in source for source in ofs)
+        sources += ofs
         jobs += [(source, arch) for source in sources for arch in ("sm80", "sm90")]
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda job: ptxas_report(*job), jobs))
