@@ -340,8 +340,14 @@ struct QlinOfs {
   static constexpr bool ON = true;
   __half* x;     // K halves, 16-byte aligned
   float* corr;   // int4, per 128-k step: 1032 S_e + 72 S_o (symmetric), or (ZP) the pair 1024 S_e + 64 S_o, S_e + S_o;
-                 // int8: 1152 sum x, then the warps' partial sums (1 + QLIN_WARPS floats)
+                 // int8: qlin_ofs_sum's scratch (32 floats)
 };
+
+// the two halves of a half2 (as its bits), added in float32
+__device__ __forceinline__ float qlin_half2_sum(unsigned u) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xFFFFu))) +
+         __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
+}
 
 // x row 0 (K halves at xp: unit stride, 16-byte aligned, K % 128 == 0) into ofs.x in the OFS order, and the
 // steps' sums into ofs.corr; ends with a barrier. Every thread of the block calls it.
@@ -359,14 +365,8 @@ __device__ __forceinline__ void qlin_ofs_stage(const __half* xp, int K, QlinOfs 
       *reinterpret_cast<uint4*>(ofs.x + 8 * v) = q;
       // the sums of what the MMAs multiply: S_o from the staged x / 16 (times 16, exact), so the offsets cancel
       // exactly even where x / 16 rounds (|x| < 2^-10)
-      const unsigned u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float h = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu))) +
-                        __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
-        if (i < 2) se += h;
-        else so += 16.f * h;
-      }
+      se = qlin_half2_sum(q.x) + qlin_half2_sum(q.y);
+      so = 16.f * (qlin_half2_sum(q.z) + qlin_half2_sum(q.w));
     }
 #pragma unroll
     for (int off = 8; off > 0; off >>= 1) {
@@ -385,29 +385,16 @@ __device__ __forceinline__ void qlin_ofs_stage(const __half* xp, int K, QlinOfs 
   __syncthreads();
 }
 
-// OFS for int8 (x stays where it is): ofs.corr[0] = 1152 sum x over x row 0 (K halves at xp, unit stride, 16-byte
-// aligned, K % 64 == 0); ofs.corr[1 .. QLIN_WARPS] hold the warps' partial sums. Ends with a barrier; every thread calls it.
+// OFS for int8 (x stays where it is): the sum of x row 0 (K halves at xp, unit stride, 16-byte aligned, K % 64 == 0)
+// for every thread (block_sum; scratch: 32 floats of shared memory). Every thread of the block calls it.
 template <bool XSMEM>
-__device__ __forceinline__ void qlin_ofs_sum(const __half* xp, int K, QlinOfs ofs) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ float qlin_ofs_sum(const __half* xp, int K, float* scratch) {
   float sum = 0.f;
   for (int v = threadIdx.x; v < K / 8; v += QLIN_THREADS) {
     const uint4 p = qlin_ldx<XSMEM>(xp + 8 * v);
-    const unsigned u[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      sum += __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu))) +
-             __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+    sum += qlin_half2_sum(p.x) + qlin_half2_sum(p.y) + qlin_half2_sum(p.z) + qlin_half2_sum(p.w);
   }
-  sum = warp_sum(sum);
-  if (lane == 0) ofs.corr[1 + warp] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int w = 0; w < QLIN_WARPS; ++w) t += ofs.corr[1 + w];
-    ofs.corr[0] = 1152.f * t;
-  }
-  __syncthreads();
+  return block_sum(sum, scratch);
 }
 
 // one int4 step of OFS (J = 1, G % 128 == 0): wlo / whi as in qlin_step4, xs + k the staged x at the lane's
@@ -730,7 +717,9 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   }
   pro();
   if constexpr (OFS::ON && BITS == 4) qlin_ofs_stage<ZP, XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs);
-  if constexpr (OFS::ON && BITS == 8) qlin_ofs_sum<XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs);
+  float ofs8 = 0.f;  // (int8 OFS: 1152 sum x, see QlinOfs)
+  if constexpr (OFS::ON && BITS == 8)
+    ofs8 = 1152.f * qlin_ofs_sum<XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs.corr);
   for (long long item = blockIdx.x; item < keys * ks_n; item += gridDim.x) {
     if constexpr (PRO::TRIGGER) {
       if (item + gridDim.x >= keys * ks_n) pdl_leave();  // the block's last item
@@ -739,7 +728,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
     const int kr = int(item % ks_n), s_end = min(steps, (kr + 1) * run);
     const int nb0 = int(key / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(key % tiles_m) * (8 * J);
     float acc[J][4];
-    const float acc0 = OFS::ON && BITS == 8 && ks == 0 ? -ofs.corr[0] : 0.f;  // (int8 OFS: see QlinOfs)
+    const float acc0 = OFS::ON && BITS == 8 && ks == 0 ? -ofs8 : 0.f;  // (int8 OFS: the K range's first warp)
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll

@@ -105,8 +105,8 @@ def ofs_choice() -> str:
 
 def ofs_smem(bits: int, k: int, zp: bool) -> int:
     """Static shared bytes of the offset dequantization's arrays for K = k: int4 the staged row (qlin_ofs_x) and the
-    steps' sums (qlin_ofs_c), int8 the sum and the warps' partial sums."""
-    return 2 * k + 4 * (k // 128) * (2 if zp else 1) if bits == 4 else 4 * (1 + WARPS)
+    steps' sums (qlin_ofs_c), int8 the block sum's scratch."""
+    return 2 * k + 4 * (k // 128) * (2 if zp else 1) if bits == 4 else 4 * 32
 
 
 def ofs_applies(bits: int, f8: bool, group: int, zp: bool, k_static, m_upper: int, ks: int, n_upper: int,
@@ -227,8 +227,8 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
         if ofs and bits == 4:  # the staged row and the steps' offset sums (quant.cu QlinOfs; float2 pairs with ZP)
             lines += [f"  __shared__ __align__(16) __half qlin_ofs_x[{k_static}];",
                       f"  __shared__ __align__(8) float qlin_ofs_c[{k_static // 128 * (2 if zp else 1)}];"]
-        elif ofs:  # int8: the sum of x and the warps' partial sums
-            lines += ["  __half* qlin_ofs_x = nullptr;", f"  __shared__ float qlin_ofs_c[{1 + WARPS}];"]
+        elif ofs:  # int8: the scratch of the block sum of x
+            lines += ["  __half* qlin_ofs_x = nullptr;", "  __shared__ float qlin_ofs_c[32];"]
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
         # (OFS: a kernel for one row; any other M, e.g. 0, takes the fallback)
