@@ -6,10 +6,13 @@ draws it with rich) and writes the artifact atomically: a failure anywhere leave
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -106,10 +109,24 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
     seconds["import"] = time.perf_counter() - t
     _check_dtype(graph, options.dtype)
 
-    with tempfile.TemporaryDirectory(prefix="atlasc-spill-") as spill:
-        result = _compile_program(graph, model_path, out_path, options, seconds, say, Path(spill), dump_ir)
+    with spill_directory() as spill:
+        result = _compile_program(graph, model_path, out_path, options, seconds, say, spill, dump_ir)
     result.program.spill_dir = None  # removed: later constants stay in memory (the spilled ones stay mapped)
     return result
+
+
+@contextlib.contextmanager
+def spill_directory() -> Iterator[Path]:
+    """A fresh private folder in the temporary directory, removed with its files on any exit. Its removal is
+    armed before the folder exists: tempfile.TemporaryDirectory makes the folder first, and a SIGTERM landing
+    between its mkdir and the cleanup's registration (the compile's handler raises SystemExit there) left
+    the folder behind (seen once in CI)."""
+    path = Path(tempfile.gettempdir()) / f"atlasc-spill-{uuid.uuid4().hex}"
+    try:
+        path.mkdir(mode=0o700)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOptions, seconds: dict,

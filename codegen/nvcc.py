@@ -228,8 +228,8 @@ def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
 
 
 def _run_nvcc_in(exe: str, source: str, arch: str, args: list[str], tmp: Path) -> bytes:
-    tmp.mkdir(parents=True, exist_ok=True)
-    try:
+    try:  # the removal is armed before the folder exists (a stop between the two would leave it)
+        tmp.mkdir(parents=True, exist_ok=True)
         src = tmp / "kernels.cu"
         out = tmp / f"{arch}.cubin"
         src.write_text(source)

@@ -155,3 +155,29 @@ def test_encoder_forward_matches_onnxruntime(name, artifact):
         out = CpuModel(art).run("forward", ins)
         for k, w in want.items():
             np.testing.assert_allclose(out[k], w, **TOL["fp32"], err_msg=k)
+
+
+@pytest.mark.parametrize("when", ["right after mkdir", "inside the block"])
+def test_a_stop_anywhere_removes_the_spill_directory(tmp_path, monkeypatch, when):
+    """A SystemExit (the compile's SIGTERM handler) raised the instant the spill folder exists, or inside the
+    compile that uses it, leaves no folder behind (tempfile.TemporaryDirectory made the folder before it
+    armed its cleanup, and CI once saw a terminated compile leave it)."""
+    import os
+
+    import atlasc.compiler as compiler
+
+    monkeypatch.setattr(compiler.tempfile, "gettempdir", lambda: str(tmp_path))
+    real_mkdir = os.mkdir
+
+    def mkdir_then_stop(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        raise SystemExit(143)
+
+    if when == "right after mkdir":
+        monkeypatch.setattr(os, "mkdir", mkdir_then_stop)
+    with pytest.raises(SystemExit):
+        with compiler.spill_directory() as spill:
+            assert spill.is_dir() and spill.parent == tmp_path
+            (spill / "w.bin").write_bytes(b"x" * 64)
+            raise SystemExit(143)
+    assert list(tmp_path.iterdir()) == []
