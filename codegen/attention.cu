@@ -471,6 +471,76 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
   }
 }
 
+// the runs attention_decode cuts each of `items` items' Skv keys into (see the sequence split above)
+template <int SPLIT, int MIN_KEYS>
+__device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
+  if constexpr (SPLIT > 1) {
+    const long long want = (ATT_SPLIT_TARGET + items - 1) / items;
+    const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
+    const long long splits = want < by_len ? want : by_len;
+    return splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
+  }
+  return 1;
+}
+
+// L2 prefetch of rows [j0, j1) of a K or V view's (b, h): one bulk prefetch per 32 KB of adjacent rows (row stride
+// D), else one per row (16-byte aligned rows only); the block's threads share the requests
+template <typename T, int D>
+__device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long b, long long h, long long j0,
+                                                  long long j1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr unsigned ROW = D * sizeof(T);
+  constexpr long long PER = (32768 / ROW) > 0 ? 32768 / ROW : 1;  // rows per request when adjacent
+  const T* base = v.p + b * v.stride[0] + h * v.stride[1];
+  if (j1 <= j0 || (reinterpret_cast<unsigned long long>(base) & 15ULL) != 0 || v.stride[3] != 1) return;
+  if (v.stride[2] == D) {
+    for (long long r = j0 + threadIdx.x * PER; r < j1; r += (long long)blockDim.x * PER) {
+      const long long n = j1 - r < PER ? j1 - r : PER;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * D), "r"((unsigned)(n * ROW))
+                   : "memory");
+    }
+  } else if (v.stride[2] % (16 / (long long)sizeof(T)) == 0) {
+    for (long long r = j0 + threadIdx.x; r < j1; r += blockDim.x)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * v.stride[2]), "r"(ROW) : "memory");
+  }
+#endif
+}
+
+// Early KV (attention.py ATLAS_ATTENTION_EARLY_KV): before the kernel's pdl_enter, an L2 prefetch of the K and V
+// rows this block's units of attention_decode will read (the same units and runs; every key up to Skv, a superset
+// of a causal tile's), so they stream in while the kernel before (the QKV projection that appends this step's row)
+// still runs. Only a hint: it changes no result. It reads the views' run-time dims before the wait, written by an
+// earlier step's copy (at worst a stale value moves the addresses); bcap, kcap and pcap, the compile-time bounds of
+// the batch and of k's and pk's rows, keep every address inside the views' arena.
+template <typename T, typename MT, int D, int R, bool HAS_PAST, int SPLIT = 1, int MIN_KEYS = ATT_SPLIT_MIN_KEYS>
+__device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, long long bcap, long long kcap,
+                                                      long long pcap = 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const long long B = a.q.shape[0] < bcap ? a.q.shape[0] : bcap;
+  const long long Hq = a.q.shape[1], Sq = a.q.shape[2], Hk = a.k.shape[1];
+  if (B <= 0 || Hk <= 0 || Hq % Hk != 0 || Sq <= 0) return;
+  const long long P = HAS_PAST ? imin(a.past, pcap) : 0;
+  const long long Skv = P + imin(a.k.shape[2], kcap);
+  const long long tiles = (Hq / Hk * Sq + R - 1) / R, items = B * Hk * tiles;
+  const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
+  const long long nblk = (Skv + 31) / 32;
+  for (long long unit = blockIdx.x; unit < items * splits; unit += gridDim.x) {
+    const long long item = unit / splits, sp = unit % splits;
+    const long long hk = (item / tiles) % Hk, b = item / (tiles * Hk);
+    const long long j0 = sp * nblk / splits * 32, j1 = imin(Skv, (sp + 1) * nblk / splits * 32);
+    if constexpr (HAS_PAST) {
+      att_prefetch_rows<T, D>(a.pk, b, hk, j0, imin(j1, P));
+      att_prefetch_rows<T, D>(a.pv, b, hk, j0, imin(j1, P));
+      att_prefetch_rows<T, D>(a.k, b, hk, imax(j0, P) - P, j1 - P);
+      att_prefetch_rows<T, D>(a.v, b, hk, imax(j0, P) - P, j1 - P);
+    } else {
+      att_prefetch_rows<T, D>(a.k, b, hk, j0, j1);
+      att_prefetch_rows<T, D>(a.v, b, hk, j0, j1);
+    }
+  }
+#endif
+}
+
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
           int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true, bool MMA = false>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
@@ -511,13 +581,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const bool q_vec = MMA && rows_vec_ok(a.q, VEC);  // MMA: q rows read as 16-byte vectors
   const long long tiles = (rows + R - 1) / R;
   const long long items = B * Hk * tiles;
-  long long splits = 1;
-  if constexpr (SPLIT > 1) {
-    const long long want = (ATT_SPLIT_TARGET + items - 1) / items;
-    const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
-    splits = want < by_len ? want : by_len;
-    splits = splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
-  }
+  const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
   __shared__ bool last_unit;
 
   // shared memory (attention.py fast_smem: 16 * ceil(12 R / 16) + 4 * (R D + NW R D + 3 NW R) bytes)

@@ -73,6 +73,10 @@ FAST_MMA = True
 MMA_ENV = "ATLAS_ATTENTION_MMA"  # overrides FAST_MMA (0 / 1, A/B timing)
 MMA_HEAD_DIMS = (64, 128)
 WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # auto (fast_warps' rule), or 2, 4 or 8 for every kernel (A/B timing)
+# EARLY_KV: a decode attention_decode asks L2 for its K / V rows before its pdl_enter (attention.cu
+# attention_prefetch_kv), so they stream in while the QKV projection before it runs. Off until measured.
+EARLY_KV = False
+EARLY_KV_ENV = "ATLAS_ATTENTION_EARLY_KV"  # overrides EARLY_KV (0 / 1, A/B timing)
 
 
 def path_choice() -> str:
@@ -187,6 +191,7 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     """attention_decode for a node fast_decline accepted (its args are already bound); dk_up / dv_up: the
     head dims' maxima (the kernel may run attention_rows itself, K/V rows not 16-byte aligned: its shared
     memory too)."""
+    bind = list(ctx.lines)  # the args' bindings (early_kv_prefetch repeats them before the wait)
     q_v, k_v = node.inputs[0], node.inputs[1]
     attrs = node.attrs
     t = c_type(q_v.dtype)
@@ -236,8 +241,31 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     blocks = max(items, min(items * split, FAST_SPLIT_TARGET))
     # ATLAS_EARLY_WEIGHTS=2 (linear.py): the next kernel, a projection, may launch right after the wait and load
     # its first weights while this one runs (at batch 1 most of this grid's blocks have no work)
+    prefetch = ""
+    if early_kv_setting() and ctx.upper(sq) == 1:
+        prefetch = _early_kv_prefetch(ctx, node, bind, f"{t}, {mask_t}, {d}, {r}, {has_past}, {split}, "
+                                      f"{split_min_keys()}")
     return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch,
-                      counters=counters, trigger_early=early_mode() == "2")
+                      counters=counters, trigger_early=early_mode() == "2", prefetch=prefetch)
+
+
+def _early_kv_prefetch(ctx: KernelContext, node: Node, bind: list[str], tmpl: str) -> str:
+    """KernelCode.prefetch of ATLAS_ATTENTION_EARLY_KV: the args bound again in a scope of their own before the
+    wait, then attention_prefetch_kv with the compile-time bounds of the batch and of k's (and pk's) rows, which
+    keep its addresses inside the arena whatever the dims buffer holds then (it reads the dims before the wait:
+    an earlier step's copy wrote them, not the kernel before; the prefetch is only a hint)."""
+    q_v, k_v = node.inputs[0], node.inputs[1]
+    pk_v = node.inputs[4] if len(node.inputs) > 4 else None
+
+    def rows(value: Value) -> int:  # the sequence dim of a [B, H, S, D] or [B, S, H*D] value
+        return ctx.upper(value.shape[1] if len(value.shape) == 3 else value.shape[2])
+
+    caps = f"{ctx.upper(q_v.shape[0])}LL, {rows(k_v)}LL, {rows(pk_v) if pk_v is not None else 0}LL"
+    return "\n".join(["  {  // early KV (ATLAS_ATTENTION_EARLY_KV): this block's K / V rows into L2 before the wait",
+                      "  const long long* __restrict__ d = reinterpret_cast<const long long*>("
+                      f"arena + {ctx.plan.dims_offset}LL);",
+                      "  (void)d;", *bind,
+                      f"  atlas::attention_prefetch_kv<{tmpl}>(args, {caps});", "  }"])
 
 
 def split_max() -> int:
@@ -293,6 +321,16 @@ def mma_setting() -> bool:
     text = os.environ.get(MMA_ENV, "") or str(int(FAST_MMA))
     if text not in ("0", "1"):
         raise CodegenError(f"{MMA_ENV}={text!r} is not 0 or 1")
+    return text == "1"
+
+
+def early_kv_setting() -> bool:
+    """ATLAS_ATTENTION_EARLY_KV (default EARLY_KV, off): 1 has each decode attention_decode kernel (one query
+    position) prefetch the K / V rows it will read into L2 before it waits for the kernel before it; CodegenError
+    unless 0 or 1."""
+    text = os.environ.get(EARLY_KV_ENV, "") or str(int(EARLY_KV))
+    if text not in ("0", "1"):
+        raise CodegenError(f"{EARLY_KV_ENV}={text!r} is not 0 or 1")
     return text == "1"
 
 

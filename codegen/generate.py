@@ -87,7 +87,9 @@ class KernelCode:
     preamble: str = ""  # namespace-scope code (functors) emitted before the wrapper
     scratch: int = 0  # bytes of work space the kernel uses from ctx.scratch_address(0) on (see GeneratedModule)
     counters: int = 0  # unsigned int counters it uses from ctx.counters_address() on (left at 0)
-    prefetch: str = ""  # statements before atlas::pdl_enter: they may read only constants (weight_prefetch)
+    # statements before atlas::pdl_enter: they may read only constants (weight_prefetch), or what an earlier step
+    # wrote, for a hint that cannot change a result (attention.py's early K / V prefetch)
+    prefetch: str = ""
     choice: dict | None = None  # a per-kernel choice worth recording (the report's codegen `kernels`)
     min_blocks: int = 0  # > 0: __launch_bounds__'s blocks per SM (caps the registers per thread for them)
     # the body calls atlas::pdl_enter itself (linear.cu LinPro: after its first weight loads), before any read of
@@ -397,6 +399,7 @@ def codegen_choices() -> dict:
             "quant_path": quant.path_choice(), "quant_ksplit": quant.ks_choice(), "quant_ofs": quant.ofs_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
+            "attention_early_kv": attention.early_kv_setting(),
             "attention_mma": attention.mma_setting(),
             "attention_warps": attention.warps_setting(),
             # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first

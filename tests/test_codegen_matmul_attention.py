@@ -661,6 +661,58 @@ def test_attention_decode_sequence_split():
     compile_or_skip(one.source)
 
 
+def test_attention_early_kv_prefetches_before_the_wait(monkeypatch, tmp_path):
+    """ATLAS_ATTENTION_EARLY_KV=1: every decode attention_decode kernel (one query position) first binds its args in
+    a scope of its own and calls attention_prefetch_kv with the same SPLIT / MIN_KEYS and the compile-time bounds
+    of the batch and of k's / pk's rows, all before its pdl_enter; kernels for more query positions do not, and
+    unset or 0 the module is the default's, byte for byte. It compiles for sm80 (no code there) and sm90 without
+    spills; any other value is a CodegenError naming the switch."""
+    import re
+
+    from atlasc.codegen import attention
+
+    b = build_attention_decode("float16")
+    graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
+
+    def source(upper: dict, value: str | None) -> str:
+        if value is None:
+            monkeypatch.delenv(attention.EARLY_KV_ENV, raising=False)
+        else:
+            monkeypatch.setenv(attention.EARLY_KV_ENV, value)
+        return generate_module({"d": (graph, plan)}, {"d": upper}).source
+
+    decode = {**DECODE_UPPER, "seq": 1}
+    default = source(decode, None)
+    assert "attention_prefetch_kv<" not in default
+    assert source(decode, "0") == default
+    early = source(decode, "1")
+    kernels = re.split(r'\n(?=extern "C" __global__ void[^;]*\{)', early)[1:]
+    calls = 0
+    for kernel in kernels:
+        if "atlas::attention_decode<" not in kernel:
+            continue
+        calls += 1
+        prefetch = re.search(r"atlas::attention_prefetch_kv<__half, \w+, (\d+), (\d+), (\w+), (\d+), (\d+)>"
+                             r"\(args, (\d+)LL, (\d+)LL, (\d+)LL\);", kernel)
+        assert prefetch, kernel[:400]
+        assert prefetch.start() < kernel.index("atlas::pdl_enter();")
+        d, r, has_past, split, min_keys, bcap, kcap, pcap = prefetch.groups()
+        assert int(split) == attention.FAST_MAX_SPLIT and int(min_keys) == attention.FAST_SPLIT_MIN_KEYS
+        assert int(bcap) == DECODE_UPPER["batch"]
+        assert int(kcap) >= 1 and (int(pcap) > 0) == (has_past == "true")
+        call = re.search(r"atlas::attention_decode<__half, \w+, (\d+), \d+, (\d+), \d+, \d+, (\w+),", kernel)
+        assert call.groups() == (d, r, has_past)
+    assert calls == 11 and early.count("attention_prefetch_kv<") == 11
+    assert "attention_prefetch_kv<" not in source(DECODE_UPPER, "1")  # up to 3 query positions: not a decode step
+    log = _nvcc_log(early, "sm90", tmp_path)
+    assert "spill" not in log.replace("0 bytes spill", ""), log[-3000:]
+    compile_or_skip(early)
+    for bad in ("2", "yes"):
+        monkeypatch.setenv(attention.EARLY_KV_ENV, bad)
+        with pytest.raises(CodegenError, match=attention.EARLY_KV_ENV):
+            attention.early_kv_setting()
+
+
 @pytest.mark.parametrize("path", ["fast", "rows"])
 def test_attention_key_mask_compiles(monkeypatch, path):
     """key_mask=1 nodes (mask-as-lengths) generate the KEYS kernels on both paths, for prefill-sized

@@ -1,7 +1,8 @@
-"""End to end on the GPU (marker `gpu`) for the opt-in kernel paths that have not yet run on a GPU:
-mask-as-lengths (ATLAS_MASK_LENGTHS=1) and the FlashAttention-2 prefill (ATLAS_ATTENTION_PREFILL=fa2), every
+"""End to end on the GPU (marker `gpu`) for the opt-in kernel paths (those not on by default, and those that were
+opt-in until these tests passed): mask-as-lengths (ATLAS_MASK_LENGTHS=1), the FlashAttention-2 prefill
+(ATLAS_ATTENTION_PREFILL=fa2), early weights and early K / V (ATLAS_ATTENTION_EARLY_KV=1), every
 decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
-(pytest-xdist, one worker per file) compiles their 36 artifacts beside test_gpu_runtime.py's, not after them.
+(pytest-xdist, one worker per file) compiles their artifacts beside test_gpu_runtime.py's, not after them.
 """
 
 from __future__ import annotations
@@ -101,6 +102,31 @@ def test_greedy_with_early_weights_matches_onnxruntime(name, mode, build_dir, mo
     if got.tokens == want_tokens:
         for step, logits in enumerate(got.step_logits):
             np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
+    """ATLAS_ATTENTION_EARLY_KV=1 (codegen/attention.py, opt-in until measured): every decode attention kernel asks
+    L2 for its K / V rows before it waits for the QKV projection (a hint, reading the dims before the wait); greedy
+    tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps, CUDA graphs with
+    programmatic edges."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
+    path = f"{build_dir}/{name}-earlykv.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    assert model.manifest.report["codegen"]["attention_early_kv"] is True
+    assert "atlas::attention_prefetch_kv<" in open_artifact(path).source()
+    tol = TOL[entry_of(name)["dtype"]]
+    for batch in (1, 4):
+        prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)
+        got = generate(model, prompts, 32, keep_logits=True)
+        assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+        if got.tokens == want_tokens:
+            for step, logits in enumerate(got.step_logits):
+                np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+    model.close()
 
 
 @pytest.mark.parametrize("quant,group", [("int8", 128), ("int4", 32), ("int4z", 32), ("fp8", 128)])
