@@ -397,6 +397,7 @@ def codegen_choices() -> dict:
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(),
             "quant_path": quant.path_choice(), "quant_ksplit": quant.ks_choice(), "quant_ofs": quant.ofs_choice(),
+            "quant_min_blocks": quant.min_blocks_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
             "attention_early_kv": attention.early_kv_setting(),

@@ -35,7 +35,7 @@ from atlasc.codegen.generate import MAX_GRID, CodegenError, KernelCode, KernelCo
 from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode_calls, decode_choice,
                                    decode_grid, early_min_blocks, early_pro, gemv_variants,
                                    red_floats)
-from atlasc.codegen.quant import bind_quant_weights, ofs_room, quant_calls
+from atlasc.codegen.quant import bind_quant_weights, ofs_room, one_row_min_blocks, quant_calls
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
@@ -251,9 +251,10 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
     cap = grid_cap(m_upper, "act8" if act8 else "quantized")
     grid = max(1, min(MAX_GRID, blocks, cap))
+    bound = early_min_blocks(grid) if early else 0
     return KernelCode("\n".join(body), (grid, 1, 1), (THREADS, 1, 1), smem=smem,
                       prefetch=weight_prefetch(ctx, *proj[:2], *proj[3:4]), waits_inside=bool(early),
-                      min_blocks=early_min_blocks(grid) if early else 0)
+                      min_blocks=bound if act8 else one_row_min_blocks(m_upper, bound))
 
 
 def _rotary_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:

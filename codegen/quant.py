@@ -67,6 +67,12 @@ KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
 # 1 also takes int8's form of it (no subtraction, one correction of 1152 sum x per row: not measured yet).
 OFS_ENV = "ATLAS_QUANT_OFS"
 OFS_MIN_N = 16384
+# The one-row int4 MMA kernels take 73-80 registers (ptxas sm90, 8B shapes): 3 blocks of 8 warps per SM, against 4
+# for the LM head's 64 (its plain OFS kernel reaches 83% of the bandwidth, gate/up 56%). ATLAS_QUANT_MIN_BLOCKS=N
+# (2, 3 or 4; default 0: no bound) gives the one-row quantized kernels with float x __launch_bounds__(256, N):
+# ptxas sm90 at 4, int4 8B QKV / o / gate/up / down plain and fused: 63-64 registers, no spills. Not measured yet.
+MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
+MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
@@ -92,6 +98,22 @@ def mma_applies(dtype: str, bits: int, k, group: int) -> bool:
     if bits == 8:
         return k % STEP_BYTES == 0
     return k % (2 * STEP_BYTES) == 0 and group % 32 == 0
+
+
+def min_blocks_choice() -> int:
+    """ATLAS_QUANT_MIN_BLOCKS as an int (0 when unset); CodegenError unless one of MIN_BLOCKS_VALUES. Recorded in
+    the artifact's codegen choices."""
+    text = os.environ.get(MIN_BLOCKS_ENV, "") or "0"
+    if not text.isdigit() or int(text) not in MIN_BLOCKS_VALUES:
+        raise CodegenError(f"{MIN_BLOCKS_ENV}={text!r} is not a block count (expected one of "
+                           f"{', '.join(map(str, MIN_BLOCKS_VALUES))})")
+    return int(text)
+
+
+def one_row_min_blocks(m_upper: int, early_bound: int = 0) -> int:
+    """The launch bound's blocks per SM of a quantized projection kernel with float x of at most m_upper rows: the
+    larger of min_blocks_choice() (one row only) and early_bound (linear.py early_min_blocks; 0: none)."""
+    return max(min_blocks_choice() if m_upper == 1 else 0, early_bound)
 
 
 def ofs_choice() -> str:
@@ -305,7 +327,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
     grid = max(1, min(MAX_GRID, blocks))
     return KernelCode("\n".join(lines + early + calls), (grid, 1, 1), (THREADS, 1, 1), prefetch=prefetch,
                       scratch=scratch, counters=counters, waits_inside=bool(early),
-                      min_blocks=early_min_blocks(grid) if early else 0)
+                      min_blocks=one_row_min_blocks(m_upper, early_min_blocks(grid) if early else 0))
 
 
 def bind_quant_weights(ctx: KernelContext, node: Node, weights: list, t: str):

@@ -136,8 +136,8 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-VARIANT_KEYS = ("ft", "u", "s", "ks", "ofs")  # forced options in a variant name, after the path: /ftFT, /uU, /sS,
-# /ksKS, /ofsO
+VARIANT_KEYS = ("ft", "u", "s", "ks", "ofs", "mb")  # forced options in a variant name, after the path: /ftFT, /uU,
+# /sS, /ksKS, /ofsO, /mbN
 
 
 def with_options(variants, key: str, values: str) -> tuple[str, ...]:
@@ -146,7 +146,8 @@ def with_options(variants, key: str, values: str) -> tuple[str, ...]:
 
 
 def split_variant(name: str) -> tuple[str, dict[str, str]]:
-    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS][/ksKS][/ofsO] (kernel_lab.py, quant_lab.py)."""
+    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS][/ksKS][/ofsO][/mbN] (kernel_lab.py,
+    quant_lab.py)."""
     path, *opts = name.split("/")
     found = {}
     for opt in opts:

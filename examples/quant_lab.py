@@ -7,6 +7,7 @@
     python examples/quant_lab.py --split 1,4,8 --u 2,4 # sweep forced split-K ways x steps in flight (ATLAS_QUANT_*)
     python examples/quant_lab.py --quant int8 --ks 1,2,4 # a K split across blocks (ATLAS_QUANT_KSPLIT)
     python examples/quant_lab.py --quant int4 --ofs 0,1 # int4 at one row: the offset dequantization (ATLAS_QUANT_OFS)
+    python examples/quant_lab.py --quant int4 --min-blocks 0,4   # launch bound of the one-row kernels
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
     python examples/quant_lab.py --variant table,norm,gated --quant int4 --shapes "8B gate_up"   # fused prologue cost
 
@@ -98,14 +99,15 @@ def build(k: int, n: int, m_max: int, mode: str, act: str = "", kind: str = "lin
 
 
 def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: str = "", u: str = "",
-             act: str = "", ks: str = "", ofs: str = ""):
+             act: str = "", ks: str = "", ofs: str = "", mb: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
-    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks, ATLAS_QUANT_OFS=ofs when given); variant
-    "norm" / "gated": that fused kind with the default path table."""
+    ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_MIN_BLOCKS=mb
+    when given); variant "norm" / "gated": that fused kind with the default path table."""
     kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
     return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
                                                               quant.SPLIT_ENV: split, quant.U_ENV: u,
-                                                              quant.KS_ENV: ks, quant.OFS_ENV: ofs})
+                                                              quant.KS_ENV: ks, quant.OFS_ENV: ofs,
+                                                              quant.MIN_BLOCKS_ENV: mb})
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
@@ -140,6 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ofs", default="", help="comma-separated 0 / 1 / auto: the offset dequantization of the one-row "
                                               "int4 kernels off / on / by width (ATLAS_QUANT_OFS); each becomes a "
                                               "variant name path/ofsO")
+    ap.add_argument("--min-blocks", default="", help="comma-separated 0 / 2 / 3 / 4: the launch bound's blocks per "
+                                                     "SM of the one-row kernels (ATLAS_QUANT_MIN_BLOCKS); each becomes "
+                                                     "a variant name path/mbN")
     ap.add_argument("--ptxas", default="", help="comma-separated archs: print ptxas registers / spills, no GPU")
     ap.add_argument("--copies", type=int, default=1,
                     help="also time N copies of each kernel (the cubin loaded N times) launched round-robin, as a "
@@ -167,7 +172,7 @@ def main(argv=None) -> int:
     if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
     variants = with_options(with_options(with_options(variants, "s", args.split), "u", args.u), "ks", args.ks)
-    variants = with_options(variants, "ofs", args.ofs)
+    variants = with_options(with_options(variants, "ofs", args.ofs), "mb", args.min_blocks)
     t0 = time.perf_counter()
     mods = {}
     for name, (k, n) in shapes.items():
@@ -182,7 +187,7 @@ def main(argv=None) -> int:
                                                               path.removesuffix("-a8"),
                                                               opts.get("s", ""), opts.get("u", ""),
                                                               "int8" if a8 else "", opts.get("ks", ""),
-                                                              opts.get("ofs", ""))
+                                                              opts.get("ofs", ""), opts.get("mb", ""))
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()

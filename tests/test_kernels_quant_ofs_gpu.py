@@ -203,3 +203,73 @@ def test_ofs_keeps_within_the_smallest_arch_shared_memory():
     source = {arch: generate_module({"run": (graph, plan)}, {"run": b.upper}, archs=(arch,)).source
               for arch in ("sm90", "sm75")}
     assert "atlas::QlinOfs{" in source["sm90"] and "atlas::QlinOfs{" not in source["sm75"]
+
+
+def test_min_blocks_bounds_the_one_row_kernels(monkeypatch, tmp_path):
+    """(CPU) ATLAS_QUANT_MIN_BLOCKS=4: every kernel of the one-row graph (int4, int8 and FP8, plain and fused with the
+    RMSNorm) gets __launch_bounds__(256, 4): ptxas (sm90) gives each 64 registers or fewer, and spills none in the
+    symmetric ones of K >= 4096 (the Llama shapes' kind; the zero points' kernels spill 28-54 bytes, K = 128 8-16:
+    what the A/B would weigh); unset or 0 none is bounded, nor any kernel of rows up to 2; values other than 0, 2,
+    3, 4 are a CodegenError."""
+    import re
+
+    from test_codegen_matmul_attention import _nvcc_log, plan_for
+
+    from atlasc.codegen import quant
+    from atlasc.codegen.generate import generate_module
+
+    builder = build_ofs()
+    graph = builder.done()
+    plan, _ = plan_for(graph, builder.upper)
+
+    def source(value: str | None, upper=builder.upper, plan=plan) -> str:
+        if value is None:
+            monkeypatch.delenv(quant.MIN_BLOCKS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(quant.MIN_BLOCKS_ENV, value)
+        return generate_module({"run": (graph, plan)}, {"run": upper}).source
+
+    bounded = source("4")
+    assert bounded.count('__launch_bounds__(256, 4) run_') == len(graph.nodes)
+    assert ", 4) run_" not in source(None) and source("0") == source(None)
+    two = {"m": 2}
+    assert ", 4) run_" not in source("4", two, plan_for(graph, two)[0])
+    report = {}  # kernel -> (registers, spill stores, spill loads)
+    for block in _nvcc_log(bounded, "sm90", tmp_path).split("Compiling entry function ")[1:]:
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        report[block.split("'")[1]] = (int(re.search(r"Used (\d+) registers", block).group(1)), int(spill.group(1)),
+                                       int(spill.group(2)))
+    assert len(report) == len(graph.nodes) and max(r for r, _, _ in report.values()) <= 64
+    for i, node in enumerate(graph.nodes):
+        zero_points = node.attrs.get("linear", node.op) == "LinearQ4" and len(node.inputs) > 4 + (node.op != "LinearQ4")
+        if node.inputs[0].shape[-1] >= 4096 and not zero_points:
+            (kernel,) = [k for k in report if k.startswith(f"run_{i:04d}_")]
+            assert report[kernel][1:] == (0, 0), (kernel, report[kernel])
+    for bad in ("1", "5", "x"):
+        with pytest.raises(quant.CodegenError, match=quant.MIN_BLOCKS_ENV):
+            source(bad)
+
+
+@pytest.mark.gpu
+def test_min_blocks_kernels_match_reference(monkeypatch):
+    """ATLAS_QUANT_MIN_BLOCKS=4 (the same code at 64 registers): the one-row graph's outputs against the reference
+    within the quantized kernels' 2e-2 of max |y|, with the default offset dequantization (auto) and with it on."""
+    from kernel_harness import run_on_gpu
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.codegen import quant
+    from atlasc.ir import interpret
+
+    builder = build_ofs()
+    graph = builder.done()
+    feeds = builder.inputs(np.random.default_rng(9), {"m": 1})
+    want = interpret(graph, feeds)
+    monkeypatch.setenv(quant.MIN_BLOCKS_ENV, "4")
+    for mode in ("auto", "1"):
+        monkeypatch.setenv(quant.OFS_ENV, mode)
+        got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_for)
+        for name, w in want.items():
+            w = w.astype(np.float64)
+            top = max(np.abs(w).max(), 1e-3)
+            err = np.abs(got[name].astype(np.float64) - w).max()
+            assert np.isfinite(err) and err <= 2e-2 * top, f"{name} (OFS {mode}): err {err} / {top}"
