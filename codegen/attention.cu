@@ -507,11 +507,15 @@ __device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long
 }
 
 // Early KV (attention.py ATLAS_ATTENTION_EARLY_KV): before the kernel's pdl_enter, an L2 prefetch of the K and V
-// rows this block's units of attention_decode will read (the same units and runs; every key up to Skv, a superset
-// of a causal tile's), so they stream in while the kernel before (the QKV projection that appends this step's row)
-// still runs. Only a hint: it changes no result. It reads the views' run-time dims before the wait, written by an
-// earlier step's copy (at worst a stale value moves the addresses); bcap, kcap and pcap, the compile-time bounds of
-// the batch and of k's and pk's rows, keep every address inside the views' arena.
+// rows of the block's first unit of attention_decode (the same units and runs; keys up to Skv, a superset of a causal
+// tile's), at most ATT_EARLY_KV_BYTES of each, so they stream in while the kernel before (the QKV projection that
+// appends this step's row) still runs: all of a batch-1 run of 256 keys at head dim 128 (64 KB of K, 64 of V), and at
+// most 33.5 MB over a 256-block grid (batch 32), within the H200's 50 MB L2 (not measured: what it evicts at batch 32
+// is for the A/B to say). Only a hint: it changes no result. It reads the views' run-time dims before the wait,
+// written by an earlier step's copy (at worst a stale value moves the addresses); bcap, kcap and pcap, the
+// compile-time bounds of the batch and of k's and pk's rows, keep every address inside the views' arena.
+constexpr long long ATT_EARLY_KV_BYTES = 65536;
+
 template <typename T, typename MT, int D, int R, bool HAS_PAST, int SPLIT = 1, int MIN_KEYS = ATT_SPLIT_MIN_KEYS>
 __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, long long bcap, long long kcap,
                                                       long long pcap = 0) {
@@ -523,20 +527,21 @@ __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, 
   const long long Skv = P + imin(a.k.shape[2], kcap);
   const long long tiles = (Hq / Hk * Sq + R - 1) / R, items = B * Hk * tiles;
   const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
-  const long long nblk = (Skv + 31) / 32;
-  for (long long unit = blockIdx.x; unit < items * splits; unit += gridDim.x) {
-    const long long item = unit / splits, sp = unit % splits;
-    const long long hk = (item / tiles) % Hk, b = item / (tiles * Hk);
-    const long long j0 = sp * nblk / splits * 32, j1 = imin(Skv, (sp + 1) * nblk / splits * 32);
-    if constexpr (HAS_PAST) {
-      att_prefetch_rows<T, D>(a.pk, b, hk, j0, imin(j1, P));
-      att_prefetch_rows<T, D>(a.pv, b, hk, j0, imin(j1, P));
-      att_prefetch_rows<T, D>(a.k, b, hk, imax(j0, P) - P, j1 - P);
-      att_prefetch_rows<T, D>(a.v, b, hk, imax(j0, P) - P, j1 - P);
-    } else {
-      att_prefetch_rows<T, D>(a.k, b, hk, j0, j1);
-      att_prefetch_rows<T, D>(a.v, b, hk, j0, j1);
-    }
+  const long long unit = blockIdx.x, nblk = (Skv + 31) / 32;
+  if (unit >= items * splits) return;
+  const long long item = unit / splits, sp = unit % splits;
+  const long long hk = (item / tiles) % Hk, b = item / (tiles * Hk);
+  const long long j0 = sp * nblk / splits * 32;
+  const long long cap = ATT_EARLY_KV_BYTES / (D * (long long)sizeof(T));  // rows
+  const long long j1 = imin(imin(Skv, (sp + 1) * nblk / splits * 32), j0 + cap);
+  if constexpr (HAS_PAST) {
+    att_prefetch_rows<T, D>(a.pk, b, hk, j0, imin(j1, P));
+    att_prefetch_rows<T, D>(a.pv, b, hk, j0, imin(j1, P));
+    att_prefetch_rows<T, D>(a.k, b, hk, imax(j0, P) - P, j1 - P);
+    att_prefetch_rows<T, D>(a.v, b, hk, imax(j0, P) - P, j1 - P);
+  } else {
+    att_prefetch_rows<T, D>(a.k, b, hk, j0, j1);
+    att_prefetch_rows<T, D>(a.v, b, hk, j0, j1);
   }
 #endif
 }
