@@ -120,13 +120,24 @@ def spill_directory() -> Iterator[Path]:
     """A fresh private folder in the temporary directory, removed with its files on any exit. Its removal is
     armed before the folder exists: tempfile.TemporaryDirectory makes the folder first, and a SIGTERM landing
     between its mkdir and the cleanup's registration (the compile's handler raises SystemExit there) left
-    the folder behind (seen once in CI)."""
+    the folder behind (seen once in CI); a SystemExit landing in the removal itself is caught and the removal
+    finished."""
     path = Path(tempfile.gettempdir()) / f"atlasc-spill-{uuid.uuid4().hex}"
+    ours = True
     try:
-        path.mkdir(mode=0o700)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # not ours to remove (a uuid4 name: practically never)
+            ours = False
+            raise
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if ours:
+            try:
+                shutil.rmtree(path, ignore_errors=True)
+            except BaseException:  # the first SIGTERM's SystemExit landing in the removal: finish it, then go on
+                shutil.rmtree(path, ignore_errors=True)  # (the handler ignores later SIGTERMs)
+                raise
 
 
 def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOptions, seconds: dict,

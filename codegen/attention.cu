@@ -484,64 +484,73 @@ __device__ __forceinline__ long long att_decode_splits(long long items, long lon
 }
 
 // L2 prefetch of rows [j0, j1) of a K or V view's (b, h): one bulk prefetch per 32 KB of adjacent rows (row stride
-// D), else one per row (16-byte aligned rows only); the block's threads share the requests
+// D), else one per row (16-byte aligned rows only); nothing unless every element read lies in [0, extent) from v.p
+// (the value's allocation). The block's threads share the requests.
 template <typename T, int D>
-__device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long b, long long h, long long j0,
-                                                  long long j1) {
+__device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long extent, long long b, long long h,
+                                                  long long j0, long long j1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr unsigned ROW = D * sizeof(T);
   constexpr long long PER = (32768 / ROW) > 0 ? 32768 / ROW : 1;  // rows per request when adjacent
-  const T* base = v.p + b * v.stride[0] + h * v.stride[1];
-  if (j1 <= j0 || (reinterpret_cast<unsigned long long>(base) & 15ULL) != 0 || v.stride[3] != 1) return;
-  if (v.stride[2] == D) {
-    for (long long r = j0 + threadIdx.x * PER; r < j1; r += (long long)blockDim.x * PER) {
-      const long long n = j1 - r < PER ? j1 - r : PER;
+  constexpr long long VEC = 16 / (long long)sizeof(T);
+  const long long rs = v.stride[2], first = b * v.stride[0] + h * v.stride[1] + j0 * rs;
+  if (j1 <= j0 || first < 0 || rs < D || rs % VEC != 0 || v.stride[3] != 1 || first + (j1 - 1 - j0) * rs + D > extent)
+    return;
+  const T* base = v.p + first;
+  if ((reinterpret_cast<unsigned long long>(base) & 15ULL) != 0) return;
+  if (rs == D) {
+    for (long long r = threadIdx.x * PER; r < j1 - j0; r += (long long)blockDim.x * PER) {
+      const long long n = j1 - j0 - r < PER ? j1 - j0 - r : PER;
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * D), "r"((unsigned)(n * ROW))
                    : "memory");
     }
-  } else if (v.stride[2] % (16 / (long long)sizeof(T)) == 0) {
-    for (long long r = j0 + threadIdx.x; r < j1; r += blockDim.x)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * v.stride[2]), "r"(ROW) : "memory");
+  } else {
+    for (long long r = threadIdx.x; r < j1 - j0; r += blockDim.x)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * rs), "r"(ROW) : "memory");
   }
 #endif
 }
 
 // Early KV (attention.py ATLAS_ATTENTION_EARLY_KV): before the kernel's pdl_enter, an L2 prefetch of the K and V
-// rows of the block's first unit of attention_decode (the same units and runs; keys up to Skv, a superset of a causal
-// tile's), at most ATT_EARLY_KV_BYTES of each, so they stream in while the kernel before (the QKV projection that
-// appends this step's row) still runs: all of a batch-1 run of 256 keys at head dim 128 (64 KB of K, 64 of V), and at
-// most 33.5 MB over a 256-block grid (batch 32), within the H200's 50 MB L2 (not measured: what it evicts at batch 32
-// is for the A/B to say). Only a hint: it changes no result. It reads the views' run-time dims before the wait,
-// written by an earlier step's copy (at worst a stale value moves the addresses); bcap, kcap and pcap, the
-// compile-time bounds of the batch and of k's and pk's rows, keep every address inside the views' arena.
+// rows of the block's first unit of attention_decode at one query position (the same units, runs and key limit), at
+// most ATT_EARLY_KV_BYTES of each, so they stream in while the kernel before (the QKV projection that appends this
+// step's row) still runs: all of a batch-1 run of 256 keys at head dim 128 (64 KB of K, 64 of V), and at most 33.5 MB
+// over a 256-block grid (batch 32), within the H200's 50 MB L2 (not measured: what it evicts at batch 32 is for the
+// A/B to say). Only a hint: it changes no result. It reads the dims before the wait: the step's input copy or staging
+// kernel wrote them before its first kernel (the staging kernel's graph edges stay plain, runtime/cudagraph.py); even
+// so every request is bounded by its value's allocation (ke, ve, pke, pve: elements from the view's base), whatever
+// the dims hold. Sq is taken as at most 1 (the emitter asks for it only there).
 constexpr long long ATT_EARLY_KV_BYTES = 65536;
 
-template <typename T, typename MT, int D, int R, bool HAS_PAST, int SPLIT = 1, int MIN_KEYS = ATT_SPLIT_MIN_KEYS>
-__device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, long long bcap, long long kcap,
-                                                      long long pcap = 0) {
+template <typename T, typename MT, int D, int R, bool HAS_PAST, bool CAUSAL, int SPLIT = 1,
+          int MIN_KEYS = ATT_SPLIT_MIN_KEYS>
+__device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, long long ke, long long ve,
+                                                      long long pke = 0, long long pve = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const long long B = a.q.shape[0] < bcap ? a.q.shape[0] : bcap;
-  const long long Hq = a.q.shape[1], Sq = a.q.shape[2], Hk = a.k.shape[1];
+  const long long B = imin(a.q.shape[0], 1LL << 20), Hq = a.q.shape[1], Sq = imin(a.q.shape[2], 1);
+  const long long Hk = a.k.shape[1];
   if (B <= 0 || Hk <= 0 || Hq % Hk != 0 || Sq <= 0) return;
-  const long long P = HAS_PAST ? imin(a.past, pcap) : 0;
-  const long long Skv = P + imin(a.k.shape[2], kcap);
-  const long long tiles = (Hq / Hk * Sq + R - 1) / R, items = B * Hk * tiles;
+  const long long P = HAS_PAST ? imax(0, imin(a.past, 1LL << 30)) : 0;
+  const long long Skv = imin(P + imax(0, imin(a.k.shape[2], 1LL << 30)), 1LL << 30);
+  const long long group = Hq / Hk, rows = group * Sq;
+  const long long tiles = (rows + R - 1) / R, items = B * Hk * tiles;
   const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
-  const long long unit = blockIdx.x, nblk = (Skv + 31) / 32;
+  const long long unit = blockIdx.x;
   if (unit >= items * splits) return;
   const long long item = unit / splits, sp = unit % splits;
-  const long long hk = (item / tiles) % Hk, b = item / (tiles * Hk);
-  const long long j0 = sp * nblk / splits * 32;
-  const long long cap = ATT_EARLY_KV_BYTES / (D * (long long)sizeof(T));  // rows
-  const long long j1 = imin(imin(Skv, (sp + 1) * nblk / splits * 32), j0 + cap);
+  const long long tile = item % tiles, hk = (item / tiles) % Hk, b = item / (tiles * Hk);
+  long long kend = Skv;  // as attention_decode (KEYS' causal limit is Skv at one query position)
+  if constexpr (CAUSAL) kend = imin(Skv, (imin(rows, tile * R + R) - 1) / group + P + 1);
+  const long long nblk = (kend + 31) / 32, cap = ATT_EARLY_KV_BYTES / (D * (long long)sizeof(T));
+  const long long j0 = sp * nblk / splits * 32, j1 = imin(imin(kend, (sp + 1) * nblk / splits * 32), j0 + cap);
   if constexpr (HAS_PAST) {
-    att_prefetch_rows<T, D>(a.pk, b, hk, j0, imin(j1, P));
-    att_prefetch_rows<T, D>(a.pv, b, hk, j0, imin(j1, P));
-    att_prefetch_rows<T, D>(a.k, b, hk, imax(j0, P) - P, j1 - P);
-    att_prefetch_rows<T, D>(a.v, b, hk, imax(j0, P) - P, j1 - P);
+    att_prefetch_rows<T, D>(a.pk, pke, b, hk, j0, imin(j1, P));
+    att_prefetch_rows<T, D>(a.pv, pve, b, hk, j0, imin(j1, P));
+    att_prefetch_rows<T, D>(a.k, ke, b, hk, imax(j0, P) - P, j1 - P);
+    att_prefetch_rows<T, D>(a.v, ve, b, hk, imax(j0, P) - P, j1 - P);
   } else {
-    att_prefetch_rows<T, D>(a.k, b, hk, j0, j1);
-    att_prefetch_rows<T, D>(a.v, b, hk, j0, j1);
+    att_prefetch_rows<T, D>(a.k, ke, b, hk, j0, j1);
+    att_prefetch_rows<T, D>(a.v, ve, b, hk, j0, j1);
   }
 #endif
 }

@@ -243,7 +243,7 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     # its first weights while this one runs (at batch 1 most of this grid's blocks have no work)
     prefetch = ""
     if early_kv_setting() and ctx.upper(sq) == 1:
-        prefetch = _early_kv_prefetch(ctx, node, bind, f"{t}, {mask_t}, {d}, {r}, {has_past}, {split}, "
+        prefetch = _early_kv_prefetch(ctx, node, bind, f"{t}, {mask_t}, {d}, {r}, {has_past}, {causal}, {split}, "
                                       f"{split_min_keys()}")
     return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch,
                       counters=counters, trigger_early=early_mode() == "2", prefetch=prefetch)
@@ -251,21 +251,23 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
 
 def _early_kv_prefetch(ctx: KernelContext, node: Node, bind: list[str], tmpl: str) -> str:
     """KernelCode.prefetch of ATLAS_ATTENTION_EARLY_KV: the args bound again in a scope of their own before the
-    wait, then attention_prefetch_kv with the compile-time bounds of the batch and of k's (and pk's) rows, which
-    keep its addresses inside the arena whatever the dims buffer holds then (it reads the dims before the wait:
-    an earlier step's copy wrote them, not the kernel before; the prefetch is only a hint)."""
-    q_v, k_v = node.inputs[0], node.inputs[1]
-    pk_v = node.inputs[4] if len(node.inputs) > 4 else None
+    wait, then attention_prefetch_kv with the elements each K / V value's allocation holds from its base (its
+    requests stay inside them whatever the dims buffer holds; the same in every batch bucket and, for KV-cache
+    slots, every layer, so the kernels share as without it)."""
+    ins = list(node.inputs) + [None] * (6 - len(node.inputs))
+    k_v, v_v, pk_v, pv_v = ins[1], ins[2], ins[4], ins[5]
 
-    def rows(value: Value) -> int:  # the sequence dim of a [B, H, S, D] or [B, S, H*D] value
-        return ctx.upper(value.shape[1] if len(value.shape) == 3 else value.shape[2])
+    def extent(value: Value | None) -> str:
+        if value is None:
+            return "0LL"
+        return f"{ctx.plan.placement(value).nbytes // to_numpy(value.dtype).itemsize}LL"
 
-    caps = f"{ctx.upper(q_v.shape[0])}LL, {rows(k_v)}LL, {rows(pk_v) if pk_v is not None else 0}LL"
+    extents = ", ".join(extent(v) for v in (k_v, v_v, pk_v, pv_v))
     return "\n".join(["  {  // early KV (ATLAS_ATTENTION_EARLY_KV): this block's K / V rows into L2 before the wait",
                       "  const long long* __restrict__ d = reinterpret_cast<const long long*>("
                       f"arena + {ctx.plan.dims_offset}LL);",
                       "  (void)d;", *bind,
-                      f"  atlas::attention_prefetch_kv<{tmpl}>(args, {caps});", "  }"])
+                      f"  atlas::attention_prefetch_kv<{tmpl}>(args, {extents});", "  }"])
 
 
 def split_max() -> int:

@@ -70,7 +70,8 @@ OFS_MIN_N = 16384
 # The one-row int4 MMA kernels take 73-80 registers (ptxas sm90, 8B shapes): 3 blocks of 8 warps per SM, against 4
 # for the LM head's 64 (its plain OFS kernel reaches 83% of the bandwidth, gate/up 56%). ATLAS_QUANT_MIN_BLOCKS=N
 # (2, 3 or 4; default 0: no bound) gives the one-row quantized kernels with float x __launch_bounds__(256, N):
-# ptxas sm90 at 4, int4 8B QKV / o / gate/up / down plain and fused: 63-64 registers, no spills. Not measured yet.
+# ptxas sm90 at 4, int4 8B QKV / o / gate/up / down plain and fused: 63-64 registers, no spills (zero-point kernels
+# spill up to 60 bytes). Not measured yet.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most

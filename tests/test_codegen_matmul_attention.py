@@ -663,10 +663,10 @@ def test_attention_decode_sequence_split():
 
 def test_attention_early_kv_prefetches_before_the_wait(monkeypatch, tmp_path):
     """ATLAS_ATTENTION_EARLY_KV=1: every decode attention_decode kernel (one query position) first binds its args in
-    a scope of its own and calls attention_prefetch_kv with the same SPLIT / MIN_KEYS and the compile-time bounds
-    of the batch and of k's / pk's rows, all before its pdl_enter; kernels for more query positions do not, and
-    unset or 0 the module is the default's, byte for byte. It compiles for sm80 (no code there) and sm90 without
-    spills; any other value is a CodegenError naming the switch."""
+    a scope of its own and calls attention_prefetch_kv with the same D / R / flags / SPLIT / MIN_KEYS and the
+    elements of each K / V (and past) value's allocation, all before its pdl_enter; kernels for more query positions
+    do not, and unset or 0 the module is the default's, byte for byte. It compiles for sm80 (no code there) and sm90
+    without spills; any other value is a CodegenError naming the switch."""
     import re
 
     from atlasc.codegen import attention
@@ -686,22 +686,26 @@ def test_attention_early_kv_prefetches_before_the_wait(monkeypatch, tmp_path):
     assert "attention_prefetch_kv<" not in default
     assert source(decode, "0") == default
     early = source(decode, "1")
-    kernels = re.split(r'\n(?=extern "C" __global__ void[^;]*\{)', early)[1:]
     calls = 0
-    for kernel in kernels:
+    for node in graph.nodes:
+        start = early.index(f"\n// {node.name}: ")
+        kernel = early[start:early.index("\n}\n", start)]
         if "atlas::attention_decode<" not in kernel:
             continue
         calls += 1
-        prefetch = re.search(r"atlas::attention_prefetch_kv<__half, \w+, (\d+), (\d+), (\w+), (\d+), (\d+)>"
-                             r"\(args, (\d+)LL, (\d+)LL, (\d+)LL\);", kernel)
+        prefetch = re.search(r"atlas::attention_prefetch_kv<__half, \w+, (\d+), (\d+), (\w+), (\w+), (\d+), (\d+)>"
+                             r"\(args, (\d+)LL, (\d+)LL, (\d+)LL, (\d+)LL\);", kernel)
         assert prefetch, kernel[:400]
         assert prefetch.start() < kernel.index("atlas::pdl_enter();")
-        d, r, has_past, split, min_keys, bcap, kcap, pcap = prefetch.groups()
+        d, r, has_past, causal, split, min_keys, ke, ve, pke, pve = prefetch.groups()
         assert int(split) == attention.FAST_MAX_SPLIT and int(min_keys) == attention.FAST_SPLIT_MIN_KEYS
-        assert int(bcap) == DECODE_UPPER["batch"]
-        assert int(kcap) >= 1 and (int(pcap) > 0) == (has_past == "true")
-        call = re.search(r"atlas::attention_decode<__half, \w+, (\d+), \d+, (\d+), \d+, \d+, (\w+),", kernel)
-        assert call.groups() == (d, r, has_past)
+        call = re.search(r"atlas::attention_decode<__half, \w+, (\d+), \d+, (\d+), \d+, \d+, (\w+), \w+, (\w+),",
+                         kernel)
+        assert call.groups() == (d, r, has_past, causal)
+        ins = list(node.inputs) + [None] * 6
+        want = [plan.placement(v).nbytes // 2 if v is not None else 0 for v in (ins[1], ins[2], ins[4], ins[5])]
+        assert [int(ke), int(ve), int(pke), int(pve)] == want and min(want[:2]) > 0
+        assert (want[2] > 0) == (has_past == "true")
     assert calls == 11 and early.count("attention_prefetch_kv<") == 11
     assert "attention_prefetch_kv<" not in source(DECODE_UPPER, "1")  # up to 3 query positions: not a decode step
     log = _nvcc_log(early, "sm90", tmp_path)
@@ -711,6 +715,28 @@ def test_attention_early_kv_prefetches_before_the_wait(monkeypatch, tmp_path):
         monkeypatch.setenv(attention.EARLY_KV_ENV, bad)
         with pytest.raises(CodegenError, match=attention.EARLY_KV_ENV):
             attention.early_kv_setting()
+
+
+@pytest.mark.parametrize("max_batch", [8, 32])
+def test_attention_early_kv_keeps_the_kernels_shared(monkeypatch, max_batch):
+    """ATLAS_ATTENTION_EARLY_KV=1 adds no kernel to a decoder's module: the prefetch's bounds (its K / V cache slots'
+    sizes) are the same in every layer and batch bucket, so the layers' attention kernels share as without it
+    (a batch bound from the bucket once made each layer's batch-1 attention a kernel of its own)."""
+    from atlasc.compiler import program_module
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import run_pipeline
+
+    from conftest import FIXTURES
+
+    opts = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64)
+    program, _ = run_pipeline(Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, opts))
+    counts = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", value)
+        module = program_module(program, opts.archs)
+        counts[value] = (len(module.kernels), module.source.count("attention_prefetch_kv<"))
+    assert counts["0"][0] == counts["1"][0] and counts["0"][1] == 0 and counts["1"][1] > 0, counts
 
 
 @pytest.mark.parametrize("path", ["fast", "rows"])

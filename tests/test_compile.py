@@ -157,11 +157,12 @@ def test_encoder_forward_matches_onnxruntime(name, artifact):
             np.testing.assert_allclose(out[k], w, **TOL["fp32"], err_msg=k)
 
 
-@pytest.mark.parametrize("when", ["right after mkdir", "inside the block"])
+@pytest.mark.parametrize("when", ["right after mkdir", "inside the block", "in the removal"])
 def test_a_stop_anywhere_removes_the_spill_directory(tmp_path, monkeypatch, when):
-    """A SystemExit (the compile's SIGTERM handler) raised the instant the spill folder exists, or inside the
-    compile that uses it, leaves no folder behind (tempfile.TemporaryDirectory made the folder before it
-    armed its cleanup, and CI once saw a terminated compile leave it)."""
+    """A SystemExit (the compile's SIGTERM handler) raised the instant the spill folder exists, inside the
+    compile that uses it, or in the middle of the folder's removal leaves no folder behind
+    (tempfile.TemporaryDirectory made the folder before it armed its cleanup, and CI once saw a terminated
+    compile leave it)."""
     import os
 
     import atlasc.compiler as compiler
@@ -175,9 +176,39 @@ def test_a_stop_anywhere_removes_the_spill_directory(tmp_path, monkeypatch, when
 
     if when == "right after mkdir":
         monkeypatch.setattr(os, "mkdir", mkdir_then_stop)
+    real_unlink, stops = os.unlink, []
+
+    def unlink_once_then_stop(path, *args, **kwargs):  # the first unlink of the removal is cut short
+        if not stops:
+            stops.append(path)
+            raise SystemExit(143)
+        return real_unlink(path, *args, **kwargs)
+
+    if when == "in the removal":
+        monkeypatch.setattr(os, "unlink", unlink_once_then_stop)
     with pytest.raises(SystemExit):
         with compiler.spill_directory() as spill:
             assert spill.is_dir() and spill.parent == tmp_path
             (spill / "w.bin").write_bytes(b"x" * 64)
-            raise SystemExit(143)
+            (spill / "u.bin").write_bytes(b"x" * 64)
+            if when != "in the removal":
+                raise SystemExit(143)
     assert list(tmp_path.iterdir()) == []
+    assert bool(stops) == (when == "in the removal")
+
+
+def test_the_spill_directory_leaves_a_folder_it_did_not_make(tmp_path, monkeypatch):
+    """A name that exists already (a uuid4 collision) is an error, and that folder is not removed."""
+    import uuid
+
+    import atlasc.compiler as compiler
+
+    monkeypatch.setattr(compiler.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(compiler.uuid, "uuid4", lambda: uuid.UUID(int=7))
+    theirs = tmp_path / f"atlasc-spill-{uuid.UUID(int=7).hex}"
+    theirs.mkdir()
+    (theirs / "keep").write_text("x")
+    with pytest.raises(FileExistsError):
+        with compiler.spill_directory():
+            pass
+    assert (theirs / "keep").read_text() == "x"
