@@ -191,7 +191,7 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     """attention_decode for a node fast_decline accepted (its args are already bound); dk_up / dv_up: the
     head dims' maxima (the kernel may run attention_rows itself, K/V rows not 16-byte aligned: its shared
     memory too)."""
-    bind = list(ctx.lines)  # the args' bindings (early_kv_prefetch repeats them before the wait)
+    bind = list(ctx.lines)  # the args' bindings (_early_kv_prefetch repeats them before the wait)
     q_v, k_v = node.inputs[0], node.inputs[1]
     attrs = node.attrs
     t = c_type(q_v.dtype)

@@ -67,6 +67,7 @@ KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
 # 1 also takes int8's form of it (no subtraction, one correction of 1152 sum x per row: not measured yet).
 OFS_ENV = "ATLAS_QUANT_OFS"
 OFS_MIN_N = 16384
+OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # The one-row int4 MMA kernels take 73-80 registers (ptxas sm90, 8B shapes): 3 blocks of 8 warps per SM, against 4
 # for the LM head's 64 (its plain OFS kernel reaches 83% of the bandwidth, gate/up 56%). ATLAS_QUANT_MIN_BLOCKS=N
 # (2, 3 or 4; default 0: no bound) gives the one-row quantized kernels with float x __launch_bounds__(256, N):
@@ -74,7 +75,6 @@ OFS_MIN_N = 16384
 # spill up to 60 bytes). Not measured yet.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
-OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
