@@ -190,6 +190,9 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "share_kernels": False}) == "ATLAS_SHARE_KERNELS=0"
     assert _opt_ins({**defaults, "quant_ofs": "auto"}) == ""
     assert _opt_ins({**defaults, "quant_ofs": "0"}) == "ATLAS_QUANT_OFS=0"
+    assert _opt_ins({**defaults, "quant_min_blocks": 0, "attention_early_kv": False}) == ""
+    assert _opt_ins({**defaults, "quant_min_blocks": 4, "attention_early_kv": True}) == \
+        "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
     assert _opt_ins({**defaults, "early_weights": "2"}) == ""
     assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"
