@@ -501,12 +501,11 @@ __device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long
   if (rs == D) {
     for (long long r = threadIdx.x * PER; r < j1 - j0; r += (long long)blockDim.x * PER) {
       const long long n = j1 - j0 - r < PER ? j1 - j0 - r : PER;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * D), "r"((unsigned)(n * ROW))
-                   : "memory");
+      l2_prefetch_bulk(base + r * D, (unsigned)(n * ROW));
     }
   } else {
     for (long long r = threadIdx.x; r < j1 - j0; r += blockDim.x)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * rs), "r"(ROW) : "memory");
+      l2_prefetch_bulk(base + r * rs, ROW);
   }
 #endif
 }

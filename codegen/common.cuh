@@ -35,6 +35,14 @@ __device__ __forceinline__ void pdl_leave() {
 #endif
 }
 
+// ask L2 for the `bytes` bytes at p (16-byte aligned, a multiple of 16): one bulk prefetch, only a hint (sm90+:
+// nothing on older arches)
+__device__ __forceinline__ void l2_prefetch_bulk(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // L2 prefetch of a constant (weights) before pdl_enter: the first `bytes` bytes (a multiple of 16) of
 // rows [0, rows) of a row-major array whose rows start row_bytes apart (16-byte aligned), the rows split
 // evenly over the grid's blocks, one cp.async.bulk.prefetch per row (sm90+; nothing on older arches).
@@ -47,8 +55,7 @@ __device__ __forceinline__ void prefetch_rows_l2(const unsigned char* p, long lo
   const int per = (rows + int(gridDim.x) - 1) / int(gridDim.x);
   for (int i = threadIdx.x; i < per; i += blockDim.x) {
     const long long r = (long long)blockIdx.x * per + i;
-    if (r < rows) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + r * row_bytes), "r"(bytes)
-                               : "memory");
+    if (r < rows) l2_prefetch_bulk(p + r * row_bytes, bytes);
   }
 #endif
 }

@@ -72,7 +72,7 @@ OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # for the LM head's 64 (its plain OFS kernel reaches 83% of the bandwidth, gate/up 56%). ATLAS_QUANT_MIN_BLOCKS=N
 # (2, 3 or 4; default 0: no bound) gives the one-row quantized kernels with float x __launch_bounds__(256, N):
 # ptxas sm90 at 4, int4 8B QKV / o / gate/up / down plain and fused: 63-64 registers, no spills (zero-point kernels
-# spill up to 60 bytes). Not measured yet.
+# spill 28-54 bytes in the test's graph). Not measured yet.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 PATHS = ("simt", "table")
