@@ -438,9 +438,10 @@ def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
     143 with the running nvcc terminated, not waited for (no cubin reached the cache), and removes the spill
     directory, nvcc's folder and the temporary artifact: nothing half-written. (Not a wall-time bound: under
     pytest -n on two busy cores the interpreter's exit alone took 25 s once.) The module compiles as one nvcc
-    translation unit (ATLAS_NVCC_CHUNK): with its default chunks a small one could finish, and be cached,
-    between the folder's appearance and the signal on a loaded machine (seen once in CI), which is correct
-    behaviour but not what this test can tell apart from a compile that waited for nvcc."""
+    translation unit (ATLAS_NVCC_CHUNK), and nvcc is a wrapper that sleeps 60 s before the real one (its
+    --version answers at once): on a loaded machine a compile could otherwise finish, and be cached, between the
+    folder's appearance and the signal (seen twice in CI), which is correct behaviour but not what this test can
+    tell apart from a compile that waited for nvcc."""
     import signal
     import time
 
@@ -450,6 +451,12 @@ def test_terminated_compile_leaves_nothing_behind(tmp_path, stage):
     out.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), "ATLAS_CACHE_DIR": str(tmp_path / "cache"),
            "ATLAS_NVCC_CHUNK": "100000"}
+    if stage == "nvcc":  # slow enough that the signal always lands while it runs
+        real = os.environ.get("ATLAS_NVCC") or shutil.which("nvcc")
+        slow = tmp_path / "slow-nvcc"
+        slow.write_text(f'#!/bin/sh\n[ "$1" = "--version" ] && exec "{real}" "$@"\nsleep 60\nexec "{real}" "$@"\n')
+        slow.chmod(0o755)
+        env["ATLAS_NVCC"] = str(slow)
     proc = subprocess.Popen([sys.executable, "-m", "atlasc", "compile", str(GPT2), "-o", str(out / "g.atlas"),
                              *GPT2_FLAGS], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
