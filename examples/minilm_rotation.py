@@ -132,6 +132,7 @@ def residual_permutation(kind: str, readers: list[nn.Linear], hs: dict[int, torc
     (perm-spread), or in a random order (perm-random)."""
     energy = sum(torch.diag(hs[id(lin)]) / torch.diag(hs[id(lin)]).mean() for lin in readers)
     order = torch.argsort(energy, descending=True)
+    print(f"strongest channels {order[:2].tolist()}: {(energy[order[:2]] / energy.median()).tolist()} x the median")
     k = order.numel()
     if kind == "perm-spread":
         order = torch.cat([order[g::k // G] for g in range(k // G)])
