@@ -195,3 +195,44 @@ def test_quant_lab_fused_variants(kind):
     want = kernel_lab.reference(x, dequantize_int4(wq, scale, quant_lab.GROUP), kind)
     assert got.shape == want.shape == (m, n // 2 if kind == "gated" else n)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_bulk_variants_bring_weights_by_the_copy_engine(monkeypatch):
+    """--bulk / ATLAS_LINEAR_BULK (opt-in): the MMA decode runs of more than 8 rows carry BULK stages, lin_red becomes
+    dynamic shared memory sized for the partial sums plus the ring (linear.bulk_smem) and the grid is one even wave;
+    the runs of up to 8 rows, prefill-sized kernels and the default keep registers; the module compiles for sm90 and
+    ptxas keeps the M = 32 kernel within 128 registers; a compile that includes sm80, bad values: CodegenErrors naming
+    the variable."""
+    from atlasc.codegen import linear
+    from atlasc.codegen.nvcc import compile_cubins
+    from atlasc.ir.archs import blocks_per_sm
+
+    from quant_lab import ptxas_report
+
+    _, _, mod = kernel_lab.generate(4096, 28672, 32, "table", "", "", "", "2")  # FT 2 (auto) at 32 rows
+    (launch,) = mod.launches["run"]
+    assert "linear_mma_decode<__half, 2, 4, 2, false, 2, 1, 2>" in mod.source
+    assert "linear_mma_decode<__half, 2, 2, 2, false, 2, 1, 2>" in mod.source
+    assert re.search(r"linear_mma_decode<__half, 2, 1, \d+, false>", mod.source)  # M <= 8: registers
+    assert "extern __shared__ __align__(16) float lin_red[];" in mod.source
+    stage = 32 * (64 * 8 * 2 + 64)  # 16 * FT rows of 64 * 8 warps * U bytes, + 64 each
+    assert launch.smem == 4 * 4 * 8 * 32 * 4 + 2 * stage + 16 * 2 == linear.bulk_smem(
+        [(0, 8, 1), (8, 16, 2), (16, 32, 4)], 28672, 2)
+    assert blocks_per_sm(("sm90",), launch.smem + 1024) == 2
+    assert launch.grid[0] == 224  # 896 feature blocks of 32: 4 per block, 224 blocks (one wave: 264)
+    (_, spill_stores, _), = ptxas_report(mod.source, "sm90").values()
+    assert spill_stores <= 16
+    _, _, plain = kernel_lab.generate(4096, 28672, 32, "table")
+    assert "float lin_red[];" not in plain.source and plain.launches["run"][0].smem == 0
+    _, _, prefill = kernel_lab.generate(4096, 28672, 64, "table", "", "", "", "2")
+    assert "float lin_red[];" not in prefill.source
+    assert not re.search(r"linear_mma_decode<__half, 2, \d, \d, false, \d, 1, 2>", prefill.source)
+    assert kernel_lab.split_variant("table/ft1/bulk4") == ("table", {"ft": "1", "bulk": "4"})
+    assert set(compile_cubins(mod.source, ("sm90",))) == {"sm90"}
+    monkeypatch.setenv(linear.BULK_ENV, "4")
+    with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_BULK=4 needs sm90"):
+        linear.decode_bulk(("sm80", "sm90"))
+    assert linear.decode_bulk(("sm90",)) == 4
+    monkeypatch.setenv(linear.BULK_ENV, "1")
+    with pytest.raises(linear.CodegenError, match="ATLAS_LINEAR_BULK"):
+        linear.decode_bulk(("sm90",))
