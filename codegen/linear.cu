@@ -180,6 +180,8 @@ template <typename T> struct XView {
     return __ldg(reinterpret_cast<const uint4*>(p + off[m] + k));
   }
   __device__ __forceinline__ float at(int m, long long k) const { return float(load(p + off[m] + k * ks)); }
+  // row m from column 0 (the MMA decode's bulk ring copies x this way: unit stride along K, 16-byte aligned rows)
+  __device__ __forceinline__ const T* row(int m) const { return p + off[m]; }
 };
 
 // RMSNormalization (ADD: AddRMSNormalization) as the prologue, staged: lin_norm_stage writes
@@ -676,15 +678,16 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
 // and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
 // pro: see LinPro (the block's first item's first round of U steps is loaded before it).
-// BULK > 0 (opt-in, ATLAS_LINEAR_BULK; sm90, plain: no epilogue, no K split, no pro): the weights of each whole round
-// (the block's 16 * FT rows x LIN_WARPS * U steps: 64 * LIN_WARPS * U contiguous bytes per row) come into a ring of
-// BULK stages in shared memory by the copy engine (cp.async.bulk, one copy per row, issued by warp 0's lanes),
-// BULK - 1 rounds ahead, across the block's items, so that weight bytes stay in flight without registers while the
-// warps run their MMAs and reductions. A stage's rows lie 64 * LIN_WARPS * U + 64 bytes apart (64 mod 128: the
-// 16-byte reads of rows g and g + 1 fall in different banks). Stage i has two mbarriers: full (warp 0's expect_tx
-// arrival + the copies' bytes) and empty (one arrival per warp once it has read the stage). red: dynamic shared
-// memory, the partial sums (4 * J * 32 * LIN_WARPS floats) followed by the ring and its 2 * BULK barriers (linear.py
-// bulk_smem). The steps after the whole rounds take the register loops below.
+// BULK > 0 (opt-in, ATLAS_LINEAR_BULK; sm90, plain: x from an XView, no epilogue, no K split, no pro): each whole
+// round's weights (the block's 16 * FT rows x LIN_WARPS * U steps: 64 * LIN_WARPS * U contiguous bytes per row) and
+// x (its M rows over the same k) come into a ring of BULK stages in shared memory by the copy engine (cp.async.bulk,
+// one copy per row, issued by warp 0's lanes), BULK - 1 rounds ahead, across the block's items, so that bytes stay
+// in flight without registers and the warps' MMAs wait on no global load. A stage's rows (16 * FT weight rows, then
+// 8 * J x rows) lie 64 * LIN_WARPS * U + 64 bytes apart (64 mod 128: the 16-byte reads of rows g and g + 1 fall in
+// different banks). Stage i has two mbarriers: full (warp 0's expect_tx arrival + the copies' bytes) and empty (one
+// arrival per warp once it has read the stage). red: dynamic shared memory, the partial sums (4 * J * 32 *
+// LIN_WARPS floats) followed by the ring and its 2 * BULK barriers (linear.py bulk_smem). The steps after the whole
+// rounds take the register loops below.
 template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, int BULK = 0, typename XS,
           typename EPI = LinNoEpi, typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
@@ -734,7 +737,7 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   pro();
   // the bulk ring (BULK > 0): ticket t is the block's round t, of its item t / b_rounds (every item has b_rounds)
   constexpr int NB = BULK > 0 ? BULK : 1;  // (no division by a zero BULK in the unused code below)
-  constexpr int B_ROWS = 16 * FT, B_CH = 64 * LIN_WARPS * U, B_PITCH = B_CH + 64, B_STAGE = B_ROWS * B_PITCH;
+  constexpr int B_ROWS = 16 * FT, B_CH = 64 * LIN_WARPS * U, B_PITCH = B_CH + 64, B_STAGE = (B_ROWS + 8 * J) * B_PITCH;
   const unsigned b_ring = lin_smem(red + 4 * J * 32 * LIN_WARPS), b_full = b_ring + NB * B_STAGE;
   const unsigned b_empty = b_full + 8 * NB;
   const long long b_rounds = BULK > 0 ? steps / (LIN_WARPS * U) : 0;
@@ -745,10 +748,13 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
     if (t >= NB) lin_bar_wait(b_empty + 8 * st, unsigned(t / NB - 1) & 1u);
     const long long nblk = (blockIdx.x + (t / b_rounds) * gridDim.x) * 16 * FT;
     const long long k0 = (t % b_rounds) * (LIN_WARPS * U * 32);
-    if (lane == 0) lin_bar_expect(b_full + 8 * st, B_ROWS * B_CH);
+    if (lane == 0) lin_bar_expect(b_full + 8 * st, unsigned(B_ROWS + M) * B_CH);
     __syncwarp();
-    for (int rr = lane; rr < B_ROWS; rr += 32)  // row rr of the stage: feature nblk + rr (tile rr / 16, A row rr % 16)
-      lin_bulk_copy(b_ring + st * B_STAGE + rr * B_PITCH, w + imin(nblk + rr, N - 1) * K + k0, B_CH, b_full + 8 * st);
+    for (int rr = lane; rr < B_ROWS + M; rr += 32)  // row rr: feature nblk + rr (tile rr / 16, A row rr % 16), then
+      lin_bulk_copy(b_ring + st * B_STAGE + rr * B_PITCH,  // x row rr - B_ROWS
+                    rr < B_ROWS ? static_cast<const void*>(w + imin(nblk + rr, N - 1) * K + k0)
+                                : static_cast<const void*>(xs.row(rr - B_ROWS) + k0),
+                    B_CH, b_full + 8 * st);
   };
   if constexpr (BULK > 0) {
     if (threadIdx.x == 0) {
@@ -804,7 +810,7 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
           }
 #pragma unroll
           for (int j = 0; j < J; ++j) {
-            const uint4 xv = xs.vec(xm[j], (r * LIN_WARPS * U + warp + LIN_WARPS * u) * 32 + 8 * c);
+            const uint4 xv = *reinterpret_cast<const uint4*>(sp + (B_ROWS + xm[j] - g) * B_PITCH + u * LIN_WARPS * 64);
 #pragma unroll
             for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wl[f], wh[f], xv);
           }

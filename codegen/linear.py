@@ -187,10 +187,10 @@ def decode_bulk(archs: tuple[str, ...]) -> int:
 
 def bulk_stage_bytes(j: int, n_static) -> int:
     """Bytes of one stage of the bulk ring for the MMA decode run with J x-row tiles (linear.cu B_STAGE): 16 * FT
-    rows of 64 * WARPS * U bytes, each padded by 64."""
+    weight rows and 8 * J x rows of 64 * WARPS * U bytes, each padded by 64."""
     ft = decode_ft(j, n_static)
     u = max(1, decode_u(j) // ft)
-    return 16 * ft * (64 * WARPS * u + 64)
+    return (16 * ft + 8 * j) * (64 * WARPS * u + 64)
 
 
 def bulk_smem(runs: list, n_static, stages: int) -> int:
