@@ -74,7 +74,9 @@ MMA_ENV = "ATLAS_ATTENTION_MMA"  # overrides FAST_MMA (0 / 1, A/B timing)
 MMA_HEAD_DIMS = (64, 128)
 WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # auto (fast_warps' rule), or 2, 4 or 8 for every kernel (A/B timing)
 # EARLY_KV: a decode attention_decode asks L2 for its K / V rows before its pdl_enter (attention.cu
-# attention_prefetch_kv), so they stream in while the QKV projection before it runs. Off until measured.
+# attention_prefetch_kv), so they stream in while the QKV projection before it runs. Off: H200, 8 layers of Llama-3-8B
+# shapes at batch 1, the decode step replayed alone 1242.0 -> 1237.8 us at 256 keys, 1294.1 -> 1293.0 at 4096
+# (docs/perf.md v28): -0.3%, against the 1-2 us per attention predicted.
 EARLY_KV = False
 EARLY_KV_ENV = "ATLAS_ATTENTION_EARLY_KV"  # overrides EARLY_KV (0 / 1, A/B timing)
 

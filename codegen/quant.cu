@@ -223,13 +223,6 @@ __device__ __forceinline__ void qlin_q8_pairs(unsigned u, unsigned (&p)[2]) {
   p[1] = qlin_hsub2(__byte_perm(v, 0x64646464u, 0x4341), 0x64806480u);
 }
 
-// OFS (int8): the same pairs without the subtraction, (1152 + q) exactly; the chain starts at minus 1152 sum x
-__device__ __forceinline__ void qlin_q8_raw(unsigned u, unsigned (&p)[2]) {
-  const unsigned v = u ^ 0x80808080u;
-  p[0] = __byte_perm(v, 0x64646464u, 0x4240);
-  p[1] = __byte_perm(v, 0x64646464u, 0x4341);
-}
-
 // 4 E4M3 codes of one row (u: k 0..3) -> half2 pairs (k0, k2), (k1, k3), the order of qlin_q8_pairs;
 // exact (every E4M3 value is a float16): cvt.rn.f16x2.e4m3x2 on sm89+, through cuda_fp8.h
 __device__ __forceinline__ void qlin_f8_pairs(unsigned u, unsigned (&p)[2]) {
@@ -327,10 +320,8 @@ __device__ __forceinline__ void qlin_step4(float (&acc)[J][4], const uint4& wlo,
 // MMA chain then sums 1024 S_e + 64 S_o + sum n x (S_e / S_o: the x sums over the step's even / odd k), so it
 // starts from -(1024 S_e + 64 S_o + z (S_e + S_o)) and ends at sum (n - z) x = sum q x. 5 instructions per 8
 // weights instead of 9, none for x. Products stay exact; the chain's partial sums are ~1000x larger than the
-// result, so its float32 rounding is larger too (measured against the default in docs/perf.md v26).
-// int8 (ATLAS_QUANT_OFS=1 only; not measured yet): the pairs of qlin_q8_pairs without the subtraction, 1152 + q, x
-// read as before; the block sums x once (qlin_ofs_sum) and the K range's first warp (ks = 0) starts each item's
-// chain at -1152 sum x, so the warps' partials add up to sum q x (cancellation ~16x at K = 4096: |q| ~ 73).
+// result, so its float32 rounding is larger too (measured against the default in docs/perf.md v26). (int8's form,
+// one correction of -1152 sum x per row, was measured and removed: docs/perf.md v28.)
 struct QlinNoOfs {
   static constexpr bool ON = false;
   __half* x = nullptr;
@@ -339,8 +330,7 @@ struct QlinNoOfs {
 struct QlinOfs {
   static constexpr bool ON = true;
   __half* x;     // K halves, 16-byte aligned
-  float* corr;   // int4, per 128-k step: 1032 S_e + 72 S_o (symmetric), or (ZP) the pair 1024 S_e + 64 S_o, S_e + S_o;
-                 // int8: qlin_ofs_sum's scratch (32 floats)
+  float* corr;   // per 128-k step: 1032 S_e + 72 S_o (symmetric), or (ZP) the pair 1024 S_e + 64 S_o, S_e + S_o
 };
 
 // the two halves of a half2 (as its bits), added in float32
@@ -385,18 +375,6 @@ __device__ __forceinline__ void qlin_ofs_stage(const __half* xp, int K, QlinOfs 
   __syncthreads();
 }
 
-// OFS for int8 (x stays where it is): the sum of x row 0 (K halves at xp, unit stride, 16-byte aligned, K % 64 == 0)
-// for every thread (block_sum; scratch: 32 floats of shared memory). Every thread of the block calls it.
-template <bool XSMEM>
-__device__ __forceinline__ float qlin_ofs_sum(const __half* xp, int K, float* scratch) {
-  float sum = 0.f;
-  for (int v = threadIdx.x; v < K / 8; v += QLIN_THREADS) {
-    const uint4 p = qlin_ldx<XSMEM>(xp + 8 * v);
-    sum += qlin_half2_sum(p.x) + qlin_half2_sum(p.y) + qlin_half2_sum(p.z) + qlin_half2_sum(p.w);
-  }
-  return block_sum(sum, scratch);
-}
-
 // one int4 step of OFS (J = 1, G % 128 == 0): wlo / whi as in qlin_step4, xs + k the staged x at the lane's
 // k, clo / chi the offset sums of rows g / g + 8 (the chain starts at minus them), slo / shi their group scales
 __device__ __forceinline__ void qlin_step4_ofs(float (&acc)[1][4], const uint4& wlo, const uint4& whi,
@@ -419,7 +397,7 @@ __device__ __forceinline__ void qlin_step4_ofs(float (&acc)[1][4], const uint4& 
 }
 
 // one int8 step (F8: E4M3 codes): wlo / whi = 16 k of rows g / g + 8 (lane c's k 16c .. 16c+15 of the step)
-template <typename T, int J, bool F8, bool XSMEM = false, bool OFS8 = false>
+template <typename T, int J, bool F8, bool XSMEM = false>
 __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo, const uint4& whi,
                                            const T* const (&xr)[J], int k) {
   const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
@@ -431,11 +409,6 @@ __device__ __forceinline__ void qlin_step8(float (&acc)[J][4], const uint4& wlo,
       qlin_f8_pairs(uhi[2 * h], ph0);
       qlin_f8_pairs(ulo[2 * h + 1], pl1);
       qlin_f8_pairs(uhi[2 * h + 1], ph1);
-    } else if constexpr (OFS8) {
-      qlin_q8_raw(ulo[2 * h], pl0);
-      qlin_q8_raw(uhi[2 * h], ph0);
-      qlin_q8_raw(ulo[2 * h + 1], pl1);
-      qlin_q8_raw(uhi[2 * h + 1], ph1);
     } else {
       qlin_q8_pairs(ulo[2 * h], pl0);
       qlin_q8_pairs(uhi[2 * h], ph0);
@@ -677,7 +650,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   constexpr int F = QLIN_WARPS / S;               // 16-feature blocks per item
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
   constexpr bool EXACT = BITS == 8 || GS % 128 == 0;
-  static_assert(!OFS::ON || (((BITS == 4 && EXACT) || (BITS == 8 && !F8)) && J == 1 && KS == 1 && sizeof(T) == 2),
+  static_assert(!OFS::ON || (BITS == 4 && EXACT && J == 1 && KS == 1 && sizeof(T) == 2),
                 "offset dequantization: int4 with G % 128 == 0 or int8, one row of float16 x");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int fb = warp / S, ks = warp % S;
@@ -716,10 +689,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
     }
   }
   pro();
-  if constexpr (OFS::ON && BITS == 4) qlin_ofs_stage<ZP, XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs);
-  float ofs8 = 0.f;  // (int8 OFS: 1152 sum x, see QlinOfs)
-  if constexpr (OFS::ON && BITS == 8)
-    ofs8 = 1152.f * qlin_ofs_sum<XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs.corr);
+  if constexpr (OFS::ON) qlin_ofs_stage<ZP, XSMEM>(reinterpret_cast<const __half*>(x.p), int(K), ofs);
   for (long long item = blockIdx.x; item < keys * ks_n; item += gridDim.x) {
     if constexpr (PRO::TRIGGER) {
       if (item + gridDim.x >= keys * ks_n) pdl_leave();  // the block's last item
@@ -728,11 +698,10 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
     const int kr = int(item % ks_n), s_end = min(steps, (kr + 1) * run);
     const int nb0 = int(key / tiles_m) * (FB * F), n0 = nb0 + FB * fb, m0 = int(key % tiles_m) * (8 * J);
     float acc[J][4];
-    const float acc0 = OFS::ON && BITS == 8 && ks == 0 ? -ofs8 : 0.f;  // (int8 OFS: the K range's first warp)
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[j][q] = acc0;
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
     if (n0 < outs) {  // warp-uniform
       const int r0 = GATED ? int(epi.row_a(min(n0 + g, H - 1), n_rows)) : min(n0 + g, n_rows - 1);
       const int r1 = GATED ? int(epi.row_b(min(n0 + g, H - 1), n_rows)) : min(n0 + g + 8, n_rows - 1);
@@ -780,7 +749,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
                                                __half_as_ushort(shi[u]) * 0x10001u);
               }
             } else {
-              qlin_step8<T, J, F8, XSMEM, OFS::ON>(acc, wlo[u], whi[u], xr, st * 64);
+              qlin_step8<T, J, F8, XSMEM>(acc, wlo[u], whi[u], xr, st * 64);
             }
           }
         }

@@ -63,8 +63,9 @@ KS_MAX_BLOCKS = 132  # auto splits only below this many blocks (the H200's SMs)
 # in fragment order, 5 instructions per 8 weights instead of 9, no x byte permutes). ATLAS_QUANT_OFS=auto (default)
 # takes it for weights of at least OFS_MIN_N rows: H200 lab at one row (docs/perf.md v26), us off / on: 8B gate/up
 # with SwiGLU 29.01 / 27.00, LM head 87.22 / 77.30; QKV 7.66 / 8.22, o 6.19 / 6.65, down 15.08 / 15.77 (the staging
-# at the block's start costs more than the shorter steps save where a warp has few steps). 1 / 0: always / never;
-# 1 also takes int8's form of it (no subtraction, one correction of 1152 sum x per row: not measured yet).
+# at the block's start costs more than the shorter steps save where a warp has few steps). 1 / 0: always / never.
+# (int8's form, no subtraction and one correction of -1152 sum x per row, was measured and removed (v28): -1 to -5% on
+# the wide plain kernels, +4 to +19% on the fused ones, and 4.4e-3 of max |y| off at K = 14336 for x with a mean.)
 OFS_ENV = "ATLAS_QUANT_OFS"
 OFS_MIN_N = 16384
 OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
@@ -126,25 +127,21 @@ def ofs_choice() -> str:
     return mode
 
 
-def ofs_smem(bits: int, k: int, zp: bool) -> int:
-    """Static shared bytes of the offset dequantization's arrays for K = k: int4 the staged row (qlin_ofs_x) and the
-    steps' sums (qlin_ofs_c), int8 the block sum's scratch."""
-    return 2 * k + 4 * (k // 128) * (2 if zp else 1) if bits == 4 else 4 * 32
+def ofs_smem(k: int, zp: bool) -> int:
+    """Static shared bytes of the offset dequantization's arrays for K = k: the staged row (qlin_ofs_x) and the
+    steps' sums (qlin_ofs_c)."""
+    return 2 * k + 4 * (k // 128) * (2 if zp else 1)
 
 
-def ofs_applies(bits: int, f8: bool, group: int, zp: bool, k_static, m_upper: int, ks: int, n_upper: int,
-                room: int) -> bool:
-    """Whether the tensor-core call takes the offset dequantization (quant.cu OFS): one row of x (m_upper 1), K static
-    (int4: up to OFS_MAX_K) with its arrays (ofs_smem) within `room` bytes of the block's shared memory, no K split
-    across blocks; int4 with groups of a multiple of 128 under ATLAS_QUANT_OFS 1, or auto with a weight of at least
-    OFS_MIN_N rows; int8 (not FP8 codes) under ATLAS_QUANT_OFS 1 only."""
+def ofs_applies(bits: int, group: int, zp: bool, k_static, m_upper: int, ks: int, n_upper: int, room: int) -> bool:
+    """Whether the tensor-core call takes the offset dequantization (quant.cu OFS): int4 (not int8 or FP8) with groups
+    of a multiple of 128, one row of x (m_upper 1), K static up to OFS_MAX_K with its arrays (ofs_smem) within `room`
+    bytes of the block's shared memory, no K split across blocks; under ATLAS_QUANT_OFS 1, or auto with a weight of at
+    least OFS_MIN_N rows."""
     mode = ofs_choice()
-    if bits == 4:
-        chosen = group % 128 == 0 and (mode == "1" or (mode == "auto" and n_upper >= OFS_MIN_N))
-    else:
-        chosen = not f8 and mode == "1"
+    chosen = bits == 4 and group % 128 == 0 and (mode == "1" or (mode == "auto" and n_upper >= OFS_MIN_N))
     return (chosen and m_upper == 1 and ks == 1 and isinstance(k_static, int)
-            and (bits == 8 or k_static <= OFS_MAX_K) and ofs_smem(bits, k_static, zp) <= room)
+            and k_static <= OFS_MAX_K and ofs_smem(k_static, zp) <= room)
 
 
 def ofs_room(archs: tuple[str, ...], dynamic: int = 0) -> int:
@@ -246,12 +243,10 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
         else:
             lines.append("  float* qlin_red = nullptr;")
         args = f"{x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red{tail}"
-        ofs = ofs_applies(bits, f8, group, zp, k_static, m_upper, ks, n_upper, room)
-        if ofs and bits == 4:  # the staged row and the steps' offset sums (quant.cu QlinOfs; float2 pairs with ZP)
+        ofs = ofs_applies(bits, group, zp, k_static, m_upper, ks, n_upper, room)
+        if ofs:  # the staged row and the steps' offset sums (quant.cu QlinOfs; float2 pairs with ZP)
             lines += [f"  __shared__ __align__(16) __half qlin_ofs_x[{k_static}];",
                       f"  __shared__ __align__(8) float qlin_ofs_c[{k_static // 128 * (2 if zp else 1)}];"]
-        elif ofs:  # int8: the scratch of the block sum of x
-            lines += ["  __half* qlin_ofs_x = nullptr;", "  __shared__ float qlin_ofs_c[32];"]
         flags = (f", {str(f8).lower()}, {str(zp).lower()}, true" if xsmem else
                  f"{', true' if f8 else ''}{', false, true' if zp else ''}")
         # (OFS: a kernel for one row; any other M, e.g. 0, takes the fallback)
