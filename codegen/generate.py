@@ -395,7 +395,7 @@ def codegen_choices() -> dict:
     from atlasc.codegen import attention, flash_attention, gemm, linear, quant, sampling
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
-            "linear_ksplit": linear.ks_choice(), "linear_bulk": linear.bulk_choice(),
+            "linear_ksplit": linear.ks_choice(),
             "quant_path": quant.path_choice(), "quant_ksplit": quant.ks_choice(), "quant_ofs": quant.ofs_choice(),
             "quant_min_blocks": quant.min_blocks_choice(),
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),

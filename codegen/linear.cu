@@ -76,49 +76,6 @@ template <int N> __device__ __forceinline__ void lin_cp_wait() {
 #endif
 }
 
-// bulk copies through the copy engine, completing on an mbarrier (sm90+; nothing on older arches, where the MMA
-// decode's BULK path is not compiled in: linear.py allows it only in compiles for sm90 and newer). bar / dst: shared
-// addresses (lin_smem); an mbarrier is 8 bytes, a bulk copy's addresses and size multiples of 16.
-__device__ __forceinline__ void lin_bar_init(unsigned bar, unsigned count) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-// the initialized barriers visible to the copy engine (then a __syncthreads makes them visible to the block)
-__device__ __forceinline__ void lin_bar_init_fence() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-// one arrival that also tells the barrier `bytes` more are to come from bulk copies in this phase
-__device__ __forceinline__ void lin_bar_expect(unsigned bar, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void lin_bar_arrive(unsigned bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#endif
-}
-// spin until the barrier's phase of this parity has completed
-__device__ __forceinline__ void lin_bar_wait(unsigned bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  while (!done) {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-#endif
-}
-// `bytes` global -> shared by the copy engine, counted against bar's expected bytes
-__device__ __forceinline__ void lin_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-
 template <typename T> struct LinVec;
 template <> struct LinVec<float> {
   static constexpr int N = 4;
@@ -180,8 +137,6 @@ template <typename T> struct XView {
     return __ldg(reinterpret_cast<const uint4*>(p + off[m] + k));
   }
   __device__ __forceinline__ float at(int m, long long k) const { return float(load(p + off[m] + k * ks)); }
-  // row m from column 0 (the MMA decode's bulk ring copies x this way: unit stride along K, 16-byte aligned rows)
-  __device__ __forceinline__ const T* row(int m) const { return p + off[m]; }
 };
 
 // RMSNormalization (ADD: AddRMSNormalization) as the prologue, staged: lin_norm_stage writes
@@ -678,18 +633,8 @@ __device__ __forceinline__ void lin_mma_step(float (&d)[4], const uint4& wlo, co
 // cnt; the block that arrives last adds the ks_n partials in run order (deterministic), then adds the bias
 // and stores, and puts the counter back to 0 (the scratch's counters start and end at 0).
 // pro: see LinPro (the block's first item's first round of U steps is loaded before it).
-// BULK > 0 (opt-in, ATLAS_LINEAR_BULK; sm90, plain: x from an XView, no epilogue, no K split, no pro): each whole
-// round's weights (the block's 16 * FT rows x LIN_WARPS * U steps: 64 * LIN_WARPS * U contiguous bytes per row) and
-// x (its M rows over the same k) come into a ring of BULK stages in shared memory by the copy engine (cp.async.bulk,
-// one copy per row, issued by warp 0's lanes), BULK - 1 rounds ahead, across the block's items, so that bytes stay
-// in flight without registers and the warps' MMAs wait on no global load. A stage's rows (16 * FT weight rows, then
-// 8 * J x rows) lie 64 * LIN_WARPS * U + 64 bytes apart (64 mod 128: the 16-byte reads of rows g and g + 1 fall in
-// different banks). Stage i has two mbarriers: full (warp 0's expect_tx arrival + the copies' bytes) and empty (one
-// arrival per warp once it has read the stage). red: dynamic shared memory, the partial sums (4 * J * 32 *
-// LIN_WARPS floats) followed by the ring and its 2 * BULK barriers (linear.py bulk_smem). The steps after the whole
-// rounds take the register loops below.
-template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, int BULK = 0, typename XS,
-          typename EPI = LinNoEpi, typename PRO = LinNoPro>
+template <typename T, int R, int J, int U, bool HAS_BIAS, int FT = 1, int KS = 1, typename XS, typename EPI = LinNoEpi,
+          typename PRO = LinNoPro>
 __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restrict__ w,
                                                   const T* __restrict__ bias, long long bias_stride,
                                                   const View<T, R>& y, long long M, long long N, long long K,
@@ -699,8 +644,6 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
   constexpr bool GATED = lin_gated<EPI>();
   static_assert(FT == 1 || !GATED, "paired epilogues hold one feature tile per warp");
   static_assert(KS == 1 || (FT == 1 && !GATED), "a K split across blocks is for plain one-tile projections");
-  static_assert(BULK == 0 || (BULK >= 2 && KS == 1 && !GATED && !PRO::EARLY),
-                "the bulk ring: at least 2 stages, plain projections without a K split or early weights");
   constexpr int SLOTS = 4 * J * 32;  // one feature block's partial sums (red's rows r = 4j + q x 32 lanes)
   __shared__ bool lin_last;  // KS > 1: this block is the feature block's last run to finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -735,39 +678,6 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
     }
   }
   pro();
-  // the bulk ring (BULK > 0): ticket t is the block's round t, of its item t / b_rounds (every item has b_rounds)
-  constexpr int NB = BULK > 0 ? BULK : 1;  // (no division by a zero BULK in the unused code below)
-  constexpr int B_ROWS = 16 * FT, B_CH = 64 * LIN_WARPS * U, B_PITCH = B_CH + 64, B_STAGE = (B_ROWS + 8 * J) * B_PITCH;
-  const unsigned b_ring = lin_smem(red + 4 * J * 32 * LIN_WARPS), b_full = b_ring + NB * B_STAGE;
-  const unsigned b_empty = b_full + 8 * NB;
-  const long long b_rounds = BULK > 0 ? steps / (LIN_WARPS * U) : 0;
-  const long long b_total = b_rounds * (items > blockIdx.x ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0);
-  long long b_t = 0;  // the next ticket to consume
-  auto b_issue = [&](long long t) {  // warp 0: ticket t into stage t % BULK once that stage's last reader is done
-    const int st = int(t % NB);
-    if (t >= NB) lin_bar_wait(b_empty + 8 * st, unsigned(t / NB - 1) & 1u);
-    const long long nblk = (blockIdx.x + (t / b_rounds) * gridDim.x) * 16 * FT;
-    const long long k0 = (t % b_rounds) * (LIN_WARPS * U * 32);
-    if (lane == 0) lin_bar_expect(b_full + 8 * st, unsigned(B_ROWS + M) * B_CH);
-    __syncwarp();
-    for (int rr = lane; rr < B_ROWS + M; rr += 32)  // row rr: feature nblk + rr (tile rr / 16, A row rr % 16), then
-      lin_bulk_copy(b_ring + st * B_STAGE + rr * B_PITCH,  // x row rr - B_ROWS
-                    rr < B_ROWS ? static_cast<const void*>(w + imin(nblk + rr, N - 1) * K + k0)
-                                : static_cast<const void*>(xs.row(rr - B_ROWS) + k0),
-                    B_CH, b_full + 8 * st);
-  };
-  if constexpr (BULK > 0) {
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < BULK; ++i) {
-        lin_bar_init(b_full + 8 * i, 1);
-        lin_bar_init(b_empty + 8 * i, LIN_WARPS);
-      }
-      lin_bar_init_fence();
-    }
-    __syncthreads();
-    if (warp == 0)
-      for (long long t = 0; t < BULK - 1 && t < b_total; ++t) b_issue(t);
-  }
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     if constexpr (PRO::TRIGGER) {
       if (item + gridDim.x >= items) pdl_leave();  // the block's last item
@@ -793,33 +703,6 @@ __device__ __forceinline__ void linear_mma_decode(const XS& xs, const T* __restr
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[f][j][q] = 0.f;
     long long s = ks * run + warp;
-    if constexpr (BULK > 0) {  // (ks = 0, s_end = steps)
-      for (long long r = 0; r < b_rounds; ++r, ++b_t) {
-        if (warp == 0 && b_t + BULK - 1 < b_total) b_issue(b_t + BULK - 1);
-        const int st = int(b_t % NB);
-        lin_bar_wait(b_full + 8 * st, unsigned(b_t / NB) & 1u);
-        const unsigned char* sp = reinterpret_cast<const unsigned char*>(red + 4 * J * 32 * LIN_WARPS) +
-                                  st * B_STAGE + g * B_PITCH + warp * 64 + 16 * c;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          uint4 wl[FT], wh[FT];
-#pragma unroll
-          for (int f = 0; f < FT; ++f) {
-            wl[f] = *reinterpret_cast<const uint4*>(sp + 16 * f * B_PITCH + u * LIN_WARPS * 64);
-            wh[f] = *reinterpret_cast<const uint4*>(sp + (16 * f + 8) * B_PITCH + u * LIN_WARPS * 64);
-          }
-#pragma unroll
-          for (int j = 0; j < J; ++j) {
-            const uint4 xv = *reinterpret_cast<const uint4*>(sp + (B_ROWS + xm[j] - g) * B_PITCH + u * LIN_WARPS * 64);
-#pragma unroll
-            for (int f = 0; f < FT; ++f) lin_mma_step(acc[f][j], wl[f], wh[f], xv);
-          }
-        }
-        __syncwarp();
-        if (lane == 0) lin_bar_arrive(b_empty + 8 * st);  // this warp is done with the stage
-      }
-      s = b_rounds * LIN_WARPS * U + warp;
-    }
     for (; s + LIN_WARPS * (U - 1) < s_end; s += LIN_WARPS * U) {
       if (!loaded) {  // (PRO::EARLY: the first item's first round is loaded before pro)
 #pragma unroll

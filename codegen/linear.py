@@ -88,14 +88,6 @@ FT_AUTO_MIN_BLOCKS_J4 = 132
 KS_ENV = "ATLAS_LINEAR_KSPLIT"
 KS_MIN_BLOCKS = 384
 KS_MIN_BLOCKS_M1 = 132
-# ATLAS_LINEAR_BULK=S (opt-in, default 0: registers): a plain Linear's MMA decode runs of more than 8 rows (J >= 2)
-# take their weights through a ring of S stages in shared memory filled by the copy engine (linear.cu BULK:
-# cp.async.bulk per row, mbarriers), S - 1 rounds ahead, across items. Only in compiles for sm90 and newer. ncu
-# (docs/perf.md v25): the M = 16 / 32 kernels are latency-bound at 2 blocks per SM with at most 64 KB of weights in
-# flight per SM, only between a round's loads and its MMAs; the per-warp cp.async ring (v26) lost. Not measured yet.
-BULK_ENV = "ATLAS_LINEAR_BULK"
-BULK_VALUES = ("0", "2", "3", "4", "5", "6")
-BULK_MIN_ARCH = 90
 # Early weights (linear.cu LinPro): a decode projection kernel of at most EARLY_MAX_M rows issues each warp's first
 # round of weight loads before it waits for the previous kernel (pdl_enter) and stages x. ATLAS_EARLY_WEIGHTS:
 # "0" off, "1" on, "2" (default) on and each block lets the next kernel launch as it starts its last item (the
@@ -166,50 +158,6 @@ def decode_ft(j: int, n_static) -> int:
     if j < 2 or not isinstance(n_static, int):
         return 1
     return 2 if -(-n_static // 32) >= (FT_AUTO_MIN_BLOCKS_J4 if j >= 4 else FT_AUTO_MIN_BLOCKS) else 1
-
-
-def bulk_choice() -> str:
-    """ATLAS_LINEAR_BULK as given ("0" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(BULK_ENV, "") or "0"
-
-
-def decode_bulk(archs: tuple[str, ...]) -> int:
-    """Stages of the MMA decode's bulk ring (0: registers) in a compile for `archs`: ATLAS_LINEAR_BULK (CodegenError
-    for an unknown value, or for a compile that includes an arch older than sm90: the copy engine is sm90's)."""
-    mode = bulk_choice()
-    if mode not in BULK_VALUES:
-        raise CodegenError(f"{BULK_ENV}={mode!r} is not a stage count (expected one of: {', '.join(BULK_VALUES)})")
-    if mode != "0" and min_arch(archs) < BULK_MIN_ARCH:
-        raise CodegenError(f"{BULK_ENV}={mode} needs sm90 or newer (bulk copies); this compile includes "
-                           f"sm{min_arch(archs)}: leave {BULK_ENV} unset or compile with --arch sm90")
-    return int(mode)
-
-
-def bulk_stage_bytes(j: int, n_static) -> int:
-    """Bytes of one stage of the bulk ring for the MMA decode run with J x-row tiles (linear.cu B_STAGE): 16 * FT
-    weight rows and 8 * J x rows of 64 * WARPS * U bytes, each padded by 64."""
-    ft = decode_ft(j, n_static)
-    u = max(1, decode_u(j) // ft)
-    return (16 * ft + 8 * j) * (64 * WARPS * u + 64)
-
-
-def bulk_smem(runs: list, n_static, stages: int) -> int:
-    """Dynamic shared memory bytes of a Linear kernel whose MMA decode runs of J >= 2 take a bulk ring of `stages`:
-    the largest run's partial sums (4J floats x 8 warps x 32 lanes) + its ring + 2 mbarriers per stage."""
-    need = 4 * red_floats(runs)
-    for _, _, j in runs:
-        if j >= 2:
-            need = max(need, 4 * 4 * WARPS * 32 * j + stages * bulk_stage_bytes(j, n_static) + 16 * stages)
-    return need
-
-
-def bulk_grid(items: int, smem: int, archs: tuple[str, ...]) -> int:
-    """Blocks for a bulk-ring kernel of `items` feature blocks: at most one wave of an H200 (EARLY_WAVE_SMS SMs x the
-    blocks of `smem` bytes an SM holds), each block the same number of items (a block's ring runs on across its
-    items, so a second wave would only start cold)."""
-    wave = EARLY_WAVE_SMS * max(1, blocks_per_sm(archs, smem))
-    per_block = -(-items // wave)
-    return -(-items // per_block)
 
 
 def ks_choice() -> str:
@@ -320,16 +268,14 @@ def gemv_buckets(variants: list[int], runs: list[tuple[int, int, int]], fallback
 
 def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int, int]], has_bias: str,
                  prefix: str = "    ", src: str = "xs", epi: str = "", n_static=None, k_static=None,
-                 fallback: str = "", pro: str = "", bulk: int = 0) -> list[str]:
+                 fallback: str = "", pro: str = "") -> list[str]:
     """The decode paths' if / else chain over M for the x source `src` (bools `vec` and, with MMA runs,
     `mma` declared before): MMA decode runs first, then one GEMV per bucket, the last unconditional.
     With `fallback` (a call statement for any M) the GEMVs are only those of gemv_buckets and the fallback
     ends the chain. With `epi` (a gated epilogue functor) every call gets it and the GEMV holds two rows (F = 2).
     Without it the MMA decode runs FT = decode_ft(J, n_static) feature tiles per warp, U / FT steps, and with
     `k_static` (a plain Linear) K split across KS = decode_ks(...) blocks (`lin_ws`, `lin_cnt` declared before:
-    split_scratch). With `pro` (early_pro's object; no fallback) every call gets it. With `bulk` (no `epi`, no `pro`)
-    the runs of more than 8 rows without a K split take a bulk ring of that many stages (lin_red: bulk_smem bytes of
-    dynamic shared memory)."""
+    split_scratch). With `pro` (early_pro's object; no fallback) every call gets it."""
     args = f"{src}, w, bias, bias_stride, y, M, N, K, lin_yoff"
     lines, first = [], prefix
     for run_lo, run_hi, j in runs:
@@ -337,8 +283,7 @@ def decode_calls(t: str, r: int, variants: list[int], runs: list[tuple[int, int,
         one, rest = run_ks(run_lo, run_hi, j, n_static, None if epi else k_static)
         ks = max(one, rest)
         cond = f"mma && M <= {run_hi}" if run_lo == 0 else f"mma && M > {run_lo} && M <= {run_hi}"
-        stages = bulk if j >= 2 and ks == 1 and not epi and not pro else 0
-        tile = f", {ft}, 1, {stages}" if stages else f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
+        tile = f", {ft}, {ks}" if ks > 1 else f", {ft}" if ft > 1 else ""
         tail = ", atlas::LinNoEpi(), lin_ws, lin_cnt" if ks > 1 else ""
         tail += f", M == 1 ? {one} : {rest}" if one != rest else ""
         if pro:  # every argument up to pro spelled out
@@ -459,11 +404,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         f"  __shared__ long long lin_xoff[{rows}], lin_yoff[{rows}];",
     ]
     red = max(red_floats(runs), mma_red if mma_big else 0)  # partial C fragments: 4J floats x 8 warps x 32 lanes
-    # the bulk ring (decode kernels only: beside the prefill paths' arrays it would not fit) in dynamic shared memory
-    bulk = decode_bulk(ctx.archs) if not tiled and any(j >= 2 for _, _, j in runs) else 0
-    if bulk:
-        lines.append("  extern __shared__ __align__(16) float lin_red[];")
-    elif red:  # (J = 8: prefill)
+    if red:  # (J = 8: prefill)
         lines.append(f"  __shared__ float lin_red[{red}];")
     # a prefill kernel's decode paths (M <= 32) fall back to the tiled path where the MMA decode cannot run
     # (misaligned rows) instead of a GEMV per bucket: the GEMVs behind the MMA runs took most of the module's
@@ -486,7 +427,7 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
         lines.insert(0, f"  unsigned int* lin_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         lines.insert(1, f"  float* lin_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
     lines += decode_calls(t, r, variants, runs, has_bias, n_static=w_v.shape[0], k_static=k_static, fallback=fallback,
-                          pro="lin_pro" if early else "", bulk=bulk)
+                          pro="lin_pro" if early else "")
     lines.append("  }")
     if tc:
         tiles = (f" && ((M + {gemm.GEMM_BM - 1}) / {gemm.GEMM_BM}) * ((N + {gemm.GEMM_BN - 1}) / {gemm.GEMM_BN}) >= "
@@ -513,15 +454,11 @@ def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
     if mma_big:  # items at S = 1 for the largest M; smaller M split K into up to ~2 * MMA_ITEMS items
         tiles_m, n16 = -(-m_upper // MMA_M), -(-n_upper // 16)
         blocks = max(blocks, min(STRIDE_GRID, n16 * tiles_m, max(-(-n16 // WARPS) * tiles_m, 2 * MMA_ITEMS)))
-    smem = bulk_smem(runs, w_v.shape[0], bulk) if bulk else 0
-    if bulk:  # the feature blocks of the bulk runs, evenly over one wave
-        items = max(-(-n_upper // (16 * decode_ft(j, w_v.shape[0]))) for _, _, j in runs if j >= 2)
-        blocks = bulk_grid(items, smem + static_smem(rows, 0, tiled), ctx.archs)
     grid = (max(1, min(MAX_GRID, blocks)), 1, 1)
     prefetch = weight_prefetch(ctx, w_v) if m_upper <= GEMV_MAX_M else ""  # decode only: prefill reuses tiles
     # where two blocks of the tiled GEMM's shared memory fit an SM (sm90, sm100), registers must let them:
     # ptxas alone gave the sm90 kernel 128 or 176 registers depending on which other paths it inlined
     smem_block = gemm.gemm_smem() + static_smem(rows, red, tiled) if tc else 0
     min_blocks = 2 if tc and blocks_per_sm(ctx.archs, smem_block) >= 2 else early_min_blocks(grid[0]) if early else 0
-    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else smem, prefetch=prefetch,
+    return KernelCode("\n".join(lines), grid, (THREADS, 1, 1), smem=gemm.gemm_smem() if tc else 0, prefetch=prefetch,
                       scratch=scratch, counters=counters, min_blocks=min_blocks, waits_inside=bool(early))

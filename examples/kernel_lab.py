@@ -9,7 +9,6 @@
     python examples/kernel_lab.py --ms 16,32 --variant table --ft 1,2,4,auto   # x shared by FT feature tiles
     python examples/kernel_lab.py --ms 1,8 --variant table --ks 1,2,4,auto --shapes "1B down,8B o"   # K split
     python examples/kernel_lab.py --ms 1,8 --bucket 8 --variant table --ks 1,2,auto   # batch 1 in the 1-8 kernel
-    python examples/kernel_lab.py --ms 16,32 --variant table --bulk 0,2,4   # weights by the copy engine (sm90)
     python examples/kernel_lab.py --ms 128,512,4096 --variant mma,tc --shapes "8B qkv,8B gate_up,8B down"
                                                   # prefill: the MMA prefill vs the tiled GEMM (gemm.cu)
 
@@ -137,8 +136,8 @@ def generate_with_env(built, env: dict[str, str]):
                 os.environ[var] = value
 
 
-VARIANT_KEYS = ("ft", "u", "s", "ks", "ofs", "mb", "bulk")  # forced options in a variant name, after the path:
-# /ftFT, /uU, /sS, /ksKS, /ofsO, /mbN, /bulkS
+VARIANT_KEYS = ("ft", "u", "s", "ks", "ofs", "mb")  # forced options in a variant name, after the path: /ftFT, /uU,
+# /sS, /ksKS, /ofsO, /mbN
 
 
 def with_options(variants, key: str, values: str) -> tuple[str, ...]:
@@ -147,7 +146,7 @@ def with_options(variants, key: str, values: str) -> tuple[str, ...]:
 
 
 def split_variant(name: str) -> tuple[str, dict[str, str]]:
-    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS][/ksKS][/ofsO][/mbN][/bulkS] (kernel_lab.py,
+    """(path, {key: value}) of a variant name path[/ftFT][/uU][/sS][/ksKS][/ofsO][/mbN] (kernel_lab.py,
     quant_lab.py)."""
     path, *opts = name.split("/")
     found = {}
@@ -157,12 +156,12 @@ def split_variant(name: str) -> tuple[str, dict[str, str]]:
     return path, found
 
 
-def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = "", ks: str = "", bulk: str = ""):
+def generate(k: int, n: int, m: int, variant: str, u: str = "", ft: str = "", ks: str = ""):
     """(graph, plan, module) of build(k, n, m) generated with ATLAS_LINEAR_PATH=variant (a fused
-    variant: its node with the default path table), ATLAS_LINEAR_U=u, ATLAS_LINEAR_FT=ft,
-    ATLAS_LINEAR_KSPLIT=ks and ATLAS_LINEAR_BULK=bulk when given."""
+    variant: its node with the default path table), ATLAS_LINEAR_U=u, ATLAS_LINEAR_FT=ft and
+    ATLAS_LINEAR_KSPLIT=ks when given."""
     env = ({linear.U_ENV: u} if u else {}) | ({linear.FT_ENV: ft} if ft else {}) | \
-        ({linear.KS_ENV: ks} if ks else {}) | ({linear.BULK_ENV: bulk} if bulk else {}) | \
+        ({linear.KS_ENV: ks} if ks else {}) | \
         {gemm.PREFILL_ENV: "mma" if variant == "mma" else ""}  # at M > 32: mma the MMA prefill, others the default
     if variant in FUSED:
         return generate_with_env(build(k, n, m, variant), env | {linear.PATH_ENV: "table"})
@@ -223,9 +222,6 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="",
                     help="comma-separated K splits across blocks of the plain MMA decode to compare "
                          "(ATLAS_LINEAR_KSPLIT: 1, 2, 4, 8, auto); each value becomes a variant name path/ksKS")
-    ap.add_argument("--bulk", default="",
-                    help="comma-separated bulk-ring stages of the MMA decode at M > 8 to compare (ATLAS_LINEAR_BULK: "
-                         "0 = registers, 2 .. 6; sm90); each value becomes a variant name path/bulkS")
     ap.add_argument("--bucket", type=int, default=0,
                     help="compile each kernel for up to max(BUCKET, M) rows and time it at M (a step's kernel serves a "
                          "batch bucket: e.g. 8, the decode kernel of batches 1-8; default: M, a kernel for M rows)")
@@ -242,7 +238,6 @@ def main(argv=None) -> int:
     variants = tuple(v for v in args.variant.split(",") if v)
     bad = [v for v in variants if v not in LAB_VARIANTS + FUSED]
     variants = with_options(with_options(with_options(variants, "u", args.u), "ft", args.ft), "ks", args.ks)
-    variants = with_options(variants, "bulk", args.bulk)
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(LAB_VARIANTS + FUSED)})")
     if any(v in FUSED for v in variants) and max(ms) > 8:
@@ -255,7 +250,7 @@ def main(argv=None) -> int:
     for name, k, n, m, v in jobs:
         path, opts = split_variant(v)
         mods[(name, m, v)] = generate(k, n, max(m, args.bucket), path, opts.get("u", ""), opts.get("ft", ""),
-                                      opts.get("ks", ""), opts.get("bulk", ""))
+                                      opts.get("ks", ""))
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))

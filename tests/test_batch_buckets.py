@@ -130,7 +130,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     kernels = c.pop("kernels")  # float32: every Attention keeps today's kernel, fa2's decline recorded
     assert kernels and all(k["attention"] == "fast" and k["fa2_declined"].startswith("float32")
                            for k in kernels.values())
-    assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto", "linear_bulk": "0",
+    assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto",
                  "quant_path": "table",
                  "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
@@ -162,8 +162,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_QUANT_OFS", "1")
     monkeypatch.setenv("ATLAS_QUANT_MIN_BLOCKS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
-    monkeypatch.setenv("ATLAS_LINEAR_BULK", "3")
-    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2", "linear_bulk": "3",
+    assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "attention_path": "rows",
                                  "attention_max_split": 4,

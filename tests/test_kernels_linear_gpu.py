@@ -83,16 +83,3 @@ def test_linear_mma_k_split(ks, monkeypatch):
     monkeypatch.setenv(linear.KS_ENV, ks)
     _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=15,
          repeat=2)
-
-
-@pytest.mark.parametrize("bulk,ft", [("2", "1"), ("3", "2"), ("4", "1"), ("6", "auto")])
-def test_linear_mma_bulk_ring(bulk, ft, monkeypatch):
-    """The MMA decode with its weights brought into a ring of BULK stages by the copy engine (ATLAS_LINEAR_BULK, sm90,
-    M > 8 only) for every bucket, with FT feature tiles: K = 64 (no whole round: the register loops alone), K = 4096;
-    N = 8 and 1000 leave feature blocks partial; at BULK 4 and 6 (one block per SM) N = 4096 gives a block two
-    items, so the ring runs on from one item into the next; run twice (the barriers are set up at every launch)."""
-    monkeypatch.setenv(linear.PATH_ENV, "mma")
-    monkeypatch.setenv(linear.BULK_ENV, bulk)
-    monkeypatch.setenv(linear.FT_ENV, ft)
-    _run(build_linear("float16", 32, ks=(64, 4096), ns=(8, 1000, 4096)), [1, 2, 8, 9, 17, 32], "float16", seed=19,
-         repeat=2)

@@ -17,7 +17,6 @@ from atlasc.artifact.writer import CUBIN_RE
 
 # codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
 OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "ATLAS_LINEAR_KSPLIT"),
-           ("linear_bulk", "0", "ATLAS_LINEAR_BULK"),
            ("quant_ksplit", "auto", "ATLAS_QUANT_KSPLIT"), ("quant_ofs", "auto", "ATLAS_QUANT_OFS"),
            ("quant_min_blocks", 0, "ATLAS_QUANT_MIN_BLOCKS"),
            ("weight_prefetch", False, "ATLAS_PREFETCH"),
