@@ -651,7 +651,7 @@ __device__ __forceinline__ void linear_quant_mma(const View<T, R>& x, const unsi
   constexpr int KL = BITS == 4 ? 32 : 16;         // k per lane per step
   constexpr bool EXACT = BITS == 8 || GS % 128 == 0;
   static_assert(!OFS::ON || (BITS == 4 && EXACT && J == 1 && KS == 1 && sizeof(T) == 2),
-                "offset dequantization: int4 with G % 128 == 0 or int8, one row of float16 x");
+                "offset dequantization: int4 with G % 128 == 0, one row of float16 x");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int fb = warp / S, ks = warp % S;
   // 32-bit indices (qlin_mma_ok: M, N, K < 2^31); byte and element offsets of rows stay 64-bit
