@@ -298,5 +298,87 @@ __device__ __forceinline__ void add_rows(View<T, KR> ak, View<T, RR> ar, View<T,
   __syncthreads();
 }
 
+// -- the same normalizations over rows contiguous along the normalized axis, 16 bytes at a time (ATLAS_NORM_VEC) -----
+// norm_block and add_rows walk a row with one scalar load per element and thread, three times (the add, the
+// statistics, the output): at a decode batch's 32 rows of 4096 that is 16 dependent rounds of memory latency per
+// pass (an AddRMSNormalization took ~15 us for 1 MB on the H200, docs/perf.md v28). Here each thread keeps VPT
+// 16-byte pieces of its block's row in registers (n <= VPT * V * blockDim.x, V = 16 / sizeof(T)), so the row is read
+// once (ADD: a and b, then s written) and y written once. Per element the arithmetic is norm_block's (s rounded to T
+// first; A statistics, LayerNorm's variance from the deviations); only the order of the sums differs (per thread,
+// then block_reduce). One block per row, grid-stride; the caller checks norm_vec_ok first.
+template <typename T, int KR, int RR>
+__device__ __forceinline__ bool norm_vec_rows(const View<T, KR>& k, const View<T, RR>& r) {
+  constexpr int V = 16 / sizeof(T);
+  bool ok = RR == 1 && r.stride[0] == 1 && r.shape[0] % V == 0 && (reinterpret_cast<uintptr_t>(k.p) % 16 == 0);
+#pragma unroll
+  for (int i = 0; i < KR; ++i) ok = ok && (k.shape[i] == 1 || k.stride[i] % V == 0);
+  return ok;
+}
+
+template <bool Rms, bool Bias, bool Stats, bool Add, int VPT, typename A, typename T, typename TS, typename TB, int KR>
+__device__ __forceinline__ void norm_rows_vec(View<T, KR> xk, View<T, KR> bk, View<T, KR> sk, View<T, KR> yk,
+                                              View<TS, 1> scale, View<TB, 1> bias, View<float, KR> mean_out,
+                                              View<float, KR> inv_out, long long n, A eps) {
+  constexpr int V = 16 / sizeof(T);
+  const long long rows = xk.numel();
+  for (long long o = blockIdx.x; o < rows; o += gridDim.x) {
+    const T* x = xk.p + off(xk, o);
+    A v[VPT][V];
+    A total = A(0);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const long long i0 = (static_cast<long long>(j) * blockDim.x + threadIdx.x) * V;
+      alignas(16) T t[V];  // (read and written as one uint4)
+      if (i0 < n) {
+        *reinterpret_cast<uint4*>(t) = *reinterpret_cast<const uint4*>(x + i0);
+        if constexpr (Add) {  // s = a + b rounded to T, as add_rows stores it
+          alignas(16) T u[V];
+          *reinterpret_cast<uint4*>(u) = *reinterpret_cast<const uint4*>(bk.p + off(bk, o) + i0);
+#pragma unroll
+          for (int e = 0; e < V; ++e) store(t + e, static_cast<A>(load(t + e)) + static_cast<A>(load(u + e)));
+          *reinterpret_cast<uint4*>(sk.p + off(sk, o) + i0) = *reinterpret_cast<const uint4*>(t);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        v[j][e] = i0 < n ? static_cast<A>(load(t + e)) : A(0);
+        total += v[j][e];
+      }
+    }
+    A mean = A(0);
+    if constexpr (!Rms) mean = block_reduce<Sum<A>, A>(total) / static_cast<A>(n);
+    A q = A(0);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const long long i0 = (static_cast<long long>(j) * blockDim.x + threadIdx.x) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A d = v[j][e] - mean;
+        q += i0 < n ? d * d : A(0);
+      }
+    }
+    const A inv = A(1) / fsqrt(block_reduce<Sum<A>, A>(q) / static_cast<A>(n) + eps);
+    if (Stats && threadIdx.x == 0) {
+      if (mean_out.p) store(mean_out.p + off(mean_out, o), mean);
+      if (inv_out.p) store(inv_out.p + off(inv_out, o), inv);
+    }
+    T* y = yk.p + off(yk, o);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const long long i0 = (static_cast<long long>(j) * blockDim.x + threadIdx.x) * V;
+      if (i0 < n) {
+        alignas(16) T t[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          A w = (v[j][e] - mean) * inv * static_cast<A>(load(scale.p + (i0 + e) * scale.stride[0]));
+          if constexpr (Bias) w += static_cast<A>(load(bias.p + (i0 + e) * bias.stride[0]));
+          store(t + e, w);
+        }
+        *reinterpret_cast<uint4*>(y + i0) = *reinterpret_cast<const uint4*>(t);
+      }
+    }
+  }
+}
+
 }  // namespace rd
 }  // namespace atlas

@@ -19,6 +19,7 @@ integer/bool inputs.
 from __future__ import annotations
 
 import math
+import os
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
@@ -31,6 +32,12 @@ REDUCE_OPS = {
 }
 ACC = {"float16": "float", "float32": "float", "float64": "double"}
 FEW_ROWS = 128  # below this many rows (at the maxima), use a block per row even for outer-axis reductions
+# ATLAS_NORM_VEC=1 (opt-in, default 0 until measured on a GPU): the normalizations over the last axis of float16 /
+# float32 rows take reduce.cu's norm_rows_vec where the rows are contiguous and 16-byte aligned (checked at run time;
+# else norm_block as before): one 16-byte load per 8 values, the row kept in registers. The batch-32 decode step of
+# Llama-3-8B shapes spends ~14-16 us in each AddRMSNormalization of 32 x 4096 (1 MB; docs/perf.md v28).
+NORM_VEC_ENV = "ATLAS_NORM_VEC"
+NORM_VEC_MAX_VPT = 8  # 16-byte pieces per thread (registers): rows up to 8 * 8 * 256 = 16384 float16 values
 
 
 def acc_type(dtype: str) -> str:
@@ -195,6 +202,24 @@ def _norm_axes(node: Node, x: Value) -> tuple[dict, list[int], list[int], str]:
     return attrs, list(range(axis)), list(range(axis, rank)), ACC[x.dtype]
 
 
+def norm_vec_choice() -> bool:
+    """ATLAS_NORM_VEC (default 0); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    value = os.environ.get(NORM_VEC_ENV, "") or "0"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{NORM_VEC_ENV}={value!r} is not 0 or 1")
+    return value == "1"
+
+
+def norm_vec_pieces(dtype: str, red: list, n_upper: int) -> int:
+    """16-byte pieces per thread of norm_rows_vec for rows of at most n_upper `dtype` values normalized over the dims
+    `red` (0: no vectorized path: ATLAS_NORM_VEC off, another dtype, more than one normalized dim, or rows too long)."""
+    if not norm_vec_choice() or dtype not in ("float16", "float32") or len(red) != 1 or n_upper < 1:
+        return 0
+    per_piece = 16 // (2 if dtype == "float16" else 4)
+    pieces = -(-n_upper // (per_piece * block_size(n_upper)))
+    return pieces if pieces <= NORM_VEC_MAX_VPT else 0
+
+
 @emitter("LayerNormalization", "RMSNormalization")
 def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     x, y = node.inputs[0], node.outputs[0]
@@ -224,6 +249,14 @@ def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     eps = float_literal(attrs["epsilon"], a)
     body = f"  atlas::rd::norm_block<{flags}>(xk, xr, yk, yr, scale, bias, mean_k, inv_k, {eps});"
     rows, n = _upper_prod(ctx, x, kept), _upper_prod(ctx, x, red)
+    vpt = norm_vec_pieces(x.dtype, red, n)
+    if vpt:
+        vec = f"{rms}, {'true' if bias is not None else 'false'}, {'true' if stats else 'false'}, false, {vpt}, {a}"
+        body = "\n".join([
+            "  if (atlas::rd::norm_vec_rows(xk, xr) && atlas::rd::norm_vec_rows(yk, yr))",
+            f"    atlas::rd::norm_rows_vec<{vec}>(xk, xk, xk, yk, scale, bias, mean_k, inv_k, xr.shape[0], {eps});",
+            "  else",
+            "  " + body])
     return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))
 
 
@@ -249,9 +282,15 @@ def emit_add_norm(ctx: KernelContext, node: Node) -> KernelCode:
     null_view(ctx, "float", kr, "inv_k")
     eps = float_literal(attrs["epsilon"], acc)
     flags = f"{str(rms).lower()}, {str(bias is not None).lower()}, false, {acc}"
-    body = "\n".join([
+    generic = [
         f"  atlas::rd::add_rows<{acc}>(ak, ar, bk, br, sk, sr);",
         f"  atlas::rd::norm_block<{flags}>(sk, sr, yk, yr, scale, bias, mean_k, inv_k, {eps});",
-    ])
+    ]
     rows, n = _upper_prod(ctx, a, kept), _upper_prod(ctx, a, red)
-    return KernelCode(body, row_grid(rows), (block_size(n), 1, 1))
+    vpt = norm_vec_pieces(a.dtype, red, n)
+    if vpt:
+        ok = " && ".join(f"atlas::rd::norm_vec_rows({v}k, {v}r)" for v in "absy")
+        vec = f"{str(rms).lower()}, {str(bias is not None).lower()}, false, true, {vpt}, {acc}"
+        call = f"atlas::rd::norm_rows_vec<{vec}>(ak, bk, sk, yk, scale, bias, mean_k, inv_k, ar.shape[0], {eps});"
+        generic = [f"  if ({ok})", f"    {call}", "  else {", *["  " + line for line in generic], "  }"]
+    return KernelCode("\n".join(generic), row_grid(rows), (block_size(n), 1, 1))

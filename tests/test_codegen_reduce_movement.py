@@ -17,6 +17,7 @@ and review the diff.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -226,6 +227,23 @@ def build_norm(dtype: str) -> Group:
     return b.done()
 
 
+def build_norm_vec(dtype: str) -> Group:
+    """Normalizations over the last axis of rows that reduce.cu's norm_rows_vec takes (ATLAS_NORM_VEC=1): contiguous
+    [m, n] rows with n up to 4096 (a decode batch's hidden size: two 16-byte pieces per thread in float16), plain and
+    with the residual add (both outputs), RMS and Layer (with bias and the statistics); and one whose rows are strided
+    (a transposed x: the run-time check sends it to norm_block). Rows not a multiple of 16 bytes fall back too."""
+    b = Group(f"norm_vec_{dtype}", {"m": (1, 32), "n": (1, 4096)})
+    x, r = b.input("x", dtype, ("m", "n")), b.input("r", dtype, ("m", "n"))
+    scale, bias = b.input("scale", dtype, ("n",)), b.input("bias", dtype, ("n",))
+    scale_m = b.input("scale_m", dtype, ("m",))
+    b.node("RMSNormalization", [x, scale], {"axis": -1, "epsilon": 1e-6})
+    b.node("LayerNormalization", [x, scale, bias], {"axis": -1, "epsilon": 1e-5})  # Y, Mean, InvStdDev
+    b.node("AddRMSNormalization", [x, r, scale], {"axis": -1, "epsilon": 1e-6})  # y, s
+    b.node("AddLayerNormalization", [x, r, scale, bias], {"axis": -1, "epsilon": 1e-5})
+    b.node("RMSNormalization", [b.transposed(x, (1, 0), "xt"), scale_m], {"axis": -1})  # rows n apart
+    return b.done()
+
+
 def _gather_idx(bound_dim):
     def gen(rng, shape, env):
         m = env[bound_dim] if isinstance(bound_dim, str) else bound_dim
@@ -353,6 +371,38 @@ def test_every_variant_generates_and_compiles(arch):
         assert len(mod.launches[grp.g.name]) == len(grp.g.nodes)
     _needs_nvcc()
     assert compile_cubins(mod.source, (arch,))[arch]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_norm_vec_is_emitted_and_compiles(dtype, monkeypatch):
+    """ATLAS_NORM_VEC=1: every last-axis normalization of the group gets the run-time checked norm_rows_vec call before
+    its norm_block (pieces per thread from the rows' maximum: 4096 float16 values over 256 threads, 2 of 8), the
+    multi-axis LayerNormalization of build_norm none; the module compiles for sm75 and sm90; unset or 0: the module is
+    the default's; another value is a CodegenError naming the variable."""
+    from atlasc.codegen import reduce
+    from atlasc.codegen.nvcc import compile_cubins
+
+    default = generate([build_norm_vec(dtype), build_norm(dtype)]).source
+    monkeypatch.setenv(reduce.NORM_VEC_ENV, "0")
+    assert generate([build_norm_vec(dtype), build_norm(dtype)]).source == default
+    monkeypatch.setenv(reduce.NORM_VEC_ENV, "1")
+    mod = generate([build_norm_vec(dtype), build_norm(dtype)])
+    pieces = 2 if dtype == "float16" else 4
+    calls = re.findall(r"norm_rows_vec<(\w+), (\w+), (\w+), (\w+), (\d+), float>", mod.source)
+    assert calls.count(("true", "false", "false", "false", str(pieces))) == 1  # RMS over n
+    assert calls.count(("false", "true", "true", "false", str(pieces))) == 1  # Layer with bias and statistics
+    assert calls.count(("true", "false", "false", "true", str(pieces))) == 1  # the residual add + RMS
+    assert calls.count(("false", "true", "false", "true", str(pieces))) == 1  # the residual add + Layer
+    # rows of at most 32 (the transposed x) or 700 values (build_norm's three last-axis nodes): one piece per thread
+    assert calls.count(("true", "false", "false", "false", "1")) == 3
+    assert calls.count(("false", "true", "true", "false", "1")) == 1
+    # build_norm's normalizations over two dims (two LayerNormalization, one RMS at axis 1) keep norm_block alone
+    assert len(calls) == 8 and mod.source.count("norm_block<") == len(calls) + 3
+    _needs_nvcc()
+    assert set(compile_cubins(mod.source, ("sm75", "sm90"))) == {"sm75", "sm90"}
+    monkeypatch.setenv(reduce.NORM_VEC_ENV, "yes")
+    with pytest.raises(reduce.CodegenError, match="ATLAS_NORM_VEC='yes' is not 0 or 1"):
+        generate([build_norm_vec(dtype)])
 
 
 def test_schedules_and_launch_shapes():

@@ -1,6 +1,7 @@
 """End to end on the GPU (marker `gpu`) for the opt-in kernel paths (those not on by default, and those that were
 opt-in until these tests passed): mask-as-lengths (ATLAS_MASK_LENGTHS=1), the FlashAttention-2 prefill
-(ATLAS_ATTENTION_PREFILL=fa2), early weights and early K / V (ATLAS_ATTENTION_EARLY_KV=1), every
+(ATLAS_ATTENTION_PREFILL=fa2), early weights, early K / V (ATLAS_ATTENTION_EARLY_KV=1) and the vectorized
+normalizations (ATLAS_NORM_VEC=1), every
 decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
 (pytest-xdist, one worker per file) compiles their artifacts beside test_gpu_runtime.py's, not after them.
 """
@@ -118,6 +119,31 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
     model = GpuModel(open_artifact(path), device=device())
     assert model.manifest.report["codegen"]["attention_early_kv"] is True
     assert "atlas::attention_prefetch_kv<" in open_artifact(path).source()
+    tol = TOL[entry_of(name)["dtype"]]
+    for batch in (1, 4):
+        prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)
+        got = generate(model, prompts, 32, keep_logits=True)
+        assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+        if got.tokens == want_tokens:
+            for step, logits in enumerate(got.step_logits):
+                np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+    model.close()
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_with_norm_vec_matches_onnxruntime(name, build_dir, monkeypatch):
+    """ATLAS_NORM_VEC=1 (codegen/reduce.py, opt-in until measured): the last-axis normalizations the compiled model
+    keeps as kernels (prefill's and the unfused decode ones: max batch 16 leaves the batch-9-16 bucket's norms out of
+    the projections) keep their rows in registers; greedy tokens and logits as onnxruntime's at batch 1 and 4, 32
+    steps, CUDA graphs on."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_NORM_VEC", "1")
+    path = f"{build_dir}/{name}-normvec.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    assert model.manifest.report["codegen"]["norm_vec"] is True
+    assert "atlas::rd::norm_rows_vec<" in open_artifact(path).source()
     tol = TOL[entry_of(name)["dtype"]]
     for batch in (1, 4):
         prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)

@@ -21,6 +21,7 @@ from test_codegen_reduce_movement import (
     FLOATS,
     build_movement,
     build_norm,
+    build_norm_vec,
     build_reduce,
     build_reduce_empty,
     build_reduce_int,
@@ -81,3 +82,27 @@ def test_group_matches_reference(name):
                                     plan_fn=strided_plan(group))
         except AssertionError as e:
             raise AssertionError(f"{name} at {label} sizes {env}: {e}") from None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("vec", ["0", "1"])
+def test_norm_vec_matches_reference(dtype, vec, monkeypatch):
+    """The last-axis normalizations with ATLAS_NORM_VEC on (reduce.cu norm_rows_vec: rows in registers, 16-byte pieces)
+    and off, against the reference: a decode batch's rows (32 x 4096), a partial last piece per thread (5 x 1000), rows
+    whose length is not a multiple of 16 bytes (3 x 1001: the run-time check sends them to norm_block), one row of 8;
+    the transposed x always takes norm_block. The group's tolerances (float16: one ulp at |y| ~ 1)."""
+    from kernel_harness import check_against_reference
+
+    from atlasc.codegen import reduce
+
+    monkeypatch.setenv(reduce.NORM_VEC_ENV, vec)
+    group = build_norm_vec(dtype)
+    rtol, atol = TOL["float32-smooth" if dtype == "float32" else dtype]
+    rng = np.random.default_rng(23)
+    for env in ({"m": 32, "n": 4096}, {"m": 5, "n": 1000}, {"m": 3, "n": 1001}, {"m": 1, "n": 8}):
+        feeds = group.inputs(rng, env)
+        try:
+            check_against_reference(group.g, feeds, rtol=rtol, atol=atol, upper=group.upper,
+                                    plan_fn=strided_plan(group))
+        except AssertionError as e:
+            raise AssertionError(f"{dtype} ATLAS_NORM_VEC={vec} at {env}: {e}") from None
