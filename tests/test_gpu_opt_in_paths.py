@@ -27,6 +27,20 @@ def build_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("gpu-opt-in-artifacts"))
 
 
+def _greedy_matches_onnxruntime(model, name: str) -> None:
+    """Greedy tokens and logits of `model` as onnxruntime's stored ones at batch 1 and 4 (left padding), prompt 17,
+    32 steps (logits compared where the tokens agree); closes the model."""
+    tol = TOL[entry_of(name)["dtype"]]
+    for batch in (1, 4):
+        prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)
+        got = generate(model, prompts, 32, keep_logits=True)
+        assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
+        if got.tokens == want_tokens:
+            for step, logits in enumerate(got.step_logits):
+                np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
+    model.close()
+
+
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("batch,length", [(1, 17), (4, 17)])
 def test_greedy_with_mask_lengths_matches_onnxruntime(name, batch, length, build_dir, monkeypatch):
@@ -119,15 +133,7 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
     model = GpuModel(open_artifact(path), device=device())
     assert model.manifest.report["codegen"]["attention_early_kv"] is True
     assert "atlas::attention_prefetch_kv<" in open_artifact(path).source()
-    tol = TOL[entry_of(name)["dtype"]]
-    for batch in (1, 4):
-        prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)
-        got = generate(model, prompts, 32, keep_logits=True)
-        assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
-        if got.tokens == want_tokens:
-            for step, logits in enumerate(got.step_logits):
-                np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
-    model.close()
+    _greedy_matches_onnxruntime(model, name)
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -144,15 +150,7 @@ def test_greedy_with_norm_vec_matches_onnxruntime(name, build_dir, monkeypatch):
     model = GpuModel(open_artifact(path), device=device())
     assert model.manifest.report["codegen"]["norm_vec"] is True
     assert "atlas::rd::norm_rows_vec<" in open_artifact(path).source()
-    tol = TOL[entry_of(name)["dtype"]]
-    for batch in (1, 4):
-        prompts, want_tokens, want_logits = stored_greedy(name, batch, 17)
-        got = generate(model, prompts, 32, keep_logits=True)
-        assert_same_greedy(got.tokens, want_tokens, want_logits, tol["atol"])
-        if got.tokens == want_tokens:
-            for step, logits in enumerate(got.step_logits):
-                np.testing.assert_allclose(logits.astype(np.float64), want_logits[step + 1].astype(np.float64), **tol)
-    model.close()
+    _greedy_matches_onnxruntime(model, name)
 
 
 @pytest.mark.parametrize("quant,group", [("int8", 128), ("int4", 32), ("int4z", 32), ("fp8", 128)])

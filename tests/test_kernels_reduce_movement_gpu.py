@@ -67,21 +67,26 @@ def size_sets(group, rng) -> list[tuple[str, dict[str, int]]]:
     return sets
 
 
-@pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_group_matches_reference(name):
+def _check_sizes(group, tol: str, sizes, rng, what: str) -> None:
+    """Run `group` at each (label, symbol values) of `sizes` on fresh inputs against the reference interpreter."""
     from kernel_harness import check_against_reference
 
-    build, tol = BUILDERS[name]
-    group = build()
     rtol, atol = TOL[tol]
-    rng = np.random.default_rng(sum(map(ord, name)))  # deterministic per group
-    for label, env in size_sets(group, rng):
+    for label, env in sizes:
         feeds = group.inputs(rng, env)
         try:
             check_against_reference(group.g, feeds, rtol=rtol, atol=atol, upper=group.upper,
                                     plan_fn=strided_plan(group))
         except AssertionError as e:
-            raise AssertionError(f"{name} at {label} sizes {env}: {e}") from None
+            raise AssertionError(f"{what} at {label} sizes {env}: {e}") from None
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_group_matches_reference(name):
+    build, tol = BUILDERS[name]
+    group = build()
+    rng = np.random.default_rng(sum(map(ord, name)))  # deterministic per group
+    _check_sizes(group, tol, size_sets(group, rng), rng, name)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -91,18 +96,9 @@ def test_norm_vec_matches_reference(dtype, vec, monkeypatch):
     and off, against the reference: a decode batch's rows (32 x 4096), a partial last piece per thread (5 x 1000), rows
     whose length is not a multiple of 16 bytes (3 x 1001: the run-time check sends them to norm_block), one row of 8;
     the transposed x always takes norm_block. The group's tolerances (float16: one ulp at |y| ~ 1)."""
-    from kernel_harness import check_against_reference
-
     from atlasc.codegen import reduce
 
     monkeypatch.setenv(reduce.NORM_VEC_ENV, vec)
-    group = build_norm_vec(dtype)
-    rtol, atol = TOL["float32-smooth" if dtype == "float32" else dtype]
-    rng = np.random.default_rng(23)
-    for env in ({"m": 32, "n": 4096}, {"m": 5, "n": 1000}, {"m": 3, "n": 1001}, {"m": 1, "n": 8}):
-        feeds = group.inputs(rng, env)
-        try:
-            check_against_reference(group.g, feeds, rtol=rtol, atol=atol, upper=group.upper,
-                                    plan_fn=strided_plan(group))
-        except AssertionError as e:
-            raise AssertionError(f"{dtype} ATLAS_NORM_VEC={vec} at {env}: {e}") from None
+    sizes = [("rows", {"m": m, "n": n}) for m, n in ((32, 4096), (5, 1000), (3, 1001), (1, 8))]
+    _check_sizes(build_norm_vec(dtype), "float32-smooth" if dtype == "float32" else dtype, sizes,
+                 np.random.default_rng(23), f"{dtype} ATLAS_NORM_VEC={vec}")
