@@ -306,10 +306,13 @@ __device__ __forceinline__ void add_rows(View<T, KR> ak, View<T, RR> ar, View<T,
 // once (ADD: a and b, then s written) and y written once. Per element the arithmetic is norm_block's (s rounded to T
 // first; A statistics, LayerNorm's variance from the deviations); only the order of the sums differs (per thread,
 // then block_reduce). One block per row, grid-stride; the caller checks norm_vec_ok first.
+// whether rows (kept dims k, normalized dim r) suit norm_rows_vec with `pieces` per thread: contiguous along r, a
+// multiple of 16 bytes long and at most pieces x 16 bytes x the block's threads, every row start 16-byte aligned
 template <typename T, int KR, int RR>
-__device__ __forceinline__ bool norm_vec_rows(const View<T, KR>& k, const View<T, RR>& r) {
+__device__ __forceinline__ bool norm_vec_rows(const View<T, KR>& k, const View<T, RR>& r, int pieces) {
   constexpr int V = 16 / sizeof(T);
-  bool ok = RR == 1 && r.stride[0] == 1 && r.shape[0] % V == 0 && (reinterpret_cast<uintptr_t>(k.p) % 16 == 0);
+  bool ok = RR == 1 && r.stride[0] == 1 && r.shape[0] % V == 0 && r.shape[0] <= 1LL * pieces * V * blockDim.x &&
+            (reinterpret_cast<uintptr_t>(k.p) % 16 == 0);
 #pragma unroll
   for (int i = 0; i < KR; ++i) ok = ok && (k.shape[i] == 1 || k.stride[i] % V == 0);
   return ok;

@@ -37,7 +37,9 @@ FEW_ROWS = 128  # below this many rows (at the maxima), use a block per row even
 # else norm_block as before): one 16-byte load per 8 values, the row kept in registers. The batch-32 decode step of
 # Llama-3-8B shapes spends ~14-16 us in each AddRMSNormalization of 32 x 4096 (1 MB; docs/perf.md v28).
 NORM_VEC_ENV = "ATLAS_NORM_VEC"
-NORM_VEC_MAX_VPT = 8  # 16-byte pieces per thread (registers): rows up to 8 * 8 * 256 = 16384 float16 values
+# 16-byte pieces per thread (registers, the row held as float): rows up to 4 * 8 * 256 = 8192 float16 values (ptxas
+# sm90: 5 or more spill at 255 registers with the residual add and LayerNorm)
+NORM_VEC_MAX_VPT = 4
 
 
 def acc_type(dtype: str) -> str:
@@ -253,7 +255,7 @@ def emit_norm(ctx: KernelContext, node: Node) -> KernelCode:
     if vpt:
         vec = f"{rms}, {'true' if bias is not None else 'false'}, {'true' if stats else 'false'}, false, {vpt}, {a}"
         body = "\n".join([
-            "  if (atlas::rd::norm_vec_rows(xk, xr) && atlas::rd::norm_vec_rows(yk, yr))",
+            f"  if (atlas::rd::norm_vec_rows(xk, xr, {vpt}) && atlas::rd::norm_vec_rows(yk, yr, {vpt}))",
             f"    atlas::rd::norm_rows_vec<{vec}>(xk, xk, xk, yk, scale, bias, mean_k, inv_k, xr.shape[0], {eps});",
             "  else",
             "  " + body])
@@ -289,7 +291,7 @@ def emit_add_norm(ctx: KernelContext, node: Node) -> KernelCode:
     rows, n = _upper_prod(ctx, a, kept), _upper_prod(ctx, a, red)
     vpt = norm_vec_pieces(a.dtype, red, n)
     if vpt:
-        ok = " && ".join(f"atlas::rd::norm_vec_rows({v}k, {v}r)" for v in "absy")
+        ok = " && ".join(f"atlas::rd::norm_vec_rows({v}k, {v}r, {vpt})" for v in "absy")
         vec = f"{str(rms).lower()}, {str(bias is not None).lower()}, false, true, {vpt}, {acc}"
         call = f"atlas::rd::norm_rows_vec<{vec}>(ak, bk, sk, yk, scale, bias, mean_k, inv_k, ar.shape[0], {eps});"
         generic = [f"  if ({ok})", f"    {call}", "  else {", *["  " + line for line in generic], "  }"]
