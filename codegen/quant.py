@@ -73,7 +73,8 @@ OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # for the LM head's 64 (its plain OFS kernel reaches 83% of the bandwidth, gate/up 56%). ATLAS_QUANT_MIN_BLOCKS=N
 # (2, 3 or 4; default 0: no bound) gives the one-row quantized kernels with float x __launch_bounds__(256, N):
 # ptxas sm90 at 4, int4 8B QKV / o / gate/up / down plain and fused: 63-64 registers, no spills (zero-point kernels
-# spill 28-54 bytes in the test's graph). Not measured yet.
+# spill 28-54 bytes in the test's graph). H200 (docs/perf.md v28): the 8B gate/up kernel with SwiGLU 29.21 -> 26.57 us
+# in the lab, but the 8-layer int4 decode step did not move (663.4 -> 662.6 us replayed), so it stays off.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 PATHS = ("simt", "table")
