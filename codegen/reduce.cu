@@ -300,12 +300,13 @@ __device__ __forceinline__ void add_rows(View<T, KR> ak, View<T, RR> ar, View<T,
 
 // -- the same normalizations over rows contiguous along the normalized axis, 16 bytes at a time (ATLAS_NORM_VEC) -----
 // norm_block and add_rows walk a row with one scalar load per element and thread, three times (the add, the
-// statistics, the output): at a decode batch's 32 rows of 4096 that is 16 dependent rounds of memory latency per
-// pass (an AddRMSNormalization took ~15 us for 1 MB on the H200, docs/perf.md v28). Here each thread keeps VPT
+// statistics, the output): at a decode batch's 32 rows of 4096, 16 rounds of 2-byte loads per pass (an
+// AddRMSNormalization took ~15 us for 1 MB on the H200, docs/perf.md v28; the cause read from the code, not ncu). Here each thread keeps VPT
 // 16-byte pieces of its block's row in registers (n <= VPT * V * blockDim.x, V = 16 / sizeof(T)), so the row is read
 // once (ADD: a and b, then s written) and y written once. Per element the arithmetic is norm_block's (s rounded to T
 // first; A statistics, LayerNorm's variance from the deviations); only the order of the sums differs (per thread,
-// then block_reduce). One block per row, grid-stride; the caller checks norm_vec_ok first.
+// then block_reduce). One block per row, grid-stride; the caller checks norm_vec_rows first.
+
 // whether rows (kept dims k, normalized dim r) suit norm_rows_vec with `pieces` per thread: contiguous along r, a
 // multiple of 16 bytes long and at most pieces x 16 bytes x the block's threads, every row start 16-byte aligned
 template <typename T, int KR, int RR>

@@ -35,7 +35,7 @@ FEW_ROWS = 128  # below this many rows (at the maxima), use a block per row even
 # ATLAS_NORM_VEC=1 (opt-in, default 0 until measured on a GPU): the normalizations over the last axis of float16 /
 # float32 rows take reduce.cu's norm_rows_vec where the rows are contiguous and 16-byte aligned (checked at run time;
 # else norm_block as before): one 16-byte load per 8 values, the row kept in registers. The batch-32 decode step of
-# Llama-3-8B shapes spends ~14-16 us in each AddRMSNormalization of 32 x 4096 (1 MB; docs/perf.md v28).
+# Llama-3-8B shapes spends 12.8-15.9 us in each AddRMSNormalization of 32 x 4096 (1 MB; docs/perf.md v28).
 NORM_VEC_ENV = "ATLAS_NORM_VEC"
 # 16-byte pieces per thread (registers, the row held as float): rows up to 4 * 8 * 256 = 8192 float16 values (ptxas
 # sm90: 5 or more spill at 255 registers with the residual add and LayerNorm)
