@@ -32,10 +32,11 @@ REDUCE_OPS = {
 }
 ACC = {"float16": "float", "float32": "float", "float64": "double"}
 FEW_ROWS = 128  # below this many rows (at the maxima), use a block per row even for outer-axis reductions
-# ATLAS_NORM_VEC=1 (opt-in, default 0 until measured on a GPU): the normalizations over the last axis of float16 /
-# float32 rows take reduce.cu's norm_rows_vec where the rows are contiguous and 16-byte aligned (checked at run time;
-# else norm_block as before): one 16-byte load per 8 values, the row kept in registers. The batch-32 decode step of
-# Llama-3-8B shapes spends 12.8-15.9 us in each AddRMSNormalization of 32 x 4096 (1 MB; docs/perf.md v28).
+# ATLAS_NORM_VEC (default 1; 0 keeps norm_block for every normalization): the normalizations over the last axis of
+# float16 / float32 rows take reduce.cu's norm_rows_vec where the rows are contiguous and 16-byte aligned (checked at
+# run time; else norm_block): one 16-byte load per 8 values, the row kept in registers. At batch 32 an 8B
+# AddRMSNormalization of 32 x 4096 (1 MB) took 15.2-15.8 us with norm_block, 6.1-6.3 with it; the 8-layer step 7% less
+# (docs/perf.md v29).
 NORM_VEC_ENV = "ATLAS_NORM_VEC"
 # 16-byte pieces per thread (registers, the row held as float): rows up to 4 * 8 * 256 = 8192 float16 values (ptxas
 # sm90: 5 or more spill at 255 registers with the residual add and LayerNorm)
@@ -205,8 +206,8 @@ def _norm_axes(node: Node, x: Value) -> tuple[dict, list[int], list[int], str]:
 
 
 def norm_vec_choice() -> bool:
-    """ATLAS_NORM_VEC (default 0); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
-    value = os.environ.get(NORM_VEC_ENV, "") or "0"
+    """ATLAS_NORM_VEC (default 1); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    value = os.environ.get(NORM_VEC_ENV, "") or "1"
     if value not in ("0", "1"):
         raise CodegenError(f"{NORM_VEC_ENV}={value!r} is not 0 or 1")
     return value == "1"

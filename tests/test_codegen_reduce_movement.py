@@ -375,18 +375,21 @@ def test_every_variant_generates_and_compiles(arch):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_norm_vec_is_emitted_and_compiles(dtype, monkeypatch):
-    """ATLAS_NORM_VEC=1: every last-axis normalization of the group gets the run-time checked norm_rows_vec call before
-    its norm_block (pieces per thread from the rows' maximum: 4096 float16 values over 256 threads, 2 of 8), the
-    multi-axis LayerNormalization of build_norm none; the module compiles for sm75 and sm90; unset or 0: the module is
-    the default's; another value is a CodegenError naming the variable."""
+    """ATLAS_NORM_VEC unset or 1: every last-axis normalization of the group gets the run-time checked norm_rows_vec
+    call before its norm_block (pieces per thread from the rows' maximum: 4096 float16 values over 256 threads, 2 of
+    8), the multi-axis LayerNormalization of build_norm none; the module compiles for sm75 and sm90; 0: norm_block
+    alone; another value is a CodegenError naming the variable."""
     from atlasc.codegen import reduce
     from atlasc.codegen.nvcc import compile_cubins
 
+    monkeypatch.delenv(reduce.NORM_VEC_ENV, raising=False)
     default = generate([build_norm_vec(dtype), build_norm(dtype)]).source
     monkeypatch.setenv(reduce.NORM_VEC_ENV, "0")
-    assert generate([build_norm_vec(dtype), build_norm(dtype)]).source == default
+    off = generate([build_norm_vec(dtype), build_norm(dtype)]).source
+    assert "norm_rows_vec<" not in off and off.count("norm_block<") == 11
     monkeypatch.setenv(reduce.NORM_VEC_ENV, "1")
     mod = generate([build_norm_vec(dtype), build_norm(dtype)])
+    assert mod.source == default
     pieces = 2 if dtype == "float16" else 4
     calls = re.findall(r"norm_rows_vec<(\w+), (\w+), (\w+), (\w+), (\d+), float>", mod.source)
     assert calls.count(("true", "false", "false", "false", str(pieces))) == 1  # RMS over n

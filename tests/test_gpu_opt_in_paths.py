@@ -1,7 +1,7 @@
 """End to end on the GPU (marker `gpu`) for the opt-in kernel paths (those not on by default, and those that were
 opt-in until these tests passed): mask-as-lengths (ATLAS_MASK_LENGTHS=1), the FlashAttention-2 prefill
-(ATLAS_ATTENTION_PREFILL=fa2), early weights, early K / V (ATLAS_ATTENTION_EARLY_KV=1) and the vectorized
-normalizations (ATLAS_NORM_VEC=1), every
+(ATLAS_ATTENTION_PREFILL=fa2), early weights, early K / V (ATLAS_ATTENTION_EARLY_KV=1) and the scalar normalizations
+(ATLAS_NORM_VEC=0, the default's fallback), every
 decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
 (pytest-xdist, one worker per file) compiles their artifacts beside test_gpu_runtime.py's, not after them.
 """
@@ -137,19 +137,19 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("name", DECODERS)
-def test_greedy_with_norm_vec_matches_onnxruntime(name, build_dir, monkeypatch):
-    """ATLAS_NORM_VEC=1 (codegen/reduce.py, opt-in until measured): the last-axis normalizations the compiled model
-    keeps as kernels (prefill's and the unfused decode ones: max batch 16 leaves the batch-9-16 bucket's norms out of
-    the projections) keep their rows in registers; greedy tokens and logits as onnxruntime's at batch 1 and 4, 32
-    steps, CUDA graphs on."""
+def test_greedy_without_norm_vec_matches_onnxruntime(name, build_dir, monkeypatch):
+    """ATLAS_NORM_VEC=0 (codegen/reduce.py; the default 1 is tested by every decoder test): the last-axis
+    normalizations the compiled model keeps as kernels (prefill's and the unfused decode ones: max batch 16 leaves the
+    batch-9-16 bucket's norms out of the projections) take norm_block alone; greedy tokens and logits as
+    onnxruntime's at batch 1 and 4, 32 steps, CUDA graphs on."""
     from atlasc.runtime.gpu import GpuModel
 
-    monkeypatch.setenv("ATLAS_NORM_VEC", "1")
-    path = f"{build_dir}/{name}-normvec.atlas"
+    monkeypatch.setenv("ATLAS_NORM_VEC", "0")
+    path = f"{build_dir}/{name}-normblock.atlas"
     compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16, max_seq=64))
     model = GpuModel(open_artifact(path), device=device())
-    assert model.manifest.report["codegen"]["norm_vec"] is True
-    assert "atlas::rd::norm_rows_vec<" in open_artifact(path).source()
+    assert model.manifest.report["codegen"]["norm_vec"] is False
+    assert "atlas::rd::norm_rows_vec<" not in open_artifact(path).source()
     _greedy_matches_onnxruntime(model, name)
 
 

@@ -51,7 +51,10 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(u
   inv_all.stride[0] = inv_all.shape[1] * inv_all.stride[1];
   atlas::View<float, 1> inv_k; inv_k.p = inv_all.p;
   inv_k.shape[0] = inv_all.shape[0]; inv_k.stride[0] = inv_all.stride[0];
-  atlas::rd::norm_block<false, true, true, float>(xk, xr, yk, yr, scale, bias, mean_k, inv_k, 1e-05f);
+  if (atlas::rd::norm_vec_rows(xk, xr, 1) && atlas::rd::norm_vec_rows(yk, yr, 1))
+    atlas::rd::norm_rows_vec<false, true, true, false, 1, float>(xk, xk, xk, yk, scale, bias, mean_k, inv_k, xr.shape[0], 1e-05f);
+  else
+    atlas::rd::norm_block<false, true, true, float>(xk, xr, yk, yr, scale, bias, mean_k, inv_k, 1e-05f);
   atlas::pdl_leave();
 }
 
