@@ -56,7 +56,8 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     rows = []
     switch_name, _, values = compile_ab.partition("=")
     switches = (values.split(",") if values else ("0", "1")) if compile_ab else ("",)
-    for quant, switch in [(q, s) for q in quants for s in switches]:
+    runs = [(q, s) for q in quants for s in switches]
+    for i, (quant, switch) in enumerate(runs):
         label = (f" {quant}" if len(quants) > 1 else "") + (f" {switch_name}={switch}" if compile_ab else "")
         if compile_ab:
             os.environ[switch_name] = switch
@@ -80,6 +81,8 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
             for r in measured:  # as measured: a later artifact's failure keeps these
                 print(f"[{engine}] {r}", flush=True)
             model.close()
+        if i < len(runs) - 1:  # the last is kept for `atlasc profile`; two 8B artifacts + the model fill 64 GB disks
+            art_path.unlink()
     return rows
 
 
