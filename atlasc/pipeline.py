@@ -28,6 +28,7 @@ from atlasc.passes.fuse_rotary import fuse_rotary
 from atlasc.passes.merge_linear import merge_linear
 from atlasc.passes.fuse_elementwise import fuse_elementwise
 from atlasc.passes.fuse_linear import fuse_linear
+from atlasc.passes.fuse_linear_epilogue import fuse_linear_epilogue
 from atlasc.passes.fuse_linear_prologue import fuse_linear_prologue
 from atlasc.passes.mask_as_lengths import mask_as_lengths
 from atlasc.passes.plan_memory import plan_memory
@@ -51,6 +52,7 @@ PASSES: dict[str, PassFn] = {
     "fuse-elementwise": fuse_elementwise,
     "fuse-linear": fuse_linear,
     "fuse-linear-prologue": fuse_linear_prologue,
+    "fuse-linear-epilogue": fuse_linear_epilogue,
     "mask-as-lengths": mask_as_lengths,
     "merge-linear": merge_linear,
     "quantize": quantize,
@@ -83,6 +85,7 @@ PIPELINES: dict[str, list[str]] = {
         "fuse-elementwise",
         "split-decode",
         "fuse-linear-prologue",
+        "fuse-linear-epilogue",
         "choose-decode-path",
         "schedule",
         "plan-memory",

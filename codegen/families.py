@@ -41,3 +41,5 @@ from atlasc.codegen import quant  # noqa: E402, F401  (registers emitters; quant
 TEMPLATES += ["quant", "act_int8"]  # act_int8.cu uses quant.cu and linear.cu
 
 from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitters; uses linear.cu, quant.cu)
+
+from atlasc.codegen import linear_epilogue  # noqa: E402, F401  (registers emitters; uses linear.cu)

@@ -413,6 +413,20 @@ struct LinGated {
   }
 };
 template <typename E> __host__ __device__ constexpr bool lin_gated() { return E::PAIRED; }
+// a paired epilogue E over rows m0 + m: the epilogue projections (linear_epilogue.py) run the GEMV over more rows
+// than its MT in chunks of MT rows, each chunk's row m being row m0 + m of the projection
+template <typename E>
+struct LinRowsFrom {
+  E e;
+  long long m0;
+  static constexpr bool PAIRED = E::PAIRED;
+  __device__ __forceinline__ long long row_a(long long p, long long n) const { return e.row_a(p, n); }
+  __device__ __forceinline__ long long row_b(long long p, long long n) const { return e.row_b(p, n); }
+  template <typename Y>
+  __device__ __forceinline__ void put(Y* yrow, long long yn, long long m, long long p, float za, float zb) const {
+    e.put(yrow, yn, m0 + m, p, za, zb);
+  }
+};
 template <typename T> __device__ __forceinline__ float lin_round(float v) { return float(T(v)); }
 
 // x * c + partner * s with each product and the sum rounded to T, as QKVRotary's reference rounds them

@@ -79,7 +79,7 @@ def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:
     ctx.lines += [f"  y.shape[{i}] = {ctx.dim(d)}; y.stride[{i}] = 0;" for i, d in enumerate(x_shape)]
 
 
-def _head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value | None):
+def decode_head(ctx: KernelContext, node: Node, x_shape, dtype: str, w_v: Value, b_v: Value | None, y_v: Value | None):
     """Common declarations: w, bias, y (rows only when y_v is None), N, K, M (rows of x_shape); returns
     (t, r, variants, runs, has_bias, the rows' upper bound)."""
     if dtype not in ("float32", "float16"):
@@ -175,9 +175,9 @@ def _parts(node: Node) -> tuple[list, Value | None, Value | None, str]:
 def _epilogue(ctx: KernelContext, node: Node, kind: str, dtype: str) -> str:
     """Declare the epilogue object `lin_epi` of kind gated / rotary; returns its name ("" for none)."""
     if kind == "gated":
-        _gated_epilogue(ctx, node, dtype)
+        gated_epilogue(ctx, node, dtype)
     elif kind == "rotary":
-        _rotary_epilogue(ctx, node, dtype)
+        rotary_epilogue(ctx, node, dtype, node.inputs[3], node.inputs[4])
     return "lin_epi" if kind else ""
 
 
@@ -194,7 +194,7 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     a_v = node.inputs[0]
     proj, y_v, s_v, kind = _parts(node)
     w_v, bias_v = proj[0], (proj[1] if len(proj) > 1 else None)
-    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
+    t, r, variants, runs, has_bias, m_upper = decode_head(ctx, node, a_v.shape, a_v.dtype, w_v, bias_v, y_v)
     if m_upper > PROLOGUE_MAX_M:
         raise CodegenError(f"{node.name}: {node.op} stages at most {PROLOGUE_MAX_M} rows")
     stage = _norm_source(ctx, node, t, r, s_v)
@@ -257,17 +257,17 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
                       min_blocks=bound if act8 else one_row_min_blocks(m_upper, bound))
 
 
-def _rotary_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
-    """Declare `lin_epi`: LinRotary over q and the layer's cache views (QKVRotary's checks)."""
+def rotary_epilogue(ctx: KernelContext, node: Node, dtype: str, cos_v: Value | None, sin_v: Value | None) -> None:
+    """Declare `lin_epi`: LinRotary over q and the layer's cache views (outputs 0-2 of node; QKVRotary's checks),
+    the tables cos_v / sin_v (None: no rotary)."""
     q_v, pk_v, pv_v = node.outputs[:3]
-    cos_v, sin_v = node.inputs[3], node.inputs[4]
     hq, hk, d, _, past = bind_qkv_rotary(ctx, node, dtype, cos_v, sin_v, q_v, pk_v, pv_v)
     kv = ctx.kv_cache
     ctx.lines.append(f"  const atlas::LinRotary<{c_type(dtype)}> lin_epi{{cs, sn, q, pk, pv, {hq}LL, {hk}LL, {d}LL, "
                      f"cs.shape[2], q.shape[2], {past}, {kv['max_batch']}LL, {kv['max_seq']}LL}};")
 
 
-def _gated_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
+def gated_epilogue(ctx: KernelContext, node: Node, dtype: str) -> None:
     """Declare `lin_epi`: LinGated over the epilogue program of the two rounded halves (fused.py's steps)."""
     program, gate = node.attrs["epilogue"], int(node.attrs["gate_input"])
     half = TensorType(dtype, (1,))
@@ -294,7 +294,7 @@ def emit_elementwise_linear(ctx: KernelContext, node: Node) -> KernelCode:
     x_dtype = node.attrs["out_dtype"]
     x_v = Value(f"{node.name}__x", x_dtype, tuple(node.attrs["out_shape"]))  # never stored: shapes only
     steps = step_types(sliced_types([TensorType(v.dtype, v.shape) for v in ins], slices), program)
-    t, r, variants, runs, has_bias, m_upper = _head(ctx, node, x_v.shape, x_dtype, w_v, bias_v, y_v)
+    t, r, variants, runs, has_bias, m_upper = decode_head(ctx, node, x_v.shape, x_dtype, w_v, bias_v, y_v)
     names = [_align(ctx, v, x_v, f"in{k}") for k, v in enumerate(ins)]
     for name, sl in zip(names, slices):
         if sl is not None:  # a last-axis slice: same strides, the start offset added

@@ -4,7 +4,7 @@
 
 - weights: every constant of every entry (shared by reference), in first-use order, read-only;
 - kv_cache: `[layers, 2, max_batch, kv_heads, max_seq, head_dim]`; a KVAppend output (and the two `present`
-  outputs of QKVRotary / NormLinearRotary) is a strided view of its layer's key or value slot, not a
+  outputs of QKVRotary / NormLinearRotary / LinearRotary) is a strided view of its layer's key or value slot, not a
   buffer of its own;
 - io: the int64 dims buffer (symbol values), then each entry's inputs (side by side, smallest upper bound
   first) and outputs, never reused; the decode step's entries first (the narrowest, split-decode's, first
@@ -259,7 +259,7 @@ def cache_kind(node, index: int) -> str | None:
         return node.attrs["kind"]
     if node.op == "QKVRotary" and index > 0:
         return ("key", "value")[index - 1]
-    if node.op == "NormLinearRotary" and index in (1, 2):  # (q, present_k, present_v[, the residual sum])
+    if node.op in ("NormLinearRotary", "LinearRotary") and index in (1, 2):  # (q, present_k, present_v[, sum])
         return ("key", "value")[index - 1]
     return None
 

@@ -259,7 +259,7 @@ def _flops(n, values, weights, env) -> int:
         return tuple(evaluate_dim(d, env) for d in values[name].shape)
 
     out = shape(n.outputs[0])
-    w_index = {"NormLinear": 3, "NormLinearQ": 3, "NormLinearRotary": 5}.get(n.op)
+    w_index = {"NormLinear": 3, "NormLinearQ": 3, "NormLinearRotary": 5, "LinearGated": 1, "LinearRotary": 3}.get(n.op)
     if w_index is not None:  # 2 x rows x N x K (the weight's rows are the projection's outputs)
         x = shape(n.inputs[0])
         return 2 * int(np.prod(x[:-1])) * x[-1] * shape(n.inputs[w_index])[0]

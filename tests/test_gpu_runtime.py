@@ -187,6 +187,35 @@ def test_batch_bucket_kernels_agree(build_dir):
     model.close()
 
 
+def test_epilogue_projections_match_the_cpu_runtime(build_dir, monkeypatch):
+    """float16 at batch 12 (--max-batch 16: the decode entry above decode_small) runs its QKV projection with the
+    rotary and the cache append (LinearRotary) and its gate/up projection with SwiGLU (LinearGated) in one kernel
+    each (fuse-linear-epilogue); greedy tokens and logits as the reference runtime's on the same artifact, 12
+    steps."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.delenv("ATLAS_LINEAR_EPILOGUE", raising=False)
+    path = f"{build_dir}/llama-fp16-b16-epilogue.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16,
+                                                                     max_seq=64))
+    art = open_artifact(path)
+    source = art.source()
+    assert "decode_0" in source and "_LinearRotary(" in source and "_LinearGated(" in source  # the decode kernels
+    prompts = _prompts(12, 9, seed=17)
+    want = generate(CpuModel(art), prompts, 12, keep_logits=True)
+    model = GpuModel(open_artifact(path), device=device())
+    got = generate(model, prompts, 12, keep_logits=True)
+    assert model.routed["decode"] == "decode"
+    model.close()
+    tol = TOL[entry_of("llama-fp16")["dtype"]]
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
+    if got.tokens == want.tokens:
+        for a, b in zip(got.step_logits, want.step_logits):
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **tol)
+
+
 @pytest.mark.parametrize("quant,env", [("int4", "ATLAS_INT4_PATH=w4a8"), ("int8", "ATLAS_INT8_PATH=w8a8")])
 def test_int8_activations_match_the_cpu_runtime(quant, env, build_dir, monkeypatch):
     """W4A8 / W8A8 decode (act_int8.cu, fused with the norms, SwiGLU and the rotary epilogue) end to end:
