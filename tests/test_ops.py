@@ -31,6 +31,7 @@ from onnx.reference import ReferenceEvaluator
 from atlasc.frontend import import_onnx
 from atlasc.ir import OPS, Graph, Node, SymbolInfo, Value, constant, interpret, verify
 from atlasc.ir import symbolic as S
+from atlasc.ir.ops import TensorType
 
 F32, F16, I64, I32, BOOL = np.float32, np.float16, np.int64, np.int32, np.bool_
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -1383,6 +1384,96 @@ def test_norm_linear_rotary(rng, linear, rot, add):
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     np.testing.assert_array_equal(cache_got, cache_want)
     assert not np.array_equal(cache_got, cache)
+
+
+@covers("LinearRotary")
+@pytest.mark.parametrize("rot,bias", [(8, False), (4, True), (0, False)])
+def test_linear_rotary(rng, rot, bias):
+    """LinearRotary = Linear (with or without bias), QKVRotary (full, partial or no rotary): q, the presents and
+    the cache equal the two nodes run in turn; cos without sin is a ShapeError."""
+    from atlasc.errors import ShapeError
+
+    hq, hk, d, batch, seq, past, k = 4, 2, 8, 3, 2, 3, 16
+    n = (hq + 2 * hk) * d
+    b, s_, p_ = S.sym("batch"), S.sym("seq"), S.sym("past_seq")
+    x = rand(rng, (batch, seq, k), F32)
+    proj = [constant("w", (rng.standard_normal((n, k)) / 4).astype(F32))]
+    if bias:
+        proj.append(constant("bias", rand(rng, (n,), F32)))
+    cos, sin = (rand(rng, (batch, seq, max(rot, 1)), F32)[..., :rot] for _ in range(2))  # tables per batch row
+    vx = Value("x", "float32", (b, s_, k))
+    vc, vs = Value("cos", "float32", (b, s_, rot)), Value("sin", "float32", (b, s_, rot))
+    tables = [vc, vs] if rot else []
+    heads = {"q_heads": hq, "kv_heads": hk, "head_dim": d, "layer": 1, "past": p_}
+    q, pk, pv = Value("q", "float32", (b, hq, s_, d)), *(Value(v, "float32", (b, hk, S.add(p_, s_), d))
+                                                         for v in ("pk", "pv"))
+    graphs = {}
+    for kind in ("fused", "unfused"):
+        g = Graph(kind)
+        g.symbols = {"batch": SymbolInfo(1), "seq": SymbolInfo(1), "past_seq": SymbolInfo(0)}
+        g.inputs, g.outputs = [vx] + tables, [q, pk, pv]
+        if kind == "fused":
+            g.nodes = [Node("LinearRotary", [vx, *(tables or [None, None]), *proj], [q, pk, pv], heads)]
+        else:
+            y = Value("y", "float32", (b, s_, n))
+            g.nodes = [Node("Linear", [vx, *proj], [y]), Node("QKVRotary", [y, *tables], [q, pk, pv], heads)]
+        verify(g)
+        graphs[kind] = g
+    feed = {"x": x} | ({"cos": cos, "sin": sin} if rot else {})
+    cache = rand(rng, (2, 2, 3, hk, 8, d), F32)
+    results = {}
+    for kind, g in graphs.items():
+        state = {"kv_cache": cache.copy()}
+        results[kind] = (interpret(g, feed, state=state, symbols={"past_seq": past}), state["kv_cache"])
+    (got, cache_got), (want, cache_want) = results["fused"], results["unfused"]
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
+    assert not np.array_equal(cache_got, cache)
+    if rot:
+        with pytest.raises(ShapeError, match="give both cos and sin"):
+            OPS["LinearRotary"].infer([TensorType("float32", (2, 1, k)), TensorType("float32", (1, 1, rot)), None,
+                                       TensorType("float32", (n, k))], OPS["LinearRotary"].fill_attrs(heads))
+
+
+@covers("LinearGated")
+@pytest.mark.parametrize("gate,bias", [(0, True), (1, False)])
+def test_linear_gated(rng, gate, bias):
+    """LinearGated = Linear, then the epilogue program over the output's two halves (SwiGLU, either half the gate):
+    equal to the Linear and the FusedElementwise run in turn; an odd width is a ShapeError."""
+    from atlasc.errors import ShapeError
+
+    swiglu = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))),
+              ("Mul", (), (("step", 1), ("in", 1))))
+    k, h, m = 16, 6, 3
+    bsym = S.sym("batch")
+    x = rand(rng, (m, k), F32)
+    proj = [constant("w", (rng.standard_normal((2 * h, k)) / 4).astype(F32))]
+    if bias:
+        proj.append(constant("bias", rand(rng, (2 * h,), F32)))
+    vx, vy = Value("x", "float32", (bsym, k)), Value("y", "float32", (bsym, h))
+    halves = ((0, h), (h, h)) if gate == 0 else ((h, h), (0, h))
+    results = {}
+    for kind in ("fused", "unfused"):
+        g = Graph(kind)
+        g.symbols = {"batch": SymbolInfo(1)}
+        g.inputs, g.outputs = [vx], [vy]
+        if kind == "fused":
+            g.nodes = [Node("LinearGated", [vx, *proj], [vy], {"epilogue": swiglu, "gate_input": gate})]
+        else:
+            z = Value("z", "float32", (bsym, 2 * h))
+            g.nodes = [Node("Linear", [vx, *proj], [z]),
+                       Node("FusedElementwise", [z, z], [vy], {"program": swiglu, "out_shape": (bsym, h),
+                                                               "out_dtype": "float32", "slices": halves})]
+        verify(g)
+        results[kind] = interpret(g, {"x": x})["y"]
+    np.testing.assert_array_equal(results["fused"], results["unfused"])
+    z = x @ proj[0].data.T + (proj[1].data if bias else 0)
+    g_, u_ = (z[:, :h], z[:, h:]) if gate == 0 else (z[:, h:], z[:, :h])
+    assert_close(results["fused"], (g_ / (1 + np.exp(-g_)) * u_).astype(F32))
+    with pytest.raises(ShapeError, match="even static width"):
+        OPS["LinearGated"].infer([TensorType("float32", (2, k)), TensorType("float32", (7, k))],
+                                 OPS["LinearGated"].fill_attrs({"epilogue": swiglu}))
 
 
 # -- coverage --------------------------------------------------------------------------------
