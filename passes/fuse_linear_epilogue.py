@@ -1,8 +1,8 @@
-"""fuse-linear-epilogue: at decode, the only reader of a float Linear runs inside the Linear's kernel.
+"""fuse-linear-epilogue: at up to 32 rows, the only reader of a float16 Linear runs inside the Linear's kernel.
 
-Matches, where the Linear's rows (its input's leading dims) are at most EPILOGUE_MAX_M at run time (a decode
-bucket: linear.cu's decode paths) and fuse-linear-prologue left the Linear alone (more rows than a prologue may
-stage, e.g. the batch-9..32 bucket):
+Matches, where the Linear's rows (its input's leading dims) are at most EPILOGUE_MAX_M at run time (linear.cu's
+decode paths: the decode entry of batch 9..32, whose rows are more than a prologue may stage; also a prefill whose
+batch x seq cannot exceed 32) and fuse-linear-prologue left the Linear alone:
 
     z = Linear(x, w[, bias]); y = FusedElementwise(z[.., :H], z[.., H:])  =>  y = LinearGated(x, w[, bias])
     z = Linear(x, w[, bias]); q, pk, pv = QKVRotary(z[, cos, sin])  =>  q, pk, pv = LinearRotary(x, cos, sin, w[, bias])
