@@ -1328,6 +1328,19 @@ def test_qkv_rotary_without_tables(rng):
     np.testing.assert_array_equal(got["pv"][:, :, past:], heads[:, hq + hk:])
 
 
+def _fused_equals_unfused(graphs: dict, feed: dict, cache: np.ndarray, past: int) -> None:
+    """The "fused" and "unfused" graphs give equal outputs and leave equal KV caches from `cache`, which they write."""
+    results = {}
+    for kind, g in graphs.items():
+        state = {"kv_cache": cache.copy()}
+        results[kind] = (interpret(g, feed, state=state, symbols={"past_seq": past}), state["kv_cache"])
+    (got, cache_got), (want, cache_want) = results["fused"], results["unfused"]
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(cache_got, cache_want)
+    assert not np.array_equal(cache_got, cache)
+
+
 @covers("NormLinearRotary")
 @pytest.mark.parametrize("linear,rot,add", [("Linear", 8, True), ("Linear", 4, False), ("LinearQ8", 8, True),
                                             ("Linear", 0, True)])
@@ -1374,16 +1387,7 @@ def test_norm_linear_rotary(rng, linear, rot, add):
         verify(g)
         graphs[kind] = g
     feed = {"a": a, "r": r, "g": gamma} | ({"cos": cos, "sin": sin} if rot else {})
-    cache = rand(rng, (2, 2, 3, hk, 8, d), F32)
-    results = {}
-    for kind, g in graphs.items():
-        state = {"kv_cache": cache.copy()}
-        results[kind] = (interpret(g, feed, state=state, symbols={"past_seq": past}), state["kv_cache"])
-    (got, cache_got), (want, cache_want) = results["fused"], results["unfused"]
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    np.testing.assert_array_equal(cache_got, cache_want)
-    assert not np.array_equal(cache_got, cache)
+    _fused_equals_unfused(graphs, feed, rand(rng, (2, 2, 3, hk, 8, d), F32), past)
 
 
 @covers("LinearRotary")
@@ -1420,16 +1424,7 @@ def test_linear_rotary(rng, rot, bias):
         verify(g)
         graphs[kind] = g
     feed = {"x": x} | ({"cos": cos, "sin": sin} if rot else {})
-    cache = rand(rng, (2, 2, 3, hk, 8, d), F32)
-    results = {}
-    for kind, g in graphs.items():
-        state = {"kv_cache": cache.copy()}
-        results[kind] = (interpret(g, feed, state=state, symbols={"past_seq": past}), state["kv_cache"])
-    (got, cache_got), (want, cache_want) = results["fused"], results["unfused"]
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    np.testing.assert_array_equal(cache_got, cache_want)
-    assert not np.array_equal(cache_got, cache)
+    _fused_equals_unfused(graphs, feed, rand(rng, (2, 2, 3, hk, 8, d), F32), past)
     if rot:
         with pytest.raises(ShapeError, match="give both cos and sin"):
             OPS["LinearRotary"].infer([TensorType("float32", (2, 1, k)), TensorType("float32", (1, 1, rot)), None,
