@@ -29,6 +29,7 @@ from atlasc.artifact import (
     RegionSpec,
     SourceInfo,
     SymbolSpec,
+    TensorMapSpec,
     ValueSpec,
     WeightSpec,
     WeightsImage,
@@ -313,9 +314,13 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
     region_specs = {k: RegionSpec(r.offset, r.nbytes) for k, r in regions.items()}
     if module.scratch_bytes:  # kernels' scratch after the planned arena (codegen GeneratedModule)
         region_specs["scratch"] = RegionSpec(module.scratch_offset, module.scratch_bytes)
+    if module.tensor_maps:  # copy-engine tensor maps the runtime writes at load (codegen/linear_tma.py)
+        region_specs["tensor_maps"] = RegionSpec(*module.tensor_map_region)
+    maps = tuple(TensorMapSpec(t.slot, t.address, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols, t.dtype)
+                 for t in module.tensor_maps)
     memory = MemorySpec(ALIGNMENT, max(any_plan.arena_bytes, module.arena_bytes), region_specs,
                         any_plan.dims_offset, max(p.activation_peak for p in plans.values()),
-                        max(p.activation_naive for p in plans.values()))
+                        max(p.activation_naive for p in plans.values()), maps)
     compile_report = {
         "kind": program.kind,
         "roles": program.roles,

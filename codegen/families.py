@@ -43,3 +43,5 @@ TEMPLATES += ["quant", "act_int8"]  # act_int8.cu uses quant.cu and linear.cu
 from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitters; uses linear.cu, quant.cu)
 
 from atlasc.codegen import linear_epilogue  # noqa: E402, F401  (registers emitters; uses linear.cu)
+
+TEMPLATES += ["linear_tma"]  # linear_tma.py's kernel (linear.py and linear_epilogue.py call it; uses linear.cu)

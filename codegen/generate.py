@@ -98,6 +98,44 @@ class KernelCode:
     trigger_early: bool = False  # the wrapper lets the next kernel launch right after the wait (pdl_leave)
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """A copy-engine tensor map the runtime encodes at load (cuTensorMapEncodeTiled) into the 128 bytes at arena
+    offset `slot`: the row-major float16 matrix of `rows` x `cols` at arena offset `address` (rows `row_bytes`
+    apart), read in boxes of `box_rows` rows x `box_cols` columns with the 128-byte swizzle (linear_tma.cu)."""
+
+    slot: int
+    address: int
+    rows: int
+    cols: int
+    row_bytes: int
+    box_rows: int
+    box_cols: int = 64
+    dtype: str = "float16"
+
+
+TENSOR_MAP_BYTES = 128
+
+
+class TensorMapTable:
+    """The tensor maps of one generated module, in `capacity` slots from arena offset `base` (fixed before any
+    kernel is emitted, so that a kernel's code names its maps' offsets like any tensor's: codegen/share.py). The
+    same matrix read in the same boxes gets one slot."""
+
+    def __init__(self, base: int, capacity: int):
+        self.base, self.capacity = base, capacity
+        self.maps: dict[tuple, TensorMap] = {}
+
+    def slot(self, address: int, rows: int, cols: int, row_bytes: int, box_rows: int) -> int:
+        key = (address, rows, cols, row_bytes, box_rows)
+        if key not in self.maps:
+            if len(self.maps) >= self.capacity:
+                raise CodegenError(f"more than the {self.capacity} tensor maps reserved")
+            self.maps[key] = TensorMap(self.base + TENSOR_MAP_BYTES * len(self.maps), address, rows, cols,
+                                       row_bytes, box_rows)
+        return self.maps[key].slot
+
+
 @dataclass
 class GeneratedModule:
     """The translation unit and launches. Kernels may use a scratch region after every plan's arena
@@ -116,6 +154,8 @@ class GeneratedModule:
     scratch_bytes: int = 0
     arena_bytes: int = 0  # the plans' arena plus the scratch
     choices: dict = field(default_factory=dict)  # the kernel paths chosen (codegen_choices), for the artifact
+    tensor_maps: list[TensorMap] = field(default_factory=list)  # what the runtime writes at load (TensorMap)
+    tensor_map_region: tuple[int, int] = (0, 0)  # (offset, bytes) of their slots in the arena (none: 0 bytes)
 
 
 class KernelContext:
@@ -123,9 +163,10 @@ class KernelContext:
 
     def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None,
                  scratch_offset: int | None = None, lower: dict[str, int] | None = None,
-                 archs: tuple[str, ...] = ()):
+                 archs: tuple[str, ...] = (), tensor_maps: TensorMapTable | None = None):
         self.scratch_offset = align(plan.arena_bytes) if scratch_offset is None else scratch_offset
         self.archs = archs  # the compile's target archs (() = unknown: the H200's limits)
+        self.tensor_maps = tensor_maps  # None: no room reserved (a kernel may not use the copy engine's maps)
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
@@ -157,6 +198,14 @@ class KernelContext:
 
     def address(self, value: Value) -> str:
         return f"arena + {self.plan.placement(value).offset}LL"
+
+    def tensor_map_address(self, value: Value, rows: int, box_rows: int) -> str:
+        """C address of the tensor map (TensorMap) of value, a contiguous float16 matrix whose last dim is its
+        columns, read as `rows` rows (its leading dims flattened, at their maxima) in boxes of box_rows rows."""
+        cols = self.upper(value.shape[-1])
+        slot = self.tensor_maps.slot(self.plan.placement(value).offset, rows, cols, cols * itemsize(value.dtype),
+                                     box_rows)
+        return f"arena + {slot}LL"
 
     def scratch_address(self, offset: int) -> str:
         """C address of byte `offset` of the scratch's work space (KernelCode.scratch says how many are used)."""
@@ -271,7 +320,12 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     unsupported = sorted({n.op for g, _ in entries.values() for n in g.nodes if n.op not in EMITTERS})
     if unsupported:
         raise CodegenError(f"no CUDA kernel for op(s): {', '.join(unsupported)}")
-    scratch_offset = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
+    arena_end = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
+    from atlasc.codegen import linear_tma
+
+    map_slots = linear_tma.map_capacity(entries, buckets, archs)
+    tensor_maps = TensorMapTable(arena_end, map_slots) if map_slots else None
+    scratch_offset = align(arena_end + TENSOR_MAP_BYTES * map_slots)
     scratch_bytes = 0
     kernel_choices: dict[str, dict] = {}
     for entry, (graph, plan) in entries.items():
@@ -291,7 +345,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                 return runs_above
 
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
-                                above(upper[entry].get(symbol, 0)), archs)
+                                above(upper[entry].get(symbol, 0)), archs, tensor_maps)
             code = EMITTERS[node.op](ctx, node)
             scratch_bytes = max(scratch_bytes, _scratch_need(node, code))
             if code.choice:
@@ -305,7 +359,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             for value in smaller:
                 name = f"{kernel}_{symbol}{value}"
                 vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset,
-                                     above(value), archs)
+                                     above(value), archs, tensor_maps)
                 vcode = EMITTERS[node.op](vctx, node)
                 scratch_bytes = max(scratch_bytes, _scratch_need(node, vcode))
                 vtext = _wrapper(vctx, node, vcode)
@@ -328,8 +382,12 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     kernel_choices = {k: c for k, c in kernel_choices.items() if shared[k].kernel == k}
     if kernel_choices:
         choices["kernels"] = kernel_choices
+    maps = list(tensor_maps.maps.values()) if tensor_maps else []
+    if maps:
+        choices["tensor_maps"] = len(maps)
     return GeneratedModule("\n".join([prelude, *texts]) + "\n", launches, prelude, texts, scratch_offset,
-                           scratch_bytes, scratch_offset + scratch_bytes, choices)
+                           scratch_bytes, scratch_offset + scratch_bytes, choices, maps,
+                           (arena_end, TENSOR_MAP_BYTES * map_slots) if maps else (0, 0))
 
 
 def _shared_launch(launch: Launch, shared: dict[str, Shared]) -> Launch:
@@ -392,7 +450,7 @@ def _scratch_need(node: Node, code: KernelCode) -> int:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import attention, flash_attention, gemm, linear, quant, reduce, sampling
+    from atlasc.codegen import attention, flash_attention, gemm, linear, linear_tma, quant, reduce, sampling
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(),
@@ -415,6 +473,7 @@ def codegen_choices() -> dict:
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),
+            "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

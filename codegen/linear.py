@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 
-from atlasc.codegen import gemm
+from atlasc.codegen import gemm, linear_tma
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
@@ -364,6 +364,9 @@ def static_smem(rows: int, red: int, tiled: bool) -> int:
 
 @emitter("Linear")
 def emit_linear(ctx: KernelContext, node: Node) -> KernelCode:
+    tma = linear_tma.try_emit(ctx, node)  # the batch-9..32 kernels of an sm90-only compile (linear_tma.py)
+    if tma is not None:
+        return tma
     x_v, w_v = node.inputs[0], node.inputs[1]
     b_v = node.inputs[2] if len(node.inputs) > 2 else None
     y_v = node.outputs[0]

@@ -15,6 +15,7 @@ chose 64-128 registers). A fallback, not a path: the compiler's plans keep x row
 
 from __future__ import annotations
 
+from atlasc.codegen import linear_tma
 from atlasc.codegen.generate import MAX_GRID, KernelCode, KernelContext, emitter, weight_prefetch
 from atlasc.codegen.linear import GEMV_CONFIG, GEMV_MAX_M, THREADS, decode_calls, decode_grid
 from atlasc.codegen.linear_prologue import decode_head, gated_epilogue, rotary_epilogue
@@ -37,6 +38,9 @@ def _chunked_gemv(t: str, r: int, has_bias: str) -> str:
 
 @emitter("LinearGated", "LinearRotary")
 def emit_linear_epilogue(ctx: KernelContext, node: Node) -> KernelCode:
+    tma = linear_tma.try_emit(ctx, node)  # an sm90-only compile's copy-engine path (linear_tma.py)
+    if tma is not None:
+        return tma
     x_v = node.inputs[0]
     rotary = node.op == "LinearRotary"
     proj = [v for v in node.inputs[3 if rotary else 1:] if v is not None]  # w[, bias]

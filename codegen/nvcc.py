@@ -66,9 +66,15 @@ def nvcc_version(path: str) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def flags(arch: str) -> list[str]:
-    """The nvcc command line for one arch, minus the input and output paths."""
-    n = arch[2:]
+# a source whose kernels use sm90's arch-specific instructions (wgmma: codegen/linear_tma.py) says so with this
+# line; for sm90 it is then built for sm_90a, which runs on the same GPUs (compute capability 9.0 exactly)
+SM90A_MARKER = "// atlasc: sm_90a (wgmma, linear_tma.cu)"
+
+
+def flags(arch: str, source: str = "") -> list[str]:
+    """The nvcc command line for one arch, minus the input and output paths (sm90 as sm_90a when `source` holds
+    SM90A_MARKER)."""
+    n = arch[2:] + ("a" if arch == "sm90" and SM90A_MARKER in source else "")
     return [
         "-cubin",  # a device-only binary the runtime loads with cuModuleLoadData
         "-O3",  # full device optimization
@@ -136,7 +142,7 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
     version = nvcc_version(exe)
 
     def one(arch: str) -> tuple[str, bytes]:
-        args = flags(arch)
+        args = flags(arch, source)
         key = hashlib.sha256("\0".join([source, arch, version, *args]).encode()).hexdigest()
         cached = cache_dir() / f"{key}.cubin"
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,12 @@ class Device:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def encode_tensor_map(self, base: int, spec) -> bytes:
+        """The 128 bytes of a copy-engine tensor map (TensorMapSpec) for an arena at `base` (runtime/tensor_maps.py)."""
+        from atlasc.runtime.tensor_maps import encode
+
+        return encode(base, spec)
+
 
 class KernelTable:
     """The kernels of a module, or of the modules of a chunked build (each name is looked up in each,

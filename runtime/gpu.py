@@ -31,6 +31,7 @@ from atlasc.runtime.bind import bind_call, output_shape
 from atlasc.runtime.cudagraph import CUDA_ERROR_OUT_OF_MEMORY, PDL_ENV, CapturedGraph, CudaGraphError
 from atlasc.runtime.device import Device, DeviceOutOfMemoryError, KernelTable
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
+from atlasc.runtime.tensor_maps import write_tensor_maps
 from atlasc.runtime.staging import (BLOCK, HEADER, MAX_BYTES, blocks_for, load_staging, mapped_setting, mapped_span,
                                     write_header)
 
@@ -103,6 +104,7 @@ class GpuModel:
         if scratch is not None:  # kernels' counters start at 0 (and every kernel leaves them at 0)
             self.dev.cuda.memset_d8_async(int(self.arena) + scratch.offset, 0, scratch.nbytes, self.dev.stream)
             self.dev.synchronize()
+        write_tensor_maps(self.dev, self.arena, m.memory.tensor_maps)  # the copy engine's (linear_tma.cu)
         self.symbols = [s.name for s in m.symbols]
         self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
         self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}

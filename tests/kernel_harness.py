@@ -71,9 +71,11 @@ def device():
 
 def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
                state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
-               plan_fn=None, repeat: int = 1) -> dict[str, np.ndarray]:
+               plan_fn=None, repeat: int = 1, archs: tuple[str, ...] = (),
+               lower: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
-    kernels must leave their scratch ready for the next launch); return its outputs by name."""
+    kernels must leave their scratch ready for the next launch); return its outputs by name. `archs` and
+    `lower` go to generate_module (the compile's targets; symbol values the kernels run only above)."""
     from atlasc.runtime.device import KernelTable
 
     dev = device()
@@ -85,7 +87,8 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
     if kv is not None:
         kv_spec = {"offset": kv_offset, "layers": kv.shape[0], "max_batch": kv.shape[2], "kv_heads": kv.shape[3],
                    "max_seq": kv.shape[4], "head_dim": kv.shape[5], "dtype": str(kv.dtype)}
-    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec)
+    mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec, archs=archs,
+                          lower={"run": lower} if lower else None)
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
     table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
@@ -100,6 +103,10 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
         _upload(dev, arena, plan.placement(c), c.data, env)
     for v in graph.inputs:
         _upload(dev, arena, plan.placement(v), np.asarray(inputs[v.name]), env)
+    if mod.tensor_maps:  # the copy engine's maps of this arena (codegen/linear_tma.py)
+        from atlasc.runtime.tensor_maps import write_tensor_maps
+
+        write_tensor_maps(dev, arena, mod.tensor_maps)
     for _ in range(repeat):
         for launch in mod.launches["run"]:
             table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node,

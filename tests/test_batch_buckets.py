@@ -138,7 +138,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "attention_mma": True, "attention_warps": "auto",
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
-                 "share_kernels": True,
+                 "share_kernels": True, "linear_tma": True,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
@@ -163,6 +163,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_QUANT_MIN_BLOCKS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
     monkeypatch.setenv("ATLAS_NORM_VEC", "0")
+    monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "attention_path": "rows",
@@ -175,7 +176,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "sample_split": False,
                                  "weight_prefetch": True,
                                  "weight_prefetch_mb": 16,
-                                 "share_kernels": False, "attention_prefill": "off",
+                                 "share_kernels": False, "linear_tma": False, "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
 

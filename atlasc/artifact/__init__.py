@@ -20,6 +20,7 @@ from .manifest import (
     RegionSpec,
     SourceInfo,
     SymbolSpec,
+    TensorMapSpec,
     ValueSpec,
     VariantSpec,
     WeightSpec,
@@ -30,6 +31,6 @@ from .writer import WEIGHTS_ALIGNMENT, WeightsImage, cubin_member, manifest_byte
 __all__ = [
     "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "WEIGHTS_ALIGNMENT",
     "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec",
-    "RegionSpec", "VariantSpec", "SourceInfo", "SymbolSpec", "ValueSpec", "WeightSpec", "WeightsImage",
+    "RegionSpec", "VariantSpec", "SourceInfo", "SymbolSpec", "TensorMapSpec", "ValueSpec", "WeightSpec", "WeightsImage",
     "arch_name", "cubin_member", "manifest_bytes", "open_artifact", "write_artifact",
 ]

@@ -25,9 +25,10 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
-FORMAT_VERSION = 5  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
+FORMAT_VERSION = 6  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
 # 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink);
-# 5: NodeSpec.args / VariantSpec.args (the arena offsets a kernel shared by several nodes takes)
+# 5: NodeSpec.args / VariantSpec.args (the arena offsets a kernel shared by several nodes takes);
+# 6: MemorySpec.tensor_maps (the runtime must write them before any launch)
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -254,6 +255,22 @@ class RegionSpec(_Spec):
 
 
 @dataclass(frozen=True)
+class TensorMapSpec(_Spec):
+    """A copy-engine tensor map (cuTensorMapEncodeTiled) the runtime writes into the 128 bytes at arena offset
+    `slot` after the weights are in: the row-major `dtype` matrix of `rows` x `cols` at arena offset `address`
+    (rows `row_bytes` apart), boxes of `box_rows` x `box_cols`, 128-byte swizzle (codegen/linear_tma.cu)."""
+
+    slot: int
+    address: int
+    rows: int
+    cols: int
+    row_bytes: int
+    box_rows: int
+    box_cols: int
+    dtype: str
+
+
+@dataclass(frozen=True)
 class MemorySpec(_Spec):
     """The static memory plan: one arena, four regions (weights, kv_cache, io, activations)."""
 
@@ -263,6 +280,7 @@ class MemorySpec(_Spec):
     dims_offset: int  # arena offset of the int64 dims buffer (one per `Manifest.symbols`)
     activation_peak: int  # planned activation bytes (with reuse)
     activation_naive: int  # sum of all activation sizes (no reuse), for the report
+    tensor_maps: tuple[TensorMapSpec, ...] = ()  # written at load, in the region "tensor_maps"
 
 
 @dataclass(frozen=True)
@@ -458,6 +476,12 @@ class Manifest(_Spec):
                     raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].variants: need a known symbol "
                                         f"(got {n.symbol!r}) and strictly increasing upto values (got {uptos})")
         self._check_args()
+        for i, t in enumerate(self.memory.tensor_maps):
+            ends = (t.slot + 128, t.address + t.rows * t.row_bytes)
+            low = min(t.slot, t.address, t.rows, t.cols, t.box_rows, t.box_cols)
+            if low < 0 or max(ends) > self.memory.arena_bytes:
+                raise ArtifactError(f"manifest field memory.tensor_maps[{i}]: slot or matrix outside the arena "
+                                    f"(0..{self.memory.arena_bytes})")
         for i, s in enumerate(self.symbols):
             if not 0 <= s.lower <= s.upper:
                 raise ArtifactError(f"manifest field symbols[{i}]: bounds {s.lower}..{s.upper} are not valid")

@@ -26,7 +26,7 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("attention_early_kv", False, "ATLAS_ATTENTION_EARLY_KV"), ("norm_vec", True, "ATLAS_NORM_VEC"),
            ("attention_warps", "auto", "ATLAS_ATTENTION_WARPS"), ("share_kernels", True, "ATLAS_SHARE_KERNELS"),
            ("early_weights", "2", "ATLAS_EARLY_WEIGHTS"), ("early_quant", False, "ATLAS_EARLY_QUANT"),
-           ("sample_split", True, "ATLAS_SAMPLE_SPLIT"))
+           ("sample_split", True, "ATLAS_SAMPLE_SPLIT"), ("linear_tma", True, "ATLAS_LINEAR_TMA"))
 
 
 def _opt_ins(choices: dict) -> str:

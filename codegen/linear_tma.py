@@ -1,0 +1,173 @@
+"""The copy-engine + wgmma decode projection (linear_tma.cu) for the batch-9..32 kernels of an sm90-only compile.
+
+linear.cu's MMA decode holds each round of weights in registers: at 32 rows it streams the Llama-3-8B projections
+at 52-76% of 4.30 TB/s, where cuBLAS reaches 72-92% (docs/perf.md v30). linear_tma_decode keeps up to ~200 KB of
+weights in flight per SM in shared-memory stages the copy engine fills, multiplied there by wgmma; the H200 lab
+(examples/wgmma_lab.py, same kernel body) measured it at 1.05-1.35x the MMA decode's speed on every 8B shape.
+
+It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (rotary pairs of 128-dim heads rotated
+whole) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels: KernelContext's
+lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a contiguous
+[rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
+written into the arena by the runtime at load (generate.TensorMap). ATLAS_LINEAR_TMA=0 turns it off (the MMA
+decode as before).
+
+Configurations (NC consumer warpgroups, CH chains of 64 rows, S stages; the lab's best per 8B shape at M = 32):
+plain 1-1-8 (QKV 16.44 us, o 14.61, LM head 254.67; down 38.38 with its K split 4 ways), gated 2-2-3 (gate/up
+59.94), heads 1-2-10 (QKV 18.91). A plain projection splits K into KS runs when each run keeps >= KS_MIN_STEPS
+64-k steps and the grid stays <= KS_MAX_BLOCKS (down: 4; o, QKV and the LM head: 1, where the lab's splits lost).
+"""
+
+from __future__ import annotations
+
+import os
+
+from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
+from atlasc.codegen.nvcc import SM90A_MARKER  # a kernel using wgmma carries it (nvcc.py builds it for sm_90a)
+
+TMA_ENV = "ATLAS_LINEAR_TMA"
+OPS = ("Linear", "LinearGated", "LinearRotary")
+PLAIN, GATED, HEADS = 0, 1, 2
+CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAGES
+LAYOUT_NAMES = {PLAIN: "atlas::TMA_PLAIN", GATED: "atlas::TMA_GATED", HEADS: "atlas::TMA_HEADS"}
+KS_MIN_STEPS = 48
+KS_MAX_BLOCKS = 264
+MIN_ROWS = 8  # the path serves kernels that run only above this many rows
+MAX_ROWS = 32  # wgmma's N: the x rows of a stage
+HEAD_DIM = 128
+
+
+def tma_choice() -> bool:
+    """ATLAS_LINEAR_TMA (default 1); CodegenError for a value not 0 or 1."""
+    value = os.environ.get(TMA_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{TMA_ENV}={value!r} is not 0 or 1")
+    return value == "1"
+
+
+def targets(archs: tuple[str, ...]) -> bool:
+    """Whether a compile for `archs` may use the path: sm90 alone, the switch on."""
+    return tuple(archs) == ("sm90",) and tma_choice()
+
+
+def smem_bytes(nc: int, ch: int, stages: int) -> int:
+    """Dynamic shared memory of a configuration (linear_tma.cu tma_smem_bytes)."""
+    return stages * (64 * ch * nc * 128 + MAX_ROWS * 128) + 1024
+
+
+def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
+    """Tensor-map slots to reserve for a module (two per projection node and kernel variant; 0 where the path
+    cannot be used)."""
+    if not targets(archs):
+        return 0
+    slots = 0
+    for entry, (graph, _) in entries.items():
+        kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
+        slots += 2 * kernels * sum(1 for n in graph.nodes if n.op in OPS)
+    return slots
+
+
+def ks_split(tiles: int, steps: int) -> int:
+    """K runs of a plain projection of `tiles` blocks and `steps` 64-k steps (the module docstring's rule)."""
+    ks = 1
+    while ks < 4 and tiles * ks * 2 <= KS_MAX_BLOCKS and steps // (ks * 2) >= KS_MIN_STEPS:
+        ks *= 2
+    return ks
+
+
+def rows_bounds(ctx: KernelContext, x_v) -> tuple[int, int]:
+    """(lower, upper) of x's rows (its leading dims flattened) for this kernel."""
+    lo, hi = 1, 1
+    for d in x_v.shape[:-1]:
+        lo *= ctx.lower(d)
+        hi *= ctx.upper(d)
+    return lo, hi
+
+
+def eligible(ctx: KernelContext, x_v, w_v, layout: int, rotary: tuple | None = None) -> bool:
+    """Whether linear_tma_decode can serve this node's kernel (the module docstring's conditions; rotary: the
+    LinearRotary's (head_dim, rotary_dim))."""
+    if ctx.tensor_maps is None or x_v.dtype != "float16" or w_v.dtype != "float16":
+        return False
+    lo, hi = rows_bounds(ctx, x_v)
+    if lo < MIN_ROWS or hi > MAX_ROWS or len(w_v.shape) != 2 or not all(isinstance(d, int) for d in w_v.shape):
+        return False
+    n, k = w_v.shape
+    if k % 64 or ctx.plan.placement(x_v).strides is not None or ctx.plan.placement(w_v).strides is not None:
+        return False
+    if ctx.upper(x_v.shape[-1]) != k:
+        return False
+    if layout == GATED and n % 2:
+        return False
+    if layout == HEADS and (rotary is None or rotary != (HEAD_DIM, HEAD_DIM) or n % HEAD_DIM):
+        return False
+    return True
+
+
+def emit(ctx: KernelContext, node, layout: int, x_v, w_v, has_bias: str, t: str, r: int, y: str, epi: str,
+         m_expr: str) -> KernelCode:
+    """The kernel body calling linear_tma_decode for this node (eligible() said yes; the caller declared `bias`,
+    `bias_stride`, the View `y` and, for a paired layout, the epilogue `epi`), with its grid, block, shared memory
+    and scratch."""
+    nc, ch, stages = CONFIG[layout]
+    n, k = w_v.shape
+    rows = rows_bounds(ctx, x_v)[1]
+    if layout == PLAIN:
+        box, tiles = 64 * ch * nc, -(-n // (64 * ch * nc))
+    elif layout == GATED:
+        box, tiles = 64 * nc, -(-(n // 2) // (64 * nc))
+    else:
+        box, tiles = HEAD_DIM * nc, -(-(n // HEAD_DIM) // nc)
+    ks = ks_split(tiles, k // 64) if layout == PLAIN else 1
+    tw = ctx.tensor_map_address(w_v, n, box)
+    tx = ctx.tensor_map_address(x_v, rows, MAX_ROWS)
+    counters, scratch = (tiles, tiles * ks * nc * ch * 16 * 128 * 4) if ks > 1 else (0, 0)
+    ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
+    cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
+    body = "\n".join([
+        f"  {SM90A_MARKER}",
+        f"  atlas::linear_tma_decode<{t}, {r}, {LAYOUT_NAMES[layout]}, {nc}, {ch}, {stages}, {has_bias}>("
+        f"{tw}, {tx}, bias, bias_stride, {y}, {m_expr}, {n}LL, {k}LL, {epi}, {ws}, {cnt}, {ks}LL);",
+    ])
+    choice = {"path": "tma", "layout": ["plain", "gated", "heads"][layout], "config": [nc, ch, stages], "ks": ks}
+    return KernelCode(body, (tiles * ks, 1, 1), (128 * nc + 32, 1, 1), smem=smem_bytes(nc, ch, stages),
+                      scratch=scratch, counters=counters, choice=choice, min_blocks=1)
+
+
+def try_emit(ctx: KernelContext, node) -> KernelCode | None:
+    """The whole kernel of a Linear / LinearGated / LinearRotary node on this path, or None where eligible() says
+    no (the caller then emits linear.cu's paths)."""
+    if node.op not in OPS or not targets(ctx.archs):
+        return None
+    from atlasc.codegen.cexpr import c_type
+    from atlasc.codegen.linear import bind_bias
+    from atlasc.codegen.linear_prologue import _rows_only_y, gated_epilogue, rotary_epilogue
+
+    x_v = node.inputs[0]
+    rotary = None
+    if node.op == "Linear":
+        layout, w_v, b_v = PLAIN, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    else:
+        proj = [v for v in node.inputs[3 if node.op == "LinearRotary" else 1:] if v is not None]
+        w_v, b_v = proj[0], (proj[1] if len(proj) > 1 else None)
+        layout = HEADS if node.op == "LinearRotary" else GATED
+        if layout == HEADS:
+            cos_v = node.inputs[1]
+            rot_dim = 0 if cos_v is None else ctx.upper(cos_v.shape[-1])
+            # rotary dims 0 (none) or all of the head pair dims (i, i + 64) as the chains do
+            rotary = (int(node.attrs["head_dim"]), HEAD_DIM if rot_dim in (0, HEAD_DIM) else rot_dim)
+    if not eligible(ctx, x_v, w_v, layout, rotary):
+        return None
+    t, r = c_type(x_v.dtype), len(x_v.shape)
+    if layout == HEADS:
+        _rows_only_y(ctx, t, x_v.shape)
+    else:
+        ctx.view(node.outputs[0], "y", rank=r)
+    has_bias = bind_bias(ctx, b_v, t)
+    if layout == HEADS:
+        rotary_epilogue(ctx, node, x_v.dtype, node.inputs[1], node.inputs[2])
+    elif layout == GATED:
+        gated_epilogue(ctx, node, x_v.dtype)
+    m_expr = " * ".join(f"({ctx.dim(d)})" for d in x_v.shape[:-1]) or "1LL"
+    return emit(ctx, node, layout, x_v, w_v, has_bias, t, r, "y", "lin_epi" if layout != PLAIN else
+                "atlas::LinNoEpi()", m_expr)

@@ -1,0 +1,127 @@
+"""The copy-engine + wgmma decode projection (codegen/linear_tma.py) on the CPU: where it is emitted and where not,
+its tensor maps in the module and the artifact, its sm_90a build and its registers.
+
+Its numerics are tests/test_kernels_linear_tma_gpu.py's (GPU): here, what the compiler decides and builds.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+from test_codegen_matmul_attention import plan_for
+from test_kernels_linear_tma_gpu import TMA_KV, build_gated, build_plain, build_rotary
+
+from atlasc.artifact import Manifest, open_artifact
+from atlasc.codegen import generate_module, linear_tma
+from atlasc.codegen.nvcc import SM90A_MARKER, compile_cubins, flags, nvcc_path
+from atlasc.compiler import CompileOptions, compile_model
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "fixtures"
+CALL = "atlas::linear_tma_decode<"
+
+
+def _module(builder, archs=("sm90",), lower=None, kv=None):
+    graph = builder.done()
+    if kv is None:
+        plan, spec = plan_for(graph, builder.upper, None)[0], None
+    else:
+        shape = (kv["layers"], 2, kv["max_batch"], kv["kv_heads"], kv["max_seq"], kv["head_dim"])
+        plan, offset = plan_for(graph, builder.upper, np.zeros(shape, np.float16), kv=kv)
+        spec = {**kv, "offset": offset, "dtype": "float16"}
+    return graph, generate_module({"run": (graph, plan)}, {"run": builder.upper}, spec, archs=archs,
+                                  lower={"run": lower} if lower else None)
+
+
+@pytest.mark.parametrize("build, lower, kv", [(build_plain, {"m": 8}, None), (build_gated, {"m": 8}, None),
+                                              (build_rotary, {"batch": 8, "seq": 1}, TMA_KV)])
+def test_emitted_for_sm90_rows_above_8(build, lower, kv):
+    graph, mod = _module(build(), lower=lower, kv=kv)
+    assert mod.source.count(CALL) == len(graph.nodes)
+    assert mod.source.count(SM90A_MARKER) >= len(graph.nodes)
+    # one map per matrix read (weights and x: nodes reading the same one share it), every slot in its region
+    start, size = mod.tensor_map_region
+    read = {n.inputs[0].name for n in graph.nodes} | {[v for v in n.inputs[1:] if v is not None and
+                                                       len(v.shape) == 2][0].name for n in graph.nodes}
+    assert len({t.slot for t in mod.tensor_maps}) == len(mod.tensor_maps) == len(read)
+    assert all(start <= t.slot and t.slot + 128 <= start + size for t in mod.tensor_maps)
+    assert start + size <= mod.scratch_offset
+    for launch in mod.launches["run"]:
+        assert launch.block[0] in (160, 288) and launch.smem > 48 * 1024
+
+
+@pytest.mark.parametrize("archs, lower, env", [(("sm80",), {"m": 8}, {}), (("sm80", "sm90"), {"m": 8}, {}),
+                                               (("sm90",), None, {}), (("sm90",), {"m": 4}, {}),
+                                               (("sm90",), {"m": 8}, {"ATLAS_LINEAR_TMA": "0"})])
+def test_not_emitted_elsewhere(archs, lower, env, monkeypatch):
+    """Other archs (or sm90 beside another: one launch geometry serves them all), kernels that may run at 8 rows
+    or fewer, and ATLAS_LINEAR_TMA=0 keep linear.cu's paths and reserve no tensor maps."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    _, mod = _module(build_plain(), archs=archs, lower=lower)
+    assert CALL not in mod.source and SM90A_MARKER not in mod.source and not mod.tensor_maps
+
+
+def test_rotary_needs_whole_128_dim_heads():
+    """LinearRotary with 64-dim heads (tests/test_kernels_linear_epilogue_gpu.py's) keeps the paired MMA decode."""
+    from test_kernels_linear_epilogue_gpu import EPI_KV, build_linear_rotary
+
+    _, mod = _module(build_linear_rotary("float16", 4096), lower={"batch": 8, "seq": 1}, kv=EPI_KV)
+    assert CALL not in mod.source
+
+
+def test_switch_is_checked(monkeypatch):
+    monkeypatch.setenv("ATLAS_LINEAR_TMA", "yes")
+    with pytest.raises(Exception, match="ATLAS_LINEAR_TMA='yes' is not 0 or 1"):
+        linear_tma.tma_choice()
+
+
+def test_k_split_rule():
+    """The lab's rule (linear_tma.py): down (64 tiles, 224 steps) splits 4 ways; o and QKV (64 steps) and the LM
+    head (2004 tiles) do not."""
+    assert linear_tma.ks_split(64, 224) == 4
+    assert linear_tma.ks_split(64, 64) == 1
+    assert linear_tma.ks_split(96, 64) == 1
+    assert linear_tma.ks_split(2004, 64) == 1
+
+
+def test_sm90a_build_only_with_the_marker():
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags("sm90", f"x\n  {SM90A_MARKER}\n")
+    assert "-gencode=arch=compute_90,code=sm_90" in flags("sm90", "x")
+    assert "-gencode=arch=compute_80,code=sm_80" in flags("sm80", SM90A_MARKER)
+
+
+@pytest.mark.parametrize("build, lower, kv", [(build_plain, {"m": 8}, None), (build_gated, {"m": 8}, None),
+                                              (build_rotary, {"batch": 8, "seq": 1}, TMA_KV)])
+def test_ptxas_no_spills(build, lower, kv, tmp_path):
+    """nvcc builds the kernels for sm_90a (HGMMA needs it) without register spills."""
+    _, mod = _module(build(), lower=lower, kv=kv)
+    cu = tmp_path / "m.cu"
+    cu.write_text(mod.source)
+    proc = subprocess.run([nvcc_path(), *flags("sm90", mod.source), "-Xptxas=-v", str(cu), "-o",
+                           str(tmp_path / "m.cubin")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entries = proc.stderr.split("Compiling entry function '")[1:]
+    assert len(entries) == len(mod.launches["run"])
+    assert all(re.search(r"\b0 bytes spill stores", e) for e in entries), proc.stderr[-2000:]
+    assert compile_cubins(mod.source, ("sm90",))["sm90"]
+
+
+def test_artifact_carries_the_maps(tmp_path):
+    """An sm90 compile at max batch 16 (a decode entry above decode_small): its maps lie in the arena, in the
+    region "tensor_maps" before the scratch, survive the manifest's JSON round trip, and the report counts them."""
+    path = tmp_path / "l.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    art = open_artifact(path)
+    m = art.manifest
+    maps = m.memory.tensor_maps
+    region = m.memory.regions["tensor_maps"]
+    assert maps and m.report["codegen"]["tensor_maps"] == len(maps)
+    assert all(region.offset <= t.slot < region.offset + region.nbytes for t in maps)
+    assert region.offset + region.nbytes <= m.memory.regions["scratch"].offset
+    weights = {w.offset for w in m.weights}
+    assert any(t.address in weights for t in maps)  # weight maps point at the weights
+    assert Manifest.from_json(m.to_json()) == m
+    assert CALL in art.source()
