@@ -474,6 +474,7 @@ def codegen_choices() -> dict:
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
+            "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

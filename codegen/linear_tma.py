@@ -10,7 +10,7 @@ whole) whose kernel runs only above 8 rows and at most 32 (the decode step's bat
 lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a contiguous
 [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
 written into the arena by the runtime at load (generate.TensorMap). ATLAS_LINEAR_TMA=0 turns it off (the MMA
-decode as before).
+decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing).
 
 Configurations (NC consumer warpgroups, CH chains of 64 rows, S stages; the lab's best per 8B shape at M = 32):
 plain 1-1-8 (QKV 16.44 us, o 14.61, LM head 254.67; down 38.38 with its K split 4 ways), gated 2-2-3 (gate/up
@@ -29,6 +29,9 @@ TMA_ENV = "ATLAS_LINEAR_TMA"
 OPS = ("Linear", "LinearGated", "LinearRotary")
 PLAIN, GATED, HEADS = 0, 1, 2
 CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAGES
+# per-layout overrides for A/B timing, "NC-CH-S" (e.g. ATLAS_LINEAR_TMA_GATED=2-2-4), checked by config()
+CONFIG_ENVS = {PLAIN: "ATLAS_LINEAR_TMA_PLAIN", GATED: "ATLAS_LINEAR_TMA_GATED", HEADS: "ATLAS_LINEAR_TMA_HEADS"}
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory one sm90 block may have, less room for the kernel's static arrays
 LAYOUT_NAMES = {PLAIN: "atlas::TMA_PLAIN", GATED: "atlas::TMA_GATED", HEADS: "atlas::TMA_HEADS"}
 KS_MIN_STEPS = 48
 KS_MAX_BLOCKS = 264
@@ -48,6 +51,31 @@ def tma_choice() -> bool:
 def targets(archs: tuple[str, ...]) -> bool:
     """Whether a compile for `archs` may use the path: sm90 alone, the switch on."""
     return tuple(archs) == ("sm90",) and tma_choice()
+
+
+def config(layout: int) -> tuple[int, int, int]:
+    """(NC, CH, STAGES) of a layout: CONFIG's, or its CONFIG_ENVS override. CodegenError for an override that is not
+    NC-CH-S, whose tile would exceed a tensor-map box (256 rows), whose paired layout has CH != 2, or whose stages
+    do not fit a block's shared memory."""
+    name = CONFIG_ENVS[layout]
+    value = os.environ.get(name, "")
+    if not value:
+        return CONFIG[layout]
+    parts = value.split("-")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise CodegenError(f"{name}={value!r} is not NC-CH-STAGES (e.g. 2-2-4)")
+    nc, ch, stages = (int(p) for p in parts)
+    box = 64 * ch * nc if layout == PLAIN else 64 * nc if layout == GATED else HEAD_DIM * nc
+    if (layout != PLAIN and ch != 2) or box > 256 or nc > 7 or smem_bytes(nc, ch, stages) > SMEM_LIMIT:
+        raise CodegenError(f"{name}={value!r}: needs {'CH = 2, ' if layout != PLAIN else ''}a box of at most 256 "
+                           f"rows (has {box}) and at most {SMEM_LIMIT} bytes of stages (has "
+                           f"{smem_bytes(nc, ch, stages)})")
+    return nc, ch, stages
+
+
+def config_choice() -> dict:
+    """The configurations in use, for the artifact's codegen choices: {"plain": [NC, CH, S], ...}."""
+    return {name: list(config(layout)) for layout, name in ((PLAIN, "plain"), (GATED, "gated"), (HEADS, "heads"))}
 
 
 def smem_bytes(nc: int, ch: int, stages: int) -> int:
@@ -109,7 +137,7 @@ def emit(ctx: KernelContext, node, layout: int, x_v, w_v, has_bias: str, t: str,
     """The kernel body calling linear_tma_decode for this node (eligible() said yes; the caller declared `bias`,
     `bias_stride`, the View `y` and, for a paired layout, the epilogue `epi`), with its grid, block, shared memory
     and scratch."""
-    nc, ch, stages = CONFIG[layout]
+    nc, ch, stages = config(layout)
     n, k = w_v.shape
     rows = rows_bounds(ctx, x_v)[1]
     if layout == PLAIN:

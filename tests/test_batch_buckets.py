@@ -20,6 +20,7 @@ from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
 from conftest import FIXTURES
 
+TMA_CONFIG = {"plain": [1, 1, 8], "gated": [2, 2, 3], "heads": [1, 2, 10]}  # codegen/linear_tma.py CONFIG
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
 
@@ -138,7 +139,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "attention_mma": True, "attention_warps": "auto",
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
-                 "share_kernels": True, "linear_tma": True,
+                 "share_kernels": True, "linear_tma": True, "linear_tma_config": TMA_CONFIG,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
@@ -176,7 +177,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "sample_split": False,
                                  "weight_prefetch": True,
                                  "weight_prefetch_mb": 16,
-                                 "share_kernels": False, "linear_tma": False, "attention_prefill": "off",
+                                 "share_kernels": False, "linear_tma": False, "linear_tma_config": TMA_CONFIG,
+                                 "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
 

@@ -125,3 +125,20 @@ def test_artifact_carries_the_maps(tmp_path):
     assert any(t.address in weights for t in maps)  # weight maps point at the weights
     assert Manifest.from_json(m.to_json()) == m
     assert CALL in art.source()
+
+
+def test_configuration_overrides(monkeypatch):
+    """ATLAS_LINEAR_TMA_GATED (and _PLAIN / _HEADS) pick a layout's NC-CH-S for A/B timing: used in the kernel and
+    recorded; malformed or impossible ones are one-line errors."""
+    from atlasc.codegen.generate import CodegenError, codegen_choices
+
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_GATED", "2-2-4")
+    _, mod = _module(build_gated(), lower={"m": 8})
+    assert "atlas::TMA_GATED, 2, 2, 4, " in mod.source
+    assert codegen_choices()["linear_tma_config"]["gated"] == [2, 2, 4]
+    for bad, why in (("2-1-4", "CH = 2"), ("x", "NC-CH-STAGES"), ("2-2-9", "bytes of stages"), ("5-2-2", "256")):
+        monkeypatch.setenv("ATLAS_LINEAR_TMA_GATED", bad)
+        with pytest.raises(CodegenError, match=why):
+            linear_tma.config(linear_tma.GATED)
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_PLAIN", "2-2-4")  # BN 256: allowed
+    assert linear_tma.config(linear_tma.PLAIN) == (2, 2, 4)
