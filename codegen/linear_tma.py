@@ -5,6 +5,11 @@ at 52-76% of 4.30 TB/s, where cuBLAS reaches 72-92% (docs/perf.md v30). linear_t
 weights in flight per SM in shared-memory stages the copy engine fills, multiplied there by wgmma; the H200 lab
 (examples/wgmma_lab.py, same kernel body) measured it at 1.05-1.35x the MMA decode's speed on every 8B shape.
 
+The producer warp's lanes return as soon as the block starts, so each block lets the next kernel launch
+(atlas::pdl_leave in the wrapper) at its start rather than at its end: the dependent kernel's blocks still wait in
+pdl_enter, and it launches only once the last wave of this grid is resident (the trigger counts per block).
+Measured as such (docs/perf.md v30).
+
 It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (rotary pairs of 128-dim heads rotated
 whole) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels: KernelContext's
 lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a contiguous
@@ -31,7 +36,7 @@ PLAIN, GATED, HEADS = 0, 1, 2
 CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAGES
 # per-layout overrides for A/B timing, "NC-CH-S" (e.g. ATLAS_LINEAR_TMA_GATED=2-2-4), checked by config()
 CONFIG_ENVS = {PLAIN: "ATLAS_LINEAR_TMA_PLAIN", GATED: "ATLAS_LINEAR_TMA_GATED", HEADS: "ATLAS_LINEAR_TMA_HEADS"}
-SMEM_LIMIT = 227 * 1024  # dynamic shared memory one sm90 block may have, less room for the kernel's static arrays
+SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the kernel's static arrays (~170 B)
 LAYOUT_NAMES = {PLAIN: "atlas::TMA_PLAIN", GATED: "atlas::TMA_GATED", HEADS: "atlas::TMA_HEADS"}
 KS_MIN_STEPS = 48
 KS_MAX_BLOCKS = 264

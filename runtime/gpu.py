@@ -104,7 +104,12 @@ class GpuModel:
         if scratch is not None:  # kernels' counters start at 0 (and every kernel leaves them at 0)
             self.dev.cuda.memset_d8_async(int(self.arena) + scratch.offset, 0, scratch.nbytes, self.dev.stream)
             self.dev.synchronize()
-        write_tensor_maps(self.dev, self.arena, m.memory.tensor_maps)  # the copy engine's (linear_tma.cu)
+        try:
+            write_tensor_maps(self.dev, self.arena, m.memory.tensor_maps)  # the copy engine's (linear_tma.cu)
+        except BaseException:  # a failed load keeps nothing on the device
+            self.arena.free()
+            self.arena = None
+            raise
         self.symbols = [s.name for s in m.symbols]
         self.bounds = {s.name: (s.lower, s.upper) for s in m.symbols}
         self.buckets = {name: entry_buckets(e) for name, e in m.entries.items()}

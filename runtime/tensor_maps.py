@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 
 from atlasc.errors import AtlasError
-from atlasc.runtime.cudagraph import _libcuda
+from atlasc.runtime.cudagraph import CudaGraphError, _libcuda
 
 MAP_BYTES = 128
 DATA_TYPES = {"float16": 6}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -33,7 +33,12 @@ def encode(base: int, spec) -> bytes:
     box, elem = (u32 * 2)(spec.box_cols, spec.box_rows), (u32 * 2)(1, 1)
     if spec.dtype not in DATA_TYPES:
         raise TensorMapError(f"tensor map at arena offset {spec.slot}: dtype {spec.dtype} is not supported")
-    result = _libcuda().cuTensorMapEncodeTiled(
+    try:
+        encode_tiled = _libcuda().cuTensorMapEncodeTiled
+    except (CudaGraphError, AttributeError) as e:  # no libcuda, or one older than CUDA 12 (no tensor maps)
+        raise TensorMapError(f"the artifact's copy-engine kernels need cuTensorMapEncodeTiled (CUDA 12+ driver): "
+                             f"{e}", hint="compile with ATLAS_LINEAR_TMA=0") from None
+    result = encode_tiled(
         ctypes.c_void_p(aligned), DATA_TYPES[spec.dtype], 2, ctypes.c_void_p(base + spec.address), dims, strides,
         box, elem, 0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
     if result != 0:

@@ -142,3 +142,63 @@ def test_configuration_overrides(monkeypatch):
             linear_tma.config(linear_tma.GATED)
     monkeypatch.setenv("ATLAS_LINEAR_TMA_PLAIN", "2-2-4")  # BN 256: allowed
     assert linear_tma.config(linear_tma.PLAIN) == (2, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def tma_manifest(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tma") / "l.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    return open_artifact(path).manifest
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("slot", 8, "64-byte aligned slot of the region tensor_maps"),
+    ("slot", -64, "64-byte aligned slot"),
+    ("address", 10 ** 15, "outside the arena"),
+    ("address", 8, "16-byte aligned rows"),
+    ("box_rows", 512, "at most 256 rows"),
+    ("dtype", "float32", "float16 matrix"),
+])
+def test_manifest_refuses_bad_tensor_maps(tma_manifest, field, value, why):
+    """A corrupt manifest's tensor map (a slot off its region, a matrix off the arena, misaligned, an impossible box)
+    is an ArtifactError naming the field, before the runtime would write 128 bytes anywhere."""
+    from atlasc.errors import ArtifactError
+
+    doc = tma_manifest.to_json()
+    doc["memory"]["tensor_maps"][0][field] = value
+    with pytest.raises(ArtifactError, match=rf"memory.tensor_maps\[0\]: .*{why}"):
+        Manifest.from_json(doc)
+
+
+def test_encode_without_the_driver_is_one_line(tma_manifest, monkeypatch):
+    """No libcuda (or one without tensor maps): a TensorMapError with a hint, not a traceback from ctypes."""
+    from atlasc.runtime import tensor_maps
+    from atlasc.runtime.cudagraph import CudaGraphError
+
+    def missing():
+        raise CudaGraphError("cannot load libcuda")
+
+    monkeypatch.setattr(tensor_maps, "_libcuda", missing)
+    with pytest.raises(tensor_maps.TensorMapError, match="cuTensorMapEncodeTiled") as info:
+        tensor_maps.encode(0, tma_manifest.memory.tensor_maps[0])
+    assert "ATLAS_LINEAR_TMA=0" in info.value.hint
+
+
+def test_failed_maps_free_the_arena(tmp_path):
+    """GpuModel (on the fake device) whose tensor maps cannot be encoded raises that error and frees its arena."""
+    from fake_gpu import FakeDevice
+
+    from atlasc.runtime.gpu import GpuModel
+    from atlasc.runtime.tensor_maps import TensorMapError
+
+    path = tmp_path / "l.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    dev = FakeDevice()
+
+    def refuse(base, spec):
+        raise TensorMapError("refused")
+
+    dev.encode_tensor_map = refuse
+    with pytest.raises(TensorMapError, match="refused"):
+        GpuModel(open_artifact(path), device=dev, cuda_graphs=False)
+    assert dev.freed == 1

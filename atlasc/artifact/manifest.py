@@ -476,12 +476,17 @@ class Manifest(_Spec):
                     raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].variants: need a known symbol "
                                         f"(got {n.symbol!r}) and strictly increasing upto values (got {uptos})")
         self._check_args()
+        region = self.memory.regions.get("tensor_maps")
         for i, t in enumerate(self.memory.tensor_maps):
-            ends = (t.slot + 128, t.address + t.rows * t.row_bytes)
-            low = min(t.slot, t.address, t.rows, t.cols, t.box_rows, t.box_cols)
-            if low < 0 or max(ends) > self.memory.arena_bytes:
-                raise ArtifactError(f"manifest field memory.tensor_maps[{i}]: slot or matrix outside the arena "
-                                    f"(0..{self.memory.arena_bytes})")
+            where = f"manifest field memory.tensor_maps[{i}]"
+            if region is None or not region.offset <= t.slot <= region.offset + region.nbytes - 128 or t.slot % 64:
+                raise ArtifactError(f"{where}: slot {t.slot} is not a 64-byte aligned slot of the region tensor_maps")
+            if min(t.address, t.rows, t.cols) < 0 or t.address + t.rows * t.row_bytes > self.memory.arena_bytes:
+                raise ArtifactError(f"{where}: its matrix lies outside the arena (0..{self.memory.arena_bytes})")
+            if t.dtype != "float16" or t.address % 16 or t.row_bytes % 16 or t.row_bytes < 2 * t.cols or \
+                    not 0 < t.box_rows <= 256 or not 0 < t.box_cols * 2 <= 128:
+                raise ArtifactError(f"{where}: not a float16 matrix with 16-byte aligned rows read in boxes of at "
+                                    f"most 256 rows x 128 bytes")
         for i, s in enumerate(self.symbols):
             if not 0 <= s.lower <= s.upper:
                 raise ArtifactError(f"manifest field symbols[{i}]: bounds {s.lower}..{s.upper} are not valid")
