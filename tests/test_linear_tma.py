@@ -35,6 +35,14 @@ def _module(builder, archs=("sm90",), lower=None, kv=None):
                                   lower={"run": lower} if lower else None)
 
 
+@pytest.fixture(scope="module")
+def tma_artifact(tmp_path_factory):
+    """llama-fp16 compiled for sm90 at max batch 16: its decode entry (batches 9..16) takes the path."""
+    path = tmp_path_factory.mktemp("tma") / "l.atlas"
+    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    return path
+
+
 @pytest.mark.parametrize("build, lower, kv", [(build_plain, {"m": 8}, None), (build_gated, {"m": 8}, None),
                                               (build_rotary, {"batch": 8, "seq": 1}, TMA_KV)])
 def test_emitted_for_sm90_rows_above_8(build, lower, kv):
@@ -109,12 +117,10 @@ def test_ptxas_no_spills(build, lower, kv, tmp_path):
     assert compile_cubins(mod.source, ("sm90",))["sm90"]
 
 
-def test_artifact_carries_the_maps(tmp_path):
+def test_artifact_carries_the_maps(tma_artifact):
     """An sm90 compile at max batch 16 (a decode entry above decode_small): its maps lie in the arena, in the
     region "tensor_maps" before the scratch, survive the manifest's JSON round trip, and the report counts them."""
-    path = tmp_path / "l.atlas"
-    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
-    art = open_artifact(path)
+    art = open_artifact(tma_artifact)
     m = art.manifest
     maps = m.memory.tensor_maps
     region = m.memory.regions["tensor_maps"]
@@ -145,10 +151,8 @@ def test_configuration_overrides(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tma_manifest(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tma") / "l.atlas"
-    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
-    return open_artifact(path).manifest
+def tma_manifest(tma_artifact):
+    return open_artifact(tma_artifact).manifest
 
 
 @pytest.mark.parametrize("field, value, why", [
@@ -184,15 +188,14 @@ def test_encode_without_the_driver_is_one_line(tma_manifest, monkeypatch):
     assert "ATLAS_LINEAR_TMA=0" in info.value.hint
 
 
-def test_failed_maps_free_the_arena(tmp_path):
+def test_failed_maps_free_the_arena(tma_artifact):
     """GpuModel (on the fake device) whose tensor maps cannot be encoded raises that error and frees its arena."""
     from fake_gpu import FakeDevice
 
     from atlasc.runtime.gpu import GpuModel
     from atlasc.runtime.tensor_maps import TensorMapError
 
-    path = tmp_path / "l.atlas"
-    compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+    path = tma_artifact
     dev = FakeDevice()
 
     def refuse(base, spec):
