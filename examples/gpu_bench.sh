@@ -29,6 +29,9 @@ if [ "${LABS:-1}" != 0 ]; then
     # batch 16 / 32 decode: x fragments shared by FT feature tiles per warp (ATLAS_LINEAR_FT, opt-in)
     python3 examples/kernel_lab.py --ms 16,32 --variant mma --ft 1,2,4 \
         --shapes "8B qkv,8B gate_up,8B down,8B lm_head,1B gate_up" 2>&1 | tee "$out/kernel_lab_ft.log"
+    # the peer's GEMMs (torch / cuBLAS) on the same shapes, and the copy-engine + wgmma kernel's lab at 32 rows
+    python3 examples/peer_gemm_lab.py --ms 1,32 2>&1 | tee "$out/peer_gemm_lab.log"
+    python3 examples/wgmma_lab.py --ms 32 --configs 1-1-8,2-2-3,1-2-10 --ks 1,4 2>&1 | tee "$out/wgmma_lab.log"
     python3 examples/quant_lab.py --ms 1,8 --quant int4,int8,fp8 --floor 2>&1 | tee "$out/quant_lab.log"
     # the fused int4 projections (NormLinearQ: + RMSNorm prologue, + SwiGLU epilogue) against the plain one,
     # each with float and int8 activations (W4A8 on tensor cores)
