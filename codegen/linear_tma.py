@@ -3,17 +3,18 @@
 linear.cu's MMA decode holds each round of weights in registers: at 32 rows it streams the Llama-3-8B projections
 at 52-76% of 4.30 TB/s, where cuBLAS reaches 72-92% (docs/perf.md v30). linear_tma_decode keeps up to ~200 KB of
 weights in flight per SM in shared-memory stages the copy engine fills, multiplied there by wgmma; the H200 lab
-(examples/wgmma_lab.py, same kernel body) measured it at 1.05-1.35x the MMA decode's speed on every 8B shape.
+(examples/wgmma_lab.py: the same pipeline, plain outputs only) measured it at 1.05-1.35x the MMA decode's speed on
+every 8B shape.
 
 The producer warp's lanes return as soon as the block starts, so each block lets the next kernel launch
 (atlas::pdl_leave in the wrapper) at its start rather than at its end: the dependent kernel's blocks still wait in
 pdl_enter, and it launches only once the last wave of this grid is resident (the trigger counts per block).
 Measured as such (docs/perf.md v30).
 
-It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (rotary pairs of 128-dim heads rotated
-whole) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels: KernelContext's
-lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a contiguous
-[rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
+It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (the pairs of 128-dim heads rotated
+whole or not at all) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels:
+KernelContext's lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a
+contiguous [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
 written into the arena by the runtime at load (generate.TensorMap). ATLAS_LINEAR_TMA=0 turns it off (the MMA
 decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing).
 
