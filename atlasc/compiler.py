@@ -29,7 +29,6 @@ from atlasc.artifact import (
     RegionSpec,
     SourceInfo,
     SymbolSpec,
-    TensorMapSpec,
     ValueSpec,
     WeightSpec,
     WeightsImage,
@@ -316,11 +315,9 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
         region_specs["scratch"] = RegionSpec(module.scratch_offset, module.scratch_bytes)
     if module.tensor_maps:  # copy-engine tensor maps the runtime writes at load (codegen/linear_tma.py)
         region_specs["tensor_maps"] = RegionSpec(*module.tensor_map_region)
-    maps = tuple(TensorMapSpec(t.slot, t.address, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols, t.dtype)
-                 for t in module.tensor_maps)
     memory = MemorySpec(ALIGNMENT, max(any_plan.arena_bytes, module.arena_bytes), region_specs,
                         any_plan.dims_offset, max(p.activation_peak for p in plans.values()),
-                        max(p.activation_naive for p in plans.values()), maps)
+                        max(p.activation_naive for p in plans.values()), tuple(module.tensor_maps))
     compile_report = {
         "kind": program.kind,
         "roles": program.roles,

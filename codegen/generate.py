@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from atlasc.artifact import TENSOR_MAP_BYTES, TensorMapSpec
 from atlasc.codegen.cexpr import c_dim, c_type
 from atlasc.codegen.share import Shared, share_batch1, share_choice, share_kernels
 from atlasc.ir.dtypes import itemsize
@@ -98,41 +99,24 @@ class KernelCode:
     trigger_early: bool = False  # the wrapper lets the next kernel launch right after the wait (pdl_leave)
 
 
-@dataclass(frozen=True)
-class TensorMap:
-    """A copy-engine tensor map the runtime encodes at load (cuTensorMapEncodeTiled) into the 128 bytes at arena
-    offset `slot`: the row-major float16 matrix of `rows` x `cols` at arena offset `address` (rows `row_bytes`
-    apart), read in boxes of `box_rows` rows x `box_cols` columns with the 128-byte swizzle (linear_tma.cu)."""
-
-    slot: int
-    address: int
-    rows: int
-    cols: int
-    row_bytes: int
-    box_rows: int
-    box_cols: int = 64
-    dtype: str = "float16"
-
-
-TENSOR_MAP_BYTES = 128
-
 
 class TensorMapTable:
-    """The tensor maps of one generated module, in `capacity` slots from arena offset `base` (fixed before any
+    """The copy engine's tensor maps (atlasc.artifact.TensorMapSpec: the runtime encodes each at load into its 128-byte
+    slot) of one generated module, in `capacity` slots from arena offset `base` (fixed before any
     kernel is emitted, so that a kernel's code names its maps' offsets like any tensor's: codegen/share.py). The
     same matrix read in the same boxes gets one slot."""
 
     def __init__(self, base: int, capacity: int):
         self.base, self.capacity = base, capacity
-        self.maps: dict[tuple, TensorMap] = {}
+        self.maps: dict[tuple, TensorMapSpec] = {}
 
     def slot(self, address: int, rows: int, cols: int, row_bytes: int, box_rows: int) -> int:
         key = (address, rows, cols, row_bytes, box_rows)
         if key not in self.maps:
             if len(self.maps) >= self.capacity:
                 raise CodegenError(f"more than the {self.capacity} tensor maps reserved")
-            self.maps[key] = TensorMap(self.base + TENSOR_MAP_BYTES * len(self.maps), address, rows, cols,
-                                       row_bytes, box_rows)
+            self.maps[key] = TensorMapSpec(self.base + TENSOR_MAP_BYTES * len(self.maps), address, rows, cols,
+                                           row_bytes, box_rows, 64, "float16")
         return self.maps[key].slot
 
 
@@ -154,7 +138,7 @@ class GeneratedModule:
     scratch_bytes: int = 0
     arena_bytes: int = 0  # the plans' arena plus the scratch
     choices: dict = field(default_factory=dict)  # the kernel paths chosen (codegen_choices), for the artifact
-    tensor_maps: list[TensorMap] = field(default_factory=list)  # what the runtime writes at load (TensorMap)
+    tensor_maps: list[TensorMapSpec] = field(default_factory=list)  # what the runtime writes at load
     tensor_map_region: tuple[int, int] = (0, 0)  # (offset, bytes) of their slots in the arena (none: 0 bytes)
 
 
@@ -200,7 +184,7 @@ class KernelContext:
         return f"arena + {self.plan.placement(value).offset}LL"
 
     def tensor_map_address(self, value: Value, rows: int, box_rows: int) -> str:
-        """C address of the tensor map (TensorMap) of value, a contiguous float16 matrix whose last dim is its
+        """C address of the tensor map (TensorMapTable) of value, a contiguous float16 matrix whose last dim is its
         columns, read as `rows` rows (its leading dims flattened, at their maxima) in boxes of box_rows rows."""
         cols = self.upper(value.shape[-1])
         slot = self.tensor_maps.slot(self.plan.placement(value).offset, rows, cols, cols * itemsize(value.dtype),

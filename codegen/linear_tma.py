@@ -15,7 +15,7 @@ It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (the pair
 whole or not at all) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels:
 KernelContext's lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a
 contiguous [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
-written into the arena by the runtime at load (generate.TensorMap). ATLAS_LINEAR_TMA=0 turns it off (the MMA
+written into the arena by the runtime at load (generate.TensorMapTable). ATLAS_LINEAR_TMA=0 turns it off (the MMA
 decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing).
 
 Configurations (NC consumer warpgroups, CH chains of 64 rows, S stages; the lab's best per 8B shape at M = 32):
@@ -118,9 +118,9 @@ def rows_bounds(ctx: KernelContext, x_v) -> tuple[int, int]:
     return lo, hi
 
 
-def eligible(ctx: KernelContext, x_v, w_v, layout: int, rotary: tuple | None = None) -> bool:
-    """Whether linear_tma_decode can serve this node's kernel (the module docstring's conditions; rotary: the
-    LinearRotary's (head_dim, rotary_dim))."""
+def eligible(ctx: KernelContext, x_v, w_v, layout: int, whole_heads: bool = False) -> bool:
+    """Whether linear_tma_decode can serve this node's kernel (the module docstring's conditions; whole_heads: a
+    LinearRotary's heads are HEAD_DIM wide and rotated whole or not at all, so its pairs are dims (i, i + 64))."""
     if ctx.tensor_maps is None or x_v.dtype != "float16" or w_v.dtype != "float16":
         return False
     lo, hi = rows_bounds(ctx, x_v)
@@ -133,16 +133,14 @@ def eligible(ctx: KernelContext, x_v, w_v, layout: int, rotary: tuple | None = N
         return False
     if layout == GATED and n % 2:
         return False
-    if layout == HEADS and (rotary is None or rotary != (HEAD_DIM, HEAD_DIM) or n % HEAD_DIM):
+    if layout == HEADS and (not whole_heads or n % HEAD_DIM):
         return False
     return True
 
 
-def emit(ctx: KernelContext, node, layout: int, x_v, w_v, has_bias: str, t: str, r: int, y: str, epi: str,
-         m_expr: str) -> KernelCode:
-    """The kernel body calling linear_tma_decode for this node (eligible() said yes; the caller declared `bias`,
-    `bias_stride`, the View `y` and, for a paired layout, the epilogue `epi`), with its grid, block, shared memory
-    and scratch."""
+def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: int, m_expr: str) -> KernelCode:
+    """The kernel body calling linear_tma_decode (eligible() said yes; try_emit declared `bias`, `bias_stride`, the
+    View `y` and, for a paired layout, the epilogue `lin_epi`), with its grid, block, shared memory and scratch."""
     nc, ch, stages = config(layout)
     n, k = w_v.shape
     rows = rows_bounds(ctx, x_v)[1]
@@ -161,7 +159,8 @@ def emit(ctx: KernelContext, node, layout: int, x_v, w_v, has_bias: str, t: str,
     body = "\n".join([
         f"  {SM90A_MARKER}",
         f"  atlas::linear_tma_decode<{t}, {r}, {LAYOUT_NAMES[layout]}, {nc}, {ch}, {stages}, {has_bias}>("
-        f"{tw}, {tx}, bias, bias_stride, {y}, {m_expr}, {n}LL, {k}LL, {epi}, {ws}, {cnt}, {ks}LL);",
+        f"{tw}, {tx}, bias, bias_stride, y, {m_expr}, {n}LL, {k}LL, "
+        f"{'atlas::LinNoEpi()' if layout == PLAIN else 'lin_epi'}, {ws}, {cnt}, {ks}LL);",
     ])
     choice = {"path": "tma", "layout": ["plain", "gated", "heads"][layout], "config": [nc, ch, stages], "ks": ks}
     return KernelCode(body, (tiles * ks, 1, 1), (128 * nc + 32, 1, 1), smem=smem_bytes(nc, ch, stages),
@@ -178,7 +177,7 @@ def try_emit(ctx: KernelContext, node) -> KernelCode | None:
     from atlasc.codegen.linear_prologue import _rows_only_y, gated_epilogue, rotary_epilogue
 
     x_v = node.inputs[0]
-    rotary = None
+    whole_heads = False
     if node.op == "Linear":
         layout, w_v, b_v = PLAIN, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
     else:
@@ -188,9 +187,8 @@ def try_emit(ctx: KernelContext, node) -> KernelCode | None:
         if layout == HEADS:
             cos_v = node.inputs[1]
             rot_dim = 0 if cos_v is None else ctx.upper(cos_v.shape[-1])
-            # rotary dims 0 (none) or all of the head pair dims (i, i + 64) as the chains do
-            rotary = (int(node.attrs["head_dim"]), HEAD_DIM if rot_dim in (0, HEAD_DIM) else rot_dim)
-    if not eligible(ctx, x_v, w_v, layout, rotary):
+            whole_heads = int(node.attrs["head_dim"]) == HEAD_DIM and rot_dim in (0, HEAD_DIM)
+    if not eligible(ctx, x_v, w_v, layout, whole_heads):
         return None
     t, r = c_type(x_v.dtype), len(x_v.shape)
     if layout == HEADS:
@@ -203,5 +201,4 @@ def try_emit(ctx: KernelContext, node) -> KernelCode | None:
     elif layout == GATED:
         gated_epilogue(ctx, node, x_v.dtype)
     m_expr = " * ".join(f"({ctx.dim(d)})" for d in x_v.shape[:-1]) or "1LL"
-    return emit(ctx, node, layout, x_v, w_v, has_bias, t, r, "y", "lin_epi" if layout != PLAIN else
-                "atlas::LinNoEpi()", m_expr)
+    return _emit(ctx, layout, x_v, w_v, has_bias, t, r, m_expr)

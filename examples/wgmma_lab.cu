@@ -3,7 +3,9 @@
 // the copy engine brings each k step's tiles into a ring of shared-memory stages (cp.async.bulk.tensor,
 // 128-byte swizzle, completing on an mbarrier), and warpgroups multiply them where they lie (wgmma, sm_90a):
 // no thread holds weight bytes in registers, so the bytes in flight per SM are STAGES stages, not
-// registers x warps (the bound of linear.cu's MMA decode, docs/perf.md v25-v29).
+// registers x warps (the bound of linear.cu's MMA decode, docs/perf.md v25-v29). codegen/linear_tma.cu is the
+// compiler's version of this body (with the paired layouts and the View epilogues); this file stays as it was
+// measured (perf.md v30), so its numbers can be reproduced.
 //
 // Block: NC consumer warpgroups (warps 0 .. 4 NC - 1), then one producer warp whose lane 0 issues the
 // copies. A block's tile is BN = 64 * CH * NC features; consumer warpgroup q multiplies features

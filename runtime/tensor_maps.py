@@ -11,10 +11,10 @@ import ctypes
 
 import numpy as np
 
+from atlasc.artifact import TENSOR_MAP_BYTES
 from atlasc.errors import AtlasError
 from atlasc.runtime.cudagraph import CudaGraphError, _libcuda
 
-MAP_BYTES = 128
 DATA_TYPES = {"float16": 6}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
 SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B
 L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
@@ -26,7 +26,7 @@ class TensorMapError(AtlasError):
 
 def encode(base: int, spec) -> bytes:
     """The 128 bytes of the tensor map `spec` (a TensorMapSpec) for an arena at device address `base`."""
-    buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+    buf = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
     aligned = (ctypes.addressof(buf) + 63) // 64 * 64  # CUtensorMap is 64-byte aligned
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     dims, strides = (u64 * 2)(spec.cols, spec.rows), (u64 * 1)(spec.row_bytes)
@@ -44,7 +44,7 @@ def encode(base: int, spec) -> bytes:
     if result != 0:
         raise TensorMapError(f"cuTensorMapEncodeTiled refused the tensor map at arena offset {spec.slot} "
                              f"({spec.rows} x {spec.cols}, box {spec.box_rows} x {spec.box_cols}): CUresult {result}")
-    return ctypes.string_at(aligned, MAP_BYTES)
+    return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 
 def write_tensor_maps(dev, arena, specs) -> None:

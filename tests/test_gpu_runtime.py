@@ -190,30 +190,34 @@ def test_batch_bucket_kernels_agree(build_dir):
 def test_epilogue_projections_match_the_cpu_runtime(build_dir, monkeypatch):
     """float16 at batch 12 (--max-batch 16: the decode entry above decode_small) runs its QKV projection with the
     rotary and the cache append (LinearRotary) and its gate/up projection with SwiGLU (LinearGated) in one kernel
-    each (fuse-linear-epilogue); greedy tokens and logits as the reference runtime's on the same artifact, 12
-    steps."""
-    from atlasc.runtime.cpu import CpuModel
-    from atlasc.runtime.gpu import GpuModel
-
+    each (fuse-linear-epilogue; on sm90 the copy-engine kernels, codegen/linear_tma.py, for all but the fixture's
+    16-dim-head QKV); greedy tokens and logits as the reference runtime's on the same artifact, 12 steps."""
     monkeypatch.delenv("ATLAS_LINEAR_EPILOGUE", raising=False)
     path = f"{build_dir}/llama-fp16-b16-epilogue.atlas"
     compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16,
                                                                      max_seq=64))
-    art = open_artifact(path)
-    source = art.source()
+    source = open_artifact(path).source()
     assert "decode_0" in source and "_LinearRotary(" in source and "_LinearGated(" in source  # the decode kernels
-    prompts = _prompts(12, 9, seed=17)
-    want = generate(CpuModel(art), prompts, 12, keep_logits=True)
+    decode_matches_the_cpu_runtime(path, batch=12, seed=17)
+
+
+def decode_matches_the_cpu_runtime(path, batch: int, seed: int, steps: int = 12) -> None:
+    """The float16 artifact at `path`, run on this GPU for `batch` prompts of 9 tokens and `steps` greedy steps through
+    its `decode` entry (above decode_small), gives the CPU reference runtime's tokens and logits (fp16 tolerance)."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    prompts = _prompts(batch, 9, seed=seed)
+    want = generate(CpuModel(open_artifact(path)), prompts, steps, keep_logits=True)
     model = GpuModel(open_artifact(path), device=device())
-    got = generate(model, prompts, 12, keep_logits=True)
+    got = generate(model, prompts, steps, keep_logits=True)
     assert model.routed["decode"] == "decode"
     model.close()
-    tol = TOL[entry_of("llama-fp16")["dtype"]]
-    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
-    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
+    logits = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, logits, TOL["fp16"]["atol"])
     if got.tokens == want.tokens:
         for a, b in zip(got.step_logits, want.step_logits):
-            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **tol)
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **TOL["fp16"])
 
 
 @pytest.mark.parametrize("quant,env", [("int4", "ATLAS_INT4_PATH=w4a8"), ("int8", "ATLAS_INT8_PATH=w8a8")])

@@ -112,36 +112,23 @@ def test_tma_linear_rotary_matches_reference(monkeypatch):
     check_with_cache(builder, "float16", plan_fn, TMA_KV, np.random.default_rng(53), envs=TMA_ENVS)
 
 
-@pytest.mark.parametrize("name", ["gpt2-fp16", "llama-fp16"])
-def test_tma_decode_matches_the_cpu_runtime(name, tmp_path):
-    """A float16 fixture compiled for this GPU (sm90) at --max-batch 16 runs its batch-12 decode steps' projections on
-    the copy-engine path (gpt2: the Linear with bias of its attention and MLP; llama: o, down, gate/up with SwiGLU,
-    the LM head); greedy tokens and logits as the reference runtime's on the same artifact, 12 steps."""
+def test_tma_decode_matches_the_cpu_runtime(tmp_path):
+    """gpt2-fp16 compiled for this GPU (sm90) at --max-batch 16 runs its batch-12 decode steps' projections (Linear
+    with bias, kernels shared by its layers) on the copy-engine path; greedy tokens and logits as the reference
+    runtime's on the same artifact, 12 steps (llama-fp16's case: test_gpu_runtime.py's
+    test_epilogue_projections_match_the_cpu_runtime)."""
     from conftest import FIXTURES
     from kernel_harness import device
-    from test_gpu_runtime import TOL, _prompts, assert_same_greedy
+    from test_gpu_runtime import decode_matches_the_cpu_runtime
 
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
-    from atlasc.runtime.cpu import CpuModel
-    from atlasc.runtime.generate import generate
-    from atlasc.runtime.gpu import GpuModel
 
     if device().arch != "sm90":
-        pytest.skip("the copy-engine path is for sm90")
-    path = f"{tmp_path}/{name}-b16-tma.atlas"
-    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
+        pytest.skip("the copy-engine path is for sm90 GPUs")
+    path = f"{tmp_path}/gpt2-fp16-b16-tma.atlas"
+    compile_model(FIXTURES / "gpt2-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=16, max_seq=64))
     art = open_artifact(path)
     assert "atlas::linear_tma_decode<" in art.source() and art.manifest.memory.tensor_maps
-    prompts = _prompts(12, 9, seed=29)
-    want = generate(CpuModel(art), prompts, 12, keep_logits=True)
-    model = GpuModel(open_artifact(path), device=device())
-    got = generate(model, prompts, 12, keep_logits=True)
-    assert model.routed["decode"] == "decode"
-    model.close()
-    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
-    assert_same_greedy(got.tokens, want.tokens, steps, TOL["fp16"]["atol"])
-    if got.tokens == want.tokens:
-        for a, b in zip(got.step_logits, want.step_logits):
-            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **TOL["fp16"])
+    decode_matches_the_cpu_runtime(path, batch=12, seed=29)

@@ -19,6 +19,7 @@ from .manifest import (
     NodeSpec,
     RegionSpec,
     SourceInfo,
+    TENSOR_MAP_BYTES,
     SymbolSpec,
     TensorMapSpec,
     ValueSpec,
@@ -29,7 +30,7 @@ from .reader import Artifact, arch_name, open_artifact
 from .writer import WEIGHTS_ALIGNMENT, WeightsImage, cubin_member, manifest_bytes, write_artifact
 
 __all__ = [
-    "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "WEIGHTS_ALIGNMENT",
+    "FORMAT_VERSION", "KV_LAYOUT", "MAGIC", "TENSOR_MAP_BYTES", "WEIGHTS_ALIGNMENT",
     "Artifact", "EntrySpec", "IOSpec", "KVCacheSpec", "Manifest", "MemberSpec", "MemorySpec", "NodeSpec",
     "RegionSpec", "VariantSpec", "SourceInfo", "SymbolSpec", "TensorMapSpec", "ValueSpec", "WeightSpec", "WeightsImage",
     "arch_name", "cubin_member", "manifest_bytes", "open_artifact", "write_artifact",

@@ -254,6 +254,9 @@ class RegionSpec(_Spec):
     nbytes: int
 
 
+TENSOR_MAP_BYTES = 128  # a CUtensorMap
+
+
 @dataclass(frozen=True)
 class TensorMapSpec(_Spec):
     """A copy-engine tensor map (cuTensorMapEncodeTiled) the runtime writes into the 128 bytes at arena offset
@@ -479,7 +482,8 @@ class Manifest(_Spec):
         region = self.memory.regions.get("tensor_maps")
         for i, t in enumerate(self.memory.tensor_maps):
             where = f"manifest field memory.tensor_maps[{i}]"
-            if region is None or not region.offset <= t.slot <= region.offset + region.nbytes - 128 or t.slot % 64:
+            last = region.offset + region.nbytes - TENSOR_MAP_BYTES if region else -1
+            if region is None or not region.offset <= t.slot <= last or t.slot % 64:
                 raise ArtifactError(f"{where}: slot {t.slot} is not a 64-byte aligned slot of the region tensor_maps")
             if min(t.address, t.rows, t.cols) < 0 or t.address + t.rows * t.row_bytes > self.memory.arena_bytes:
                 raise ArtifactError(f"{where}: its matrix lies outside the arena (0..{self.memory.arena_bytes})")
