@@ -43,7 +43,7 @@ from atlasc.frontend import import_onnx
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph
 from atlasc.ir.memory import ALIGNMENT, MemoryPlan
-from atlasc.ir.program import CompileOptions, Program
+from atlasc.ir.program import CompileOptions, Program, narrowed_lower  # noqa: F401 (narrowed_lower: tests)
 from atlasc.ir.serialize import encode_attrs
 from atlasc.passes.plan_memory import dim_upper
 from atlasc.pipeline import PipelineReport, run_pipeline
@@ -183,20 +183,6 @@ def program_module(program: Program, archs: tuple[str, ...]) -> GeneratedModule:
     return generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
                            _kv_dict(program), decode_buckets(program), archs, narrowed_lower(program),
                            decode_steps(program))
-
-
-def narrowed_lower(program: Program) -> dict[str, dict[str, int]]:
-    """{entry: {symbol: value}}: the values an entry runs only above because a narrower twin serves the runs
-    up to them (split-decode: `decode` runs batches above decode_small's bound), for generate_module. Only
-    twins narrowing one symbol count (a call goes to a twin when all its bounds hold, so with two the wide
-    entry could still run small values of either); the largest bound over such twins."""
-    lower: dict[str, dict[str, int]] = {}
-    for wide, bounds in program.narrows.values():
-        if len(bounds) == 1:
-            (symbol, value), = bounds.items()
-            entry = lower.setdefault(wide, {})
-            entry[symbol] = max(value, entry.get(symbol, value))
-    return lower
 
 
 # Decode batch sizes that get their own kernels when the artifact's maximum batch is larger: a kernel

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 
+from atlasc.codegen import linear_tma
 from atlasc.codegen.attention import bind_qkv_rotary
 from atlasc.codegen.cexpr import c_type, compute_type
 from atlasc.codegen.elementwise import _align
@@ -191,6 +192,9 @@ def emit_norm_linear(ctx: KernelContext, node: Node) -> KernelCode:
     (quantized: tensor-core path or fallback, x read through a View of the staged rows)."""
     if _quantized(node):
         return _emit_quantized(ctx, node)
+    tma = linear_tma.try_emit(ctx, node)  # 9..32 rows of an sm90-only compile: the copy-engine path (linear_tma.py)
+    if tma is not None:
+        return tma
     a_v = node.inputs[0]
     proj, y_v, s_v, kind = _parts(node)
     w_v, bias_v = proj[0], (proj[1] if len(proj) > 1 else None)

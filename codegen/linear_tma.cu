@@ -20,6 +20,16 @@
 // and the tile's last item to finish adds them in run order (deterministic), then stores; counters start and
 // end at 0. Numerics: float32 accumulation in k-step order, bias added in float32, one rounding at the store (as
 // linear.cu's paths; paired epilogues get both sums rounded to T as the unfused Linear stores them).
+// Norm prologue (NORM 1: NormLinear's RMSNormalization of a; NORM 2: AddRMSNormalization, h = a + b, b by its own
+// tensor map into the stage after a's), with the norm's scale g folded into the weight (fold-norm-scale: w g, the
+// op's g all ones): y = inv (x @ (w g)^T) per row, inv = 1 / sqrt(mean(h^2) + eps) as lin_norm_stage computes it.
+// The stages are only read: wgmma multiplies a (and b: two products, the sum in float32) while the consumers read
+// the same stage for their rows' sums of T(a + b)^2 (each thread the same rows and k chunk every stage; no write
+// to the stages, so no proxy fence: rewriting them in place measured 3x slower, docs/perf.md v31); block it % grid
+// stores stage it's T(a + b) to the sum output s (rows < M). After the loop the accumulators are scaled by inv.
+// Numerics against the reference (x = T(h inv g), then the product): h and the normalized x are not rounded to T
+// before the product and g is rounded into w instead: float16 tolerance.
+// The whole of K in each block (no K split).
 // Tensor maps live in the arena (written by the runtime at load, GeneratedModule.tensor_maps) and are passed by
 // address. Everything here compiles to nothing but a trap outside sm_90a (the emitter asks for it only there).
 namespace atlas {
@@ -29,10 +39,21 @@ constexpr int TMA_BK = 64;                         // k per stage: one 128-byte 
 constexpr int TMA_XROWS = 32;                      // wgmma N: the x rows of a stage
 constexpr int TMA_X_STAGE = TMA_XROWS * TMA_BK * 2;  // bytes of x per stage
 
-template <int NC, int CH, int STAGES>
+constexpr int TMA_NONE = 0, TMA_RMS = 1, TMA_ADD_RMS = 2;  // the norm prologue (NORM)
+
+template <int NC, int CH, int STAGES, int NORM = TMA_NONE>
 __host__ __device__ constexpr int tma_smem_bytes() {  // linear_tma.py smem_bytes: + 1024 to align the stages
-  return STAGES * (64 * CH * NC * TMA_BK * 2 + TMA_X_STAGE) + 1024;
+  return STAGES * (64 * CH * NC * TMA_BK * 2 + (NORM == TMA_ADD_RMS ? 2 : 1) * TMA_X_STAGE) + 1024;
 }
+
+// the norm prologue's operands (NORM != TMA_NONE): b's tensor map (TMA_ADD_RMS), epsilon, and the sum output s
+// (TMA_ADD_RMS; rows s_row apart; nullptr: not stored)
+template <typename T> struct TmaNorm {
+  const void* tb = nullptr;
+  float eps = 0.f;
+  T* s = nullptr;
+  long long s_row = 0;
+};
 
 __device__ __forceinline__ unsigned tma_smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
 
@@ -107,24 +128,29 @@ __device__ __forceinline__ void tma_wgmma_commit_wait() {
 #endif
 }
 
-// tw / tx: the weight and x tensor maps; y: the output View (TMA_PLAIN) or the epilogue's (paired: epi.put).
-template <typename T, int R, int LAYOUT, int NC, int CH, int STAGES, bool HAS_BIAS, typename EPI>
+// tw / tx: the weight and x tensor maps (x: a, with a norm prologue); y: the output View (TMA_PLAIN) or the
+// epilogue's (paired: epi.put); nrm: the norm prologue's operands (NORM != TMA_NONE).
+template <typename T, int R, int LAYOUT, int NC, int CH, int STAGES, bool HAS_BIAS, int NORM, typename EPI>
 __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx, const T* __restrict__ bias,
                                                   long long bias_stride, const View<T, R>& y, long long M,
                                                   long long N, long long K, EPI epi, float* __restrict__ ws,
-                                                  unsigned int* cnt, long long ks_n) {
+                                                  unsigned int* cnt, long long ks_n, const TmaNorm<T>& nrm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(LAYOUT == TMA_PLAIN || CH == 2, "a paired layout multiplies its pairs' two rows as chains 0 and 1");
+  static_assert(NORM == TMA_NONE || LinVec<T>::N == 8, "the norm prologue reads 16-byte chunks of 8 float16");
   constexpr int BN = 64 * CH * NC;  // weight rows per stage
   constexpr int W_STAGE = BN * TMA_BK * 2;
+  constexpr int X_STAGE = (NORM == TMA_ADD_RMS ? 2 : 1) * TMA_X_STAGE;  // a (and b) per stage
   extern __shared__ unsigned char atlas_tma_smem[];
   __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
   __shared__ int last;
+  __shared__ float tma_inv[TMA_XROWS];  // the norm's inv per x row
+  __shared__ long long tma_yoff[TMA_XROWS];  // y's row offsets (lin_row_offset), once per block, not per output
   const unsigned base = tma_smem_u32(atlas_tma_smem);
   const unsigned sm = base + ((1024 - (base & 1023)) & 1023);  // the swizzle atoms need 1024-byte alignment
   const unsigned xsm = sm + STAGES * W_STAGE;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (LAYOUT != TMA_PLAIN) ks_n = 1;
+  if (LAYOUT != TMA_PLAIN || NORM != TMA_NONE) ks_n = 1;
   const long long tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
   const long long steps = K / TMA_BK, run = (steps + ks_n - 1) / ks_n;
   const long long s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
@@ -136,6 +162,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if (threadIdx.x < TMA_XROWS) tma_yoff[threadIdx.x] = threadIdx.x < M ? lin_row_offset(y, threadIdx.x) : 0;
   __syncthreads();
   if (warp == 4 * NC) {  // the producer
     if (lane == 0) {
@@ -143,7 +170,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
         const int s = it % STAGES;
         const unsigned f = tma_smem_u32(&full[s]);
         tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
-        tma_bar_expect(f, W_STAGE + TMA_X_STAGE);
+        tma_bar_expect(f, W_STAGE + X_STAGE);
         const int k0 = int((s0 + it) * TMA_BK);
         if constexpr (LAYOUT == TMA_GATED) {
           constexpr int P = 64 * NC;
@@ -152,7 +179,8 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
         } else {
           tma_load_2d(sm + s * W_STAGE, tw, f, k0, int(tile * BN));
         }
-        tma_load_2d(xsm + s * TMA_X_STAGE, tx, f, k0, 0);
+        tma_load_2d(xsm + s * X_STAGE, tx, f, k0, 0);
+        if constexpr (NORM == TMA_ADD_RMS) tma_load_2d(xsm + s * X_STAGE + TMA_X_STAGE, nrm.tb, f, k0, 0);
       }
     }
     return;
@@ -169,21 +197,75 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
     const int row = LAYOUT == TMA_GATED ? c * 64 * NC + 64 * q : LAYOUT == TMA_HEADS ? 128 * q + 64 * c : 64 * (CH * q + c);
     chain[c] = sm + row * 128;
   }
+  // the norm prologue: consumer thread ct reads the 16-byte chunks ct + 128 NC j of each stage's 32 x 128-byte
+  // rows: row ci / 8, its k chunk (ci % 8) ^ (row % 8) (the 128-byte swizzle), the same every stage
+  constexpr int NCHUNK = (TMA_XROWS * 8 + 128 * NC - 1) / (128 * NC);
+  const int ct = threadIdx.x;
+  float ss[NCHUNK];
+#pragma unroll
+  for (int j = 0; j < NCHUNK; ++j) ss[j] = 0.f;
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES;
     tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
     tma_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < TMA_BK / 16; ++kk) {
-      const unsigned long long db = tma_desc(xsm + s * TMA_X_STAGE + kk * 32);
+      const unsigned long long db = tma_desc(xsm + s * X_STAGE + kk * 32);
 #pragma unroll
       for (int c = 0; c < CH; ++c) tma_wgmma(acc[c], tma_desc(chain[c] + s * W_STAGE + kk * 32), db);
+      if constexpr (NORM == TMA_ADD_RMS) {  // + b's product: (a + b) w^T
+        const unsigned long long dbb = tma_desc(xsm + s * X_STAGE + TMA_X_STAGE + kk * 32);
+#pragma unroll
+        for (int c = 0; c < CH; ++c) tma_wgmma(acc[c], tma_desc(chain[c] + s * W_STAGE + kk * 32), dbb);
+      }
     }
-    tma_wgmma_commit_wait();
+    if constexpr (NORM != TMA_NONE) {  // the rows' sums of squares while the tensor cores multiply
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      const unsigned char* xg = atlas_tma_smem + (xsm - base) + s * X_STAGE;
+      const long long k0 = (s0 + it) * TMA_BK;
+      const bool write_s = NORM == TMA_ADD_RMS && nrm.s != nullptr && it % gridDim.x == blockIdx.x;
+#pragma unroll
+      for (int j = 0; j < NCHUNK; ++j) {
+        const int ci = ct + 128 * NC * j, row = ci >> 3;
+        if (ci >= TMA_XROWS * 8) continue;
+        float v[8];
+        LinVec<T>::unpack(*reinterpret_cast<const uint4*>(xg + 16 * ci), v);
+        if constexpr (NORM == TMA_ADD_RMS) {
+          float w[8];
+          LinVec<T>::unpack(*reinterpret_cast<const uint4*>(xg + TMA_X_STAGE + 16 * ci), w);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = float(T(v[e] + w[e]));
+          if (write_s && row < M)
+            *reinterpret_cast<uint4*>(nrm.s + row * nrm.s_row + k0 + 8 * ((ci & 7) ^ (row & 7))) = LinVec<T>::pack(v);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss[j] += v[e] * v[e];
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    } else {
+      tma_wgmma_commit_wait();
+    }
     if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));
   }
   const int g = lane >> 2, cc = lane & 3;
   const int row0 = 16 * (warp & 3) + g;  // + 8 for r % 4 >= 2
+  if constexpr (NORM != TMA_NONE) {  // each row's sum of squares over its 8 threads, then the accumulators scaled
+#pragma unroll
+    for (int j = 0; j < NCHUNK; ++j) {
+      float t = ss[j];
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      t += __shfl_xor_sync(0xffffffffu, t, 4);
+      const int ci = ct + 128 * NC * j;
+      if (ci < TMA_XROWS * 8 && (ci & 7) == 0)
+        tma_inv[ci >> 3] = 1.f / sqrtf(t / float(K) + nrm.eps);
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+      for (int r = 0; r < 16; ++r) acc[c][r] *= tma_inv[8 * (r >> 2) + 2 * cc + (r & 1)];
+  }
   if constexpr (LAYOUT != TMA_PLAIN) {  // the pairs (chain 0, chain 1) of row p of warpgroup q
     const long long yn = y.stride[R - 1];
 #pragma unroll
@@ -196,7 +278,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
           ba = float(load(bias + epi.row_a(p, N) * bias_stride));
           bb = float(load(bias + epi.row_b(p, N) * bias_stride));
         }
-        epi.put(y.p + lin_row_offset(y, m), yn, m, p, lin_round<T>(acc[0][r] + ba), lin_round<T>(acc[1][r] + bb));
+        epi.put(y.p + tma_yoff[m], yn, m, p, lin_round<T>(acc[0][r] + ba), lin_round<T>(acc[1][r] + bb));
       }
     }
     return;
@@ -208,7 +290,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
       if (m < M && n < N) {
         float b = 0.f;
         if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
-        store(y.p + lin_row_offset(y, m) + n * yn, v + b);
+        store(y.p + tma_yoff[m] + n * yn, v + b);
       }
     };
     if (ks_n == 1) {

@@ -12,7 +12,10 @@ pdl_enter, and it launches only once the last wave of this grid is resident (the
 Measured as such (docs/perf.md v30).
 
 It serves a float16 Linear, LinearGated (SwiGLU pairs) or LinearRotary (the pairs of 128-dim heads rotated
-whole or not at all) whose kernel runs only above 8 rows and at most 32 (the decode step's batch-9..32 kernels:
+whole or not at all), and NormLinear / NormLinearRotary (the same with the (Add)RMSNormalization of x as the
+kernel's prologue: linear_tma.cu's NORM; fuse-linear-prologue makes them at these rows only where this path
+serves them, fold-norm-scale moves their norms' scales into the weights: ATLAS_TMA_NORM), whose kernel runs only
+above 8 rows and at most 32 (the decode step's batch-9..32 kernels:
 KernelContext's lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a
 contiguous [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
 written into the arena by the runtime at load (generate.TensorMapTable). ATLAS_LINEAR_TMA=0 turns it off (the MMA
@@ -28,11 +31,16 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
 from atlasc.codegen.nvcc import SM90A_MARKER  # a kernel using wgmma carries it (nvcc.py builds it for sm_90a)
+from atlasc.ir.archs import COPY_ENGINE_ENV, copy_engine, copy_engine_switch
 
-TMA_ENV = "ATLAS_LINEAR_TMA"
-OPS = ("Linear", "LinearGated", "LinearRotary")
+TMA_ENV = COPY_ENGINE_ENV
+OPS = ("Linear", "LinearGated", "LinearRotary", "NormLinear", "NormLinearRotary")
+NORM_OPS = ("NormLinear", "NormLinearRotary")
+NORM_NAMES = {0: "atlas::TMA_NONE", 1: "atlas::TMA_RMS", 2: "atlas::TMA_ADD_RMS"}
 PLAIN, GATED, HEADS = 0, 1, 2
 CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAGES
 # per-layout overrides for A/B timing, "NC-CH-S" (e.g. ATLAS_LINEAR_TMA_GATED=2-2-4), checked by config()
@@ -47,16 +55,13 @@ HEAD_DIM = 128
 
 
 def tma_choice() -> bool:
-    """ATLAS_LINEAR_TMA (default 1); CodegenError for a value not 0 or 1."""
-    value = os.environ.get(TMA_ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{TMA_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    """ATLAS_LINEAR_TMA (default 1); an error (exit 2) for a value not 0 or 1 (atlasc/ir/archs.py)."""
+    return copy_engine_switch()
 
 
 def targets(archs: tuple[str, ...]) -> bool:
     """Whether a compile for `archs` may use the path: sm90 alone, the switch on."""
-    return tuple(archs) == ("sm90",) and tma_choice()
+    return copy_engine(archs)
 
 
 def config(layout: int) -> tuple[int, int, int]:
@@ -84,9 +89,17 @@ def config_choice() -> dict:
     return {name: list(config(layout)) for layout, name in ((PLAIN, "plain"), (GATED, "gated"), (HEADS, "heads"))}
 
 
-def smem_bytes(nc: int, ch: int, stages: int) -> int:
-    """Dynamic shared memory of a configuration (linear_tma.cu tma_smem_bytes)."""
-    return stages * (64 * ch * nc * 128 + MAX_ROWS * 128) + 1024
+def smem_bytes(nc: int, ch: int, stages: int, x_tiles: int = 1) -> int:
+    """Dynamic shared memory of a configuration (linear_tma.cu tma_smem_bytes; x_tiles 2: a and b of an
+    AddRMSNormalization prologue)."""
+    return stages * (64 * ch * nc * 128 + x_tiles * MAX_ROWS * 128) + 1024
+
+
+def fitted_stages(nc: int, ch: int, stages: int, x_tiles: int) -> int:
+    """The configuration's stages, fewer where x_tiles x tiles per stage would not fit SMEM_LIMIT."""
+    while stages > 2 and smem_bytes(nc, ch, stages, x_tiles) > SMEM_LIMIT:
+        stages -= 1
+    return stages
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
@@ -97,7 +110,7 @@ def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) ->
     slots = 0
     for entry, (graph, _) in entries.items():
         kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
-        slots += 2 * kernels * sum(1 for n in graph.nodes if n.op in OPS)
+        slots += kernels * sum(2 + (n.op in NORM_OPS) for n in graph.nodes if n.op in OPS)
     return slots
 
 
@@ -118,11 +131,26 @@ def rows_bounds(ctx: KernelContext, x_v) -> tuple[int, int]:
     return lo, hi
 
 
-def eligible(ctx: KernelContext, x_v, w_v, layout: int, whole_heads: bool = False) -> bool:
+def _contiguous_like(ctx: KernelContext, v, x_v) -> bool:
+    """v is a contiguous float16 value of x's shape at 16-byte aligned bytes (a norm prologue's b or sum)."""
+    return (v.dtype == "float16" and len(v.shape) == len(x_v.shape) and ctx.plan.placement(v).strides is None
+            and ctx.plan.placement(v).offset % 16 == 0
+            and all(ctx.upper(p) == ctx.upper(q) for p, q in zip(v.shape, x_v.shape)))
+
+
+def eligible(ctx: KernelContext, x_v, w_v, layout: int, whole_heads: bool = False, norm: tuple = ()) -> bool:
     """Whether linear_tma_decode can serve this node's kernel (the module docstring's conditions; whole_heads: a
-    LinearRotary's heads are HEAD_DIM wide and rotated whole or not at all, so its pairs are dims (i, i + 64))."""
+    LinearRotary's heads are HEAD_DIM wide and rotated whole or not at all, so its pairs are dims (i, i + 64);
+    norm: a NormLinear's (b or None, g, the sum or None): b and the sum contiguous like x, 16-byte aligned; g a
+    constant of ones, its scale folded into w by fold-norm-scale)."""
     if ctx.tensor_maps is None or x_v.dtype != "float16" or w_v.dtype != "float16":
         return False
+    if norm:
+        b_v, g_v, s_v = norm
+        if any(v is not None and not _contiguous_like(ctx, v, x_v) for v in (b_v, s_v)):
+            return False
+        if not g_v.is_constant or not np.all(g_v.data == 1):
+            return False
     lo, hi = rows_bounds(ctx, x_v)
     if lo < MIN_ROWS or hi > MAX_ROWS or len(w_v.shape) != 2 or not all(isinstance(d, int) for d in w_v.shape):
         return False
@@ -138,10 +166,14 @@ def eligible(ctx: KernelContext, x_v, w_v, layout: int, whole_heads: bool = Fals
     return True
 
 
-def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: int, m_expr: str) -> KernelCode:
+def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: int, m_expr: str,
+          norm: tuple = (), eps: float = 0.0) -> KernelCode:
     """The kernel body calling linear_tma_decode (eligible() said yes; try_emit declared `bias`, `bias_stride`, the
-    View `y` and, for a paired layout, the epilogue `lin_epi`), with its grid, block, shared memory and scratch."""
+    View `y` and, for a paired layout, the epilogue `lin_epi`), with its grid, block, shared memory and scratch;
+    norm: a NormLinear's (b or None, g, the sum or None) and its epsilon."""
     nc, ch, stages = config(layout)
+    x_tiles = 2 if norm and norm[0] is not None else 1
+    stages = fitted_stages(nc, ch, stages, x_tiles)
     n, k = w_v.shape
     rows = rows_bounds(ctx, x_v)[1]
     if layout == PLAIN:
@@ -150,45 +182,63 @@ def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: i
         box, tiles = 64 * nc, -(-(n // 2) // (64 * nc))
     else:
         box, tiles = HEAD_DIM * nc, -(-(n // HEAD_DIM) // nc)
-    ks = ks_split(tiles, k // 64) if layout == PLAIN else 1
+    ks = ks_split(tiles, k // 64) if layout == PLAIN and not norm else 1
     tw = ctx.tensor_map_address(w_v, n, box)
     tx = ctx.tensor_map_address(x_v, rows, MAX_ROWS)
+    nrm = f"atlas::TmaNorm<{t}>{{}}"
+    if norm:
+        b_v, _, s_v = norm
+        tb = ctx.tensor_map_address(b_v, rows, MAX_ROWS) if b_v is not None else "nullptr"
+        s_arg = f"reinterpret_cast<{t}*>({ctx.address(s_v)}), {k}LL" if s_v is not None else "nullptr, 0LL"
+        nrm = f"atlas::TmaNorm<{t}>{{{tb}, {float(eps)!r}f, {s_arg}}}"
     counters, scratch = (tiles, tiles * ks * nc * ch * 16 * 128 * 4) if ks > 1 else (0, 0)
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
     cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
     body = "\n".join([
         f"  {SM90A_MARKER}",
-        f"  atlas::linear_tma_decode<{t}, {r}, {LAYOUT_NAMES[layout]}, {nc}, {ch}, {stages}, {has_bias}>("
-        f"{tw}, {tx}, bias, bias_stride, y, {m_expr}, {n}LL, {k}LL, "
-        f"{'atlas::LinNoEpi()' if layout == PLAIN else 'lin_epi'}, {ws}, {cnt}, {ks}LL);",
+        f"  atlas::linear_tma_decode<{t}, {r}, {LAYOUT_NAMES[layout]}, {nc}, {ch}, {stages}, {has_bias}, "
+        f"{NORM_NAMES[x_tiles if norm else 0]}>({tw}, {tx}, bias, bias_stride, y, {m_expr}, {n}LL, {k}LL, "
+        f"{'atlas::LinNoEpi()' if layout == PLAIN else 'lin_epi'}, {ws}, {cnt}, {ks}LL, {nrm});",
     ])
     choice = {"path": "tma", "layout": ["plain", "gated", "heads"][layout], "config": [nc, ch, stages], "ks": ks}
-    return KernelCode(body, (tiles * ks, 1, 1), (128 * nc + 32, 1, 1), smem=smem_bytes(nc, ch, stages),
+    if norm:
+        choice["norm"] = ["rms", "add_rms"][x_tiles - 1]
+    return KernelCode(body, (tiles * ks, 1, 1), (128 * nc + 32, 1, 1), smem=smem_bytes(nc, ch, stages, x_tiles),
                       scratch=scratch, counters=counters, choice=choice, min_blocks=1)
 
 
+def _operands(node) -> tuple[int, list, tuple, tuple]:
+    """(layout, the projection's inputs after x without Nones, (cos, sin) or (), the norm's (b, g, sum) or ()) of a
+    node of OPS; x is its input 0 (a NormLinear's a)."""
+    norm: tuple = ()
+    if node.op in NORM_OPS:
+        s_v = node.outputs[3 if node.op == "NormLinearRotary" else 1] if len(node.outputs) in (2, 4) else None
+        norm = (node.inputs[1], node.inputs[2], s_v)
+    if node.op in ("LinearRotary", "NormLinearRotary"):
+        at = 1 if node.op == "LinearRotary" else 3
+        return HEADS, [v for v in node.inputs[at + 2:] if v is not None], tuple(node.inputs[at:at + 2]), norm
+    proj = [v for v in node.inputs[3 if norm else 1:] if v is not None]
+    gated = node.op == "LinearGated" or (node.op == "NormLinear" and bool(node.attrs.get("epilogue")))
+    return (GATED if gated else PLAIN), proj, (), norm
+
+
 def try_emit(ctx: KernelContext, node) -> KernelCode | None:
-    """The whole kernel of a Linear / LinearGated / LinearRotary node on this path, or None where eligible() says
-    no (the caller then emits linear.cu's paths)."""
-    if node.op not in OPS or not targets(ctx.archs):
+    """The whole kernel of a Linear / LinearGated / LinearRotary / NormLinear / NormLinearRotary (float16
+    projection) node on this path, or None where eligible() says no (the caller then emits linear.cu's paths)."""
+    if node.op not in OPS or not targets(ctx.archs) or node.attrs.get("linear", "Linear") != "Linear":
         return None
     from atlasc.codegen.cexpr import c_type
     from atlasc.codegen.linear import bind_bias
     from atlasc.codegen.linear_prologue import _rows_only_y, gated_epilogue, rotary_epilogue
 
     x_v = node.inputs[0]
+    layout, proj, tables, norm = _operands(node)
+    w_v, b_v = proj[0], (proj[1] if len(proj) > 1 else None)
     whole_heads = False
-    if node.op == "Linear":
-        layout, w_v, b_v = PLAIN, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
-    else:
-        proj = [v for v in node.inputs[3 if node.op == "LinearRotary" else 1:] if v is not None]
-        w_v, b_v = proj[0], (proj[1] if len(proj) > 1 else None)
-        layout = HEADS if node.op == "LinearRotary" else GATED
-        if layout == HEADS:
-            cos_v = node.inputs[1]
-            rot_dim = 0 if cos_v is None else ctx.upper(cos_v.shape[-1])
-            whole_heads = int(node.attrs["head_dim"]) == HEAD_DIM and rot_dim in (0, HEAD_DIM)
-    if not eligible(ctx, x_v, w_v, layout, whole_heads):
+    if layout == HEADS:
+        rot_dim = 0 if tables[0] is None else ctx.upper(tables[0].shape[-1])
+        whole_heads = int(node.attrs["head_dim"]) == HEAD_DIM and rot_dim in (0, HEAD_DIM)
+    if not eligible(ctx, x_v, w_v, layout, whole_heads, norm):
         return None
     t, r = c_type(x_v.dtype), len(x_v.shape)
     if layout == HEADS:
@@ -197,8 +247,8 @@ def try_emit(ctx: KernelContext, node) -> KernelCode | None:
         ctx.view(node.outputs[0], "y", rank=r)
     has_bias = bind_bias(ctx, b_v, t)
     if layout == HEADS:
-        rotary_epilogue(ctx, node, x_v.dtype, node.inputs[1], node.inputs[2])
+        rotary_epilogue(ctx, node, x_v.dtype, *tables)
     elif layout == GATED:
         gated_epilogue(ctx, node, x_v.dtype)
     m_expr = " * ".join(f"({ctx.dim(d)})" for d in x_v.shape[:-1]) or "1LL"
-    return _emit(ctx, layout, x_v, w_v, has_bias, t, r, m_expr)
+    return _emit(ctx, layout, x_v, w_v, has_bias, t, r, m_expr, norm, float(node.attrs.get("epsilon", 0.0)))

@@ -12,9 +12,11 @@ merged gate/up projection; the rotary form: the merged QKV projection, the rotar
 kernel computes each output pair once and writes what the epilogue makes of it (linear.cu LinGated / LinRotary,
 the epilogues NormLinear uses at up to 8 rows): the projection's output is never stored and one launch less per
 layer. A Llama decode layer at batch 9..32 becomes 7 kernels: AddRMSNormalization, LinearRotary, Attention,
-Linear (o), AddRMSNormalization, LinearGated, Linear (down). H200, 8 layers of Llama-3-8B shapes at batch 32
-(docs/perf.md v29): QKV + QKVRotary 25.3-25.7 + 11.0-11.3 us -> LinearRotary 28.5-28.9 us, gate/up + SwiGLU
-87.4-88.0 + 6.2 us -> LinearGated 85.2-86.6 us; the decode step replayed 2001.7 -> 1869.3 us.
+Linear (o), AddRMSNormalization, LinearGated, Linear (down) (in an sm90-only compile fuse-linear-prologue has
+already fused the second norm into the gate/up projection: 6, ATLAS_TMA_NORM). H200, 8 layers
+of Llama-3-8B shapes at batch 32 (docs/perf.md v29): QKV + QKVRotary 25.3-25.7 + 11.0-11.3 us -> LinearRotary
+28.5-28.9 us, gate/up + SwiGLU 87.4-88.0 + 6.2 us -> LinearGated 85.2-86.6 us; the decode step replayed
+2001.7 -> 1869.3 us.
 
 Only float16 projections on sm80+ (the paired MMA decode; its GEMV fallback, for x rows the MMA cannot read, runs one
 row at a time: linear_epilogue.py). ATLAS_LINEAR_EPILOGUE=0 turns the pass off (A/B timing); quantized projections

@@ -25,9 +25,22 @@ Linear (o), NormLinear (gate/up + SwiGLU), Linear (down).
 
 Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
 reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
-outputs keep their names. Quantized projections (LinearQ8 / LinearQ4 / LinearF8) take the norm and the
-gated epilogue the same way (NormLinearQ), not an elementwise prologue (ATLAS_QUANT_PROLOGUE=0 keeps their
-norms separate, e.g. to compare).
+outputs keep their names.
+
+Above PROLOGUE_MAX_M (the decode entry of batches 9..32: `decode` beside split-decode's decode_small) the norm
+fuses the same way where the copy-engine projection will run the fused op (codegen/linear_tma.py: an sm90-only
+compile, float16, rows above 8 and at most 32, K % 64 == 0), the Linear's only reader is a gated program
+(gate/up + SwiGLU) and the norm's scale can fold into the weight in every entry (fold_norm_scale.py, applied
+here to those weights): that kernel streams x through its stages instead of staging it and sums each row's
+squares there while the tensor cores multiply (linear_tma.cu NORM). A Llama decode layer is then 6 kernels at
+batches 9..32. ATLAS_TMA_NORM=0 keeps those norms separate, =all also fuses them into QKV projections over
+128-dim heads (5 kernels a layer, but the QKV kernel, 48 blocks of one warpgroup, measured slower than its norm
+and itself apart: docs/perf.md v31). The LM head keeps its norm kernel (its x would be streamed again by each of
+~2000 blocks).
+
+Quantized projections (LinearQ8 / LinearQ4 / LinearF8) take the norm and the gated epilogue the same way
+(NormLinearQ), not an elementwise prologue (ATLAS_QUANT_PROLOGUE=0 keeps their norms separate, e.g. to
+compare).
 """
 
 from __future__ import annotations
@@ -38,7 +51,10 @@ from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M, QUANTIZED, staging_bytes, staging_limit
-from atlasc.ir.program import Program
+from atlasc.ir.archs import COPY_ENGINE_ENV, copy_engine
+from atlasc.ir.program import Program, narrowed_lower
+from atlasc.passes.fold_norm_scale import RULE as FOLD_RULE
+from atlasc.passes.fold_norm_scale import fold, foldable, folded
 from atlasc.passes.rewrite import RewriteStats
 
 # ElementwiseLinear only for a single row: its every block recomputes the whole program (H200, Llama-3.2-1B
@@ -55,6 +71,10 @@ QUANT_ENV = "ATLAS_QUANT_PROLOGUE"
 # 1 1297.8 -> 1277.2 us, batch 32 2148.6 -> 2147.1 (v8's float16 loss, 1.120 -> 1.199 ms/step on Llama-3.2-1B,
 # was measured under relocatable code, v12). auto: quantized projections only; 0: never.
 ROTARY_ENV = "ATLAS_ROTARY_EPILOGUE"
+TMA_NORM_ENV = "ATLAS_TMA_NORM"  # the copy-engine norm prologue above PROLOGUE_MAX_M rows (docstring); default 1
+TMA_NORM_MODES = ("0", "1", "all")
+COPY_ENGINE_MAX_M = 32  # codegen/linear_tma.py MAX_ROWS: the x rows of a stage
+COPY_ENGINE_HEAD_DIM = 128  # codegen/linear_tma.py HEAD_DIM
 ROTARY_MODES = ("auto", "1", "0")
 
 
@@ -85,6 +105,60 @@ def rows_upper(x, upper: dict[str, int]) -> int | None:
     return m
 
 
+def rows_lower(x, lower: dict[str, int]) -> int:
+    """The rows (x's leading dims) x's kernel runs only above: `lower` holds what a narrower twin serves
+    (narrowed_lower), 0 for other symbols."""
+    m = 1
+    for d in x.shape[:-1]:
+        m *= max(int(S.evaluate(d, {**{s: 0 for s in S.symbols_of(d)}, **lower})), 0)
+    return m
+
+
+def tma_norm_mode() -> str:
+    """ATLAS_TMA_NORM (default 1): 0, 1 (gate/up projections) or all (and 128-dim-head QKV projections);
+    UsageError (exit 2) for another value."""
+    value = os.environ.get(TMA_NORM_ENV, "") or "1"
+    if value not in TMA_NORM_MODES:
+        raise UsageError(f"{TMA_NORM_ENV}={value!r} is not one of {', '.join(TMA_NORM_MODES)}")
+    return value
+
+
+def _why_not_copy_engine(graph: Graph, lin: Node, p: Node, upper: dict[str, int], lower: dict[str, int],
+                         archs: tuple[str, ...], can_fold=None) -> str | None:
+    """Why the copy-engine projection would not run this Linear with the norm p as its prologue (None: it
+    would); the module docstring's conditions. can_fold(w, g): why the norm's scale g cannot fold into the
+    weight w (fold_norm_scale.py), or None."""
+    x, w = lin.inputs[0], lin.inputs[1]
+    rows = rows_upper(x, upper)
+    if rows is None or rows > COPY_ENGINE_MAX_M or rows_lower(x, lower) < PROLOGUE_MAX_M:
+        return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
+                f"{PROLOGUE_MAX_M}), and the copy-engine path takes only kernels of {PROLOGUE_MAX_M + 1}.."
+                f"{COPY_ENGINE_MAX_M} rows")
+    if not copy_engine(archs) or tma_norm_mode() == "0":
+        return (f"its rows may exceed {PROLOGUE_MAX_M}: only the copy-engine path fuses them (an sm90-only compile, "
+                f"{COPY_ENGINE_ENV} and {TMA_NORM_ENV} not 0)")
+    if p.op not in NORMS or lin.op != "Linear" or x.dtype != "float16":
+        return f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine path fuses float16 norms only"
+    k = w.shape[-1] if len(w.shape) == 2 and all(isinstance(d, int) for d in w.shape) else None
+    if k is None or k % 64 or not _same_dims(x.shape[-1:], (k,)):
+        return f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine path needs a static weight with K % 64 == 0"
+    if gated_epilogue(graph, lin) is not None:
+        return can_fold(w, p.inputs[-1]) if can_fold is not None else "no fold of the norm's scale into the weight"
+    rot = rotary_epilogue(graph, lin)
+    if rot is None:
+        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine norm serves gate/up and QKV projections only "
+                "(the LM head keeps its norm kernel)")
+    if tma_norm_mode() != "all":
+        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine norm fuses into gate/up projections only "
+                f"(into QKV with {TMA_NORM_ENV}=all: measured slower, docs/perf.md v31)")
+    cos = rot.inputs[1] if len(rot.inputs) > 1 else None
+    head = COPY_ENGINE_HEAD_DIM
+    if int(rot.attrs["head_dim"]) != head or (cos is not None and cos.shape[-1] != head):
+        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine path rotates {COPY_ENGINE_HEAD_DIM}-dim heads "
+                "whole or not at all")
+    return can_fold(w, p.inputs[-1]) if can_fold is not None else "no fold of the norm's scale into the weight"
+
+
 def _same_dims(a, b) -> bool:
     return len(a) == len(b) and all(S.dim(p) == S.dim(q) for p, q in zip(a, b))
 
@@ -110,7 +184,8 @@ def _why_not_elementwise(p: Node, x) -> str | None:
     return None
 
 
-def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int], limit: int) -> str | None:
+def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int], limit: int,
+             lower: dict[str, int] | None = None, archs: tuple[str, ...] = (), can_fold=None) -> str | None:
     x, w = lin.inputs[0], lin.inputs[1]
     if p is None or p.op not in RULES:
         return "the input is not a norm or an elementwise program"
@@ -121,11 +196,13 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int], lim
     if lin.op != "Linear" and os.environ.get(QUANT_ENV, "1") == "0":
         return f"quantized projections keep their norms ({QUANT_ENV}=0)"
     rows = rows_upper(x, upper)
-    if rows is None or rows > PROLOGUE_MAX_M:
-        return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
-                f"{PROLOGUE_MAX_M})")
+    copy_engine_rows = rows is None or rows > PROLOGUE_MAX_M
+    if copy_engine_rows:
+        why = _why_not_copy_engine(graph, lin, p, upper, lower or {}, archs, can_fold)
+        if why:
+            return why
     k = x.shape[-1]
-    if not isinstance(k, int) or staging_bytes(rows, k, x.dtype) > limit:
+    if not copy_engine_rows and (not isinstance(k, int) or staging_bytes(rows, k, x.dtype) > limit):
         return f"staging {rows} rows of x needs more than {limit // 1024} KB of shared memory (the archs' limit)"
     if len(graph.users(x)) != 1 or any(x is o for o in graph.outputs):
         return "the Linear's input has other readers"
@@ -203,16 +280,23 @@ def _fused(graph: Graph, lin: Node, p: Node) -> tuple[Node, Node | None, str | N
     return node, None, None
 
 
-def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats, archs: tuple[str, ...] = ()) -> None:
+def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats, archs: tuple[str, ...] = (),
+               lower: dict[str, int] | None = None, can_fold=None, copy_engine_weights: set | None = None) -> None:
+    """Fuse graph's Linears with their producers where the module docstring allows (upper / lower: the entry's
+    symbol bounds and the values it runs only above; can_fold: see _why_not_copy_engine). The weights of the
+    copy-engine norms fused (above PROLOGUE_MAX_M rows) go into copy_engine_weights (ids)."""
     producers = graph.producers()
     limit = staging_limit(archs)
     for lin in [n for n in graph.nodes if n.op == "Linear" or n.op in QUANTIZED]:
         p = producers.get(id(lin.inputs[0]))
-        why = _why_not(graph, lin, p, upper, limit)
+        why = _why_not(graph, lin, p, upper, limit, lower, archs, can_fold)
         rule = RULES.get(p.op if p is not None else "", "Linear(producer(...)) => prologue")
         if why:
             stats.declined[f"{rule} at {lin.name}"] = why
             continue
+        rows = rows_upper(lin.inputs[0], upper)
+        if copy_engine_weights is not None and (rows is None or rows > PROLOGUE_MAX_M):
+            copy_engine_weights.add(id(lin.inputs[1]))
         fused, epi, epi_rule = _fused(graph, lin, p)
         # p's inputs are ready there (w and bias are constants); toposort below places it after cos / sin
         graph.nodes[graph.nodes.index(p)] = fused
@@ -230,7 +314,27 @@ def fuse_graph(graph: Graph, upper: dict[str, int], stats: RewriteStats, archs: 
 def fuse_linear_prologue(program: Program) -> tuple[Program, RewriteStats]:
     """Fuse each decode Linear's producing norm or elementwise program into it (a no-op with fusion off)."""
     stats = RewriteStats()
-    if program.options.fusion:
-        for entry, graph in program.entries.items():
-            fuse_graph(graph, program.bounds.get(entry, {}), stats, program.options.archs)
+    if not program.options.fusion:
+        return program, stats
+    lower = narrowed_lower(program)
+    candidates = foldable(program) if copy_engine(program.options.archs) and tma_norm_mode() != "0" else {}
+    folds: dict[int, tuple] = {}  # id(W) -> (W, g, T(W g)), computed when a copy-engine norm asks
+
+    def can_fold(w, g) -> str | None:
+        if candidates.get(id(w)) is not g:
+            return (f"its rows may exceed {PROLOGUE_MAX_M}: the weight is read elsewhere without this norm, so its "
+                    "scale cannot fold into it (fold_norm_scale.py)")
+        if id(w) not in folds:
+            folds[id(w)] = (w, g, folded(program, w, g))
+        if folds[id(w)][2] is None:
+            return f"its rows may exceed {PROLOGUE_MAX_M}: the weight times the norm's scale overflows float16"
+        return None
+
+    used: set[int] = set()
+    for entry, graph in program.entries.items():
+        fuse_graph(graph, program.bounds.get(entry, {}), stats, program.options.archs, lower.get(entry, {}),
+                   can_fold, used)
+    count = fold(program, {k: folds[k] for k in used})
+    if count:
+        stats.applied[FOLD_RULE] = count
     return program, stats

@@ -27,9 +27,13 @@ FUSED_OPS = ("LinearGated", "LinearRotary")
 @functools.cache
 def before_after(name: str, max_batch: int = 32, archs: tuple[str, ...] = ("sm90",)):
     """(program before, program after, the pass's record): the default pipeline up to fuse-linear-epilogue,
-    verified, then the pass (ATLAS_LINEAR_EPILOGUE unset)."""
+    verified, then the pass (ATLAS_LINEAR_EPILOGUE unset; ATLAS_TMA_NORM=0, else fuse-linear-prologue's copy-engine
+    norms take the sm90 compiles' gate/up projections first: tests/test_fuse_linear_prologue.py)."""
+    from atlasc.passes.fuse_linear_prologue import TMA_NORM_ENV
+
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(ENV, raising=False)
+        mp.setenv(TMA_NORM_ENV, "0")
         names = PIPELINES["default"]
         program = Program({"main": import_onnx(FIXTURES / f"{name}.onnx")},
                           CompileOptions(archs=archs, max_batch=max_batch, max_seq=64))

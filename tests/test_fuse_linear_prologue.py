@@ -322,3 +322,140 @@ def test_staging_fits_the_smallest_arch(archs, fused):
     assert (ops == ["NormLinear"]) == fused, (ops, stats.declined)
     if not fused:
         assert any(f"{staging_limit(archs) // 1024} KB" in why for why in stats.declined.values())
+
+
+def _copy_engine_program(monkeypatch, archs=("sm90",), tma_norm="1"):
+    """llama-fp16 at --max-batch 16 up to and through fuse-linear-prologue, for `archs`, ATLAS_TMA_NORM=tma_norm."""
+    from atlasc.passes.fuse_linear_prologue import TMA_NORM_ENV
+
+    monkeypatch.setenv(TMA_NORM_ENV, tma_norm)
+    names = PIPELINES["default"]
+    options = CompileOptions(archs=archs, max_batch=16, max_seq=64)
+    program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
+    program, _ = run_pipeline(program, names[: names.index("fuse-linear-prologue")], verify_each=True)
+    before = {k: g.clone() for k, g in program.entries.items()}
+    program, report = run_pipeline(program, ["fuse-linear-prologue"], verify_each=True)
+    return program, before, report.records[0]
+
+
+def test_copy_engine_norms_above_8_rows(monkeypatch):
+    """An sm90-only compile at --max-batch 16: the decode entry (batches 9..16) fuses each gate/up projection's
+    AddRMSNormalization (the copy-engine kernel sums each row's squares from its stages) and the norm's scale folds
+    into the weight in every entry (fold_norm_scale.py: prefill's and decode_small's readers of the weight read it
+    folded, their norms a scale of ones); the LM head and the 16-dim heads' QKV projection keep their norms and
+    scales, declined with the reason; the decode entry computes what it did to float16 tolerance (the fold rounds
+    W g once)."""
+    from atlasc.passes.fold_norm_scale import RULE
+
+    program, before, record = _copy_engine_program(monkeypatch)
+    layers = program.kv_cache.layers
+    decode = Counter(n.op for n in program.entries["decode"].nodes)
+    gated = [n for n in program.entries["decode"].nodes if n.op == "NormLinear"]
+    assert len(gated) == layers and all(n.attrs.get("epilogue") and n.inputs[1] is not None for n in gated), decode
+    norms = decode["AddRMSNormalization"] + decode["RMSNormalization"]
+    assert norms == layers + 1, decode  # the QKV projections' (the first without a residual) and the LM head's
+    assert not any(n.op in FUSED_OPS for n in program.entries["prefill"].nodes)
+    assert record.applied[RULE] == layers
+    folded = {id(n.inputs[3]) for n in gated}
+    assert all(np.all(n.inputs[2].data == 1) for n in gated)
+    for entry, graph in program.entries.items():  # every reader of a folded weight: scale-free norms
+        producers = graph.producers()
+        readers = [n for n in graph.nodes if any(id(v) in folded for v in n.inputs if v is not None)]
+        assert len(readers) == layers, entry
+        for n in readers:
+            g = n.inputs[2] if n.op == "NormLinear" else producers[id(n.inputs[0])].inputs[-1]
+            assert np.all(g.data == 1), (entry, n.name)
+    whys = list(record.declined.values())
+    assert any("the LM head keeps its norm kernel" in w for w in whys), whys
+    assert any("fuses into gate/up projections only" in w for w in whys), whys
+    got, cache_got = _decode(program.entries["decode"], program, "llama-fp16")
+    want, cache_want = _decode(before["decode"], program, "llama-fp16")
+    for key in want:
+        if want[key].dtype.kind == "f":
+            np.testing.assert_allclose(got[key].astype(np.float32), want[key].astype(np.float32), rtol=2e-2,
+                                       atol=2e-3, err_msg=key)
+    np.testing.assert_allclose(cache_got.astype(np.float32), cache_want.astype(np.float32), rtol=2e-2, atol=2e-3)
+
+
+def test_fold_declines_a_weight_read_without_its_norm():
+    """fold_norm_scale.foldable: a weight also read by a Linear whose x is not that norm's output cannot fold; one
+    whose T(W g) overflows float16 neither (folded gives None)."""
+    from atlasc.ir import symbolic as S
+    from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
+    from atlasc.passes.fold_norm_scale import foldable, folded
+
+    k = 64
+    g_ = Graph("two")
+    g_.symbols = {"m": SymbolInfo(1, 32)}
+    x, y = (Value(n, "float16", (S.sym("m"), k)) for n in ("x", "y"))
+    g_.inputs = [x, y]
+    scale = constant("g", np.full(k, 2.0, np.float16))
+    w = constant("w", np.full((8, k), 40000.0, np.float16))
+    w2 = constant("w2", np.ones((8, k), np.float16))
+    n1, z1, z2, z3 = (Value(n, "float16", (S.sym("m"), s)) for n, s in (("n", k), ("z1", 8), ("z2", 8), ("z3", 8)))
+    g_.nodes = [Node("RMSNormalization", [x, scale], [n1], {"axis": -1, "epsilon": 1e-5}),
+                Node("Linear", [n1, w2], [z1], {}),
+                Node("Linear", [y, w2], [z2], {}),
+                Node("Linear", [y, w], [z3], {})]
+    g_.outputs = [z1, z2, z3]
+    program = Program({"main": g_}, CompileOptions(archs=("sm90",)))
+    assert foldable(program) == {}  # w2 is also read from y; w is not norm-fed
+    g_.nodes[2].inputs[1] = w2 = constant("w3", np.ones((8, k), np.float16))
+    assert set(foldable(program)) == {id(g_.nodes[1].inputs[1])}
+    assert folded(program, w, scale) is None  # 40000 * 2 overflows float16
+    np.testing.assert_array_equal(folded(program, g_.nodes[1].inputs[1], scale), np.full((8, k), 2.0, np.float16))
+
+
+@pytest.mark.parametrize("archs, tma_norm", [(("sm80", "sm90"), "1"), (("sm90",), "0")])
+def test_copy_engine_norms_need_the_path(monkeypatch, archs, tma_norm):
+    """Beside another arch (no copy-engine path) or with ATLAS_TMA_NORM=0 the decode entry keeps its norms."""
+    program, _, record = _copy_engine_program(monkeypatch, archs, tma_norm)
+    assert not any(n.op in FUSED_OPS for n in program.entries["decode"].nodes)
+    assert any("only the copy-engine path fuses them" in w for w in record.declined.values())
+
+
+def test_copy_engine_norm_switch_is_checked(monkeypatch):
+    from atlasc.errors import UsageError
+    from atlasc.passes.fuse_linear_prologue import TMA_NORM_ENV, tma_norm_mode
+
+    monkeypatch.setenv(TMA_NORM_ENV, "on")
+    with pytest.raises(UsageError, match="ATLAS_TMA_NORM='on' is not one of 0, 1, all"):
+        tma_norm_mode()
+
+
+@pytest.mark.parametrize("head_dim, mode, fused", [(128, "all", True), (64, "all", False), (128, "1", False)])
+def test_copy_engine_norm_into_qkv_rotary(head_dim, mode, fused, monkeypatch):
+    """AddRMSNormalization -> Linear -> QKVRotary at 9..32 rows with ATLAS_TMA_NORM=all: NormLinearRotary (with the
+    sum as its 4th output) where the heads are 128 wide, as the copy-engine kernel rotates them; 64-dim heads keep
+    the norm, and so does the default (=1: gate/up projections only)."""
+    from atlasc.passes.fuse_linear_prologue import TMA_NORM_ENV
+
+    monkeypatch.setenv(TMA_NORM_ENV, mode)
+    from atlasc.ir import symbolic as S
+    from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
+    from atlasc.passes.fuse_linear_prologue import fuse_graph
+    from atlasc.passes.rewrite import RewriteStats
+
+    k, heads = 256, 3
+    g = Graph("qkv")
+    g.symbols = {"batch": SymbolInfo(1, 32), "past_seq": SymbolInfo(0, 8)}
+    x, r = (Value(n, "float16", (S.sym("batch"), 1, k)) for n in ("x", "r"))
+    cos, sin = (Value(n, "float16", (1, 1, head_dim)) for n in ("cos", "sin"))
+    g.inputs = [x, r, cos, sin]
+    rng = np.random.default_rng(3)
+    scale = constant("g", rng.uniform(0.5, 1.5, k).astype(np.float16))
+    w = constant("w", rng.standard_normal((heads * head_dim, k)).astype(np.float16))
+    normed, total = Value("n", "float16", x.shape), Value("s", "float16", x.shape)
+    z = Value("z", "float16", (S.sym("batch"), 1, heads * head_dim))
+    q, pk, pv = (Value(n, "float16", (S.sym("batch"), 1, 1, head_dim)) for n in ("q", "pk", "pv"))
+    g.nodes = [Node("AddRMSNormalization", [x, r, scale], [normed, total], {"axis": -1, "epsilon": 1e-5}),
+               Node("Linear", [normed, w], [z], {}),
+               Node("QKVRotary", [z, cos, sin], [q, pk, pv], {"q_heads": 1, "kv_heads": 1, "head_dim": head_dim,
+                                                             "layer": 0, "past": S.sym("past_seq")})]
+    g.outputs = [q, total]
+    stats = RewriteStats()
+    fuse_graph(g, {"batch": 32, "past_seq": 8}, stats, ("sm90",), {"batch": 8}, can_fold=lambda w, g: None)
+    ops = [n.op for n in g.nodes]
+    assert ops == (["NormLinearRotary"] if fused else ["AddRMSNormalization", "Linear", "QKVRotary"]), stats.declined
+    if fused:
+        assert g.nodes[0].outputs[3] is total

@@ -3,7 +3,9 @@
 Kernels generated for an sm90-only compile whose rows run above 8 and at most 32 (the decode step's batch-9..32
 kernels): a plain Linear (tiles of 64 rows, with and without bias; N = 1000 leaves a partial tile; K = 14336
 splits K four ways), LinearGated (SwiGLU, either half the gate, with bias; 500 pairs: a partial tile) and
-LinearRotary over 128-dim heads (full rotary and none, with the KV-cache append). Rows 9, 17 and 32. Each
+LinearRotary over 128-dim heads (full rotary and none, with the KV-cache append); the same three with the norm
+prologue (NormLinear plain and gated, NormLinearRotary; with the residual add, whose sum is checked too, and
+without; the norm's scale all ones, as fold-norm-scale leaves it). Rows 9, 17 and 32. Each
 kernel is checked to be the copy-engine one (its code names linear_tma_decode), then run against the reference
 interpreter: float16 rtol 2e-2, atol 2e-3 (tests/test_kernels_linear_prologue_gpu.py's TOL).
 """
@@ -18,6 +20,7 @@ from test_fuse_linear import _weight
 from test_kernels_linear_prologue_gpu import SWIGLU, TOL, check_with_cache
 
 from atlasc.codegen import generate_module
+from atlasc.ir.graph import constant
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +65,27 @@ def build_gated() -> Builder:
     return b
 
 
-@pytest.mark.parametrize("build", [build_plain, build_gated])
+def build_norm() -> Builder:
+    """NormLinear on the copy-engine path: plain (PLAIN layout) and gated (SwiGLU), with the residual add (a + r,
+    the sum an output) and without; the scale g a constant of ones (the kernel's form: fold-norm-scale moved g into
+    the weight), a and r ~ 3."""
+    b = Builder("tma_norm", {"m": (1, 32)})
+    k = 4096
+
+    def big(rng, shape):
+        return (3 * rng.standard_normal(shape)).astype(np.float16)
+
+    a, r = b.input("a", "float16", ("m", k), gen=big), b.input("r", "float16", ("m", k), gen=big)
+    g = constant("g", np.ones(k, np.float16))
+    w = b.input("w", "float16", (1000, k), gen=_cast(_weight(k)))
+    b.node("NormLinear", [a, r, g, w, b.input("bias", "float16", (1000,))], {"epsilon": 1e-5}, outputs=2)
+    b.node("NormLinear", [a, None, g, w], {"epsilon": 1e-6})
+    b.node("NormLinear", [a, r, g, w], {"epsilon": 1e-5, "epilogue": SWIGLU, "gate_input": 0}, outputs=2)
+    b.node("NormLinear", [a, None, g, w], {"epsilon": 1e-5, "epilogue": SWIGLU, "gate_input": 1})
+    return b
+
+
+@pytest.mark.parametrize("build", [build_plain, build_gated, build_norm])
 def test_tma_projections_match_reference(build):
     builder = build()
     graph = builder.done()
@@ -82,7 +105,9 @@ TMA_ENVS = ({"batch": 9, "seq": 1, "past_seq": 7}, {"batch": 16, "seq": 1, "past
             {"batch": 13, "seq": 1, "past_seq": 3})
 
 
-def build_rotary() -> Builder:
+def build_rotary(norm: bool = False) -> Builder:
+    """Two LinearRotary nodes (one cache layer each): rotary and bias-free, no rotary with a bias; with `norm`,
+    NormLinearRotary with the residual add (its sum an output) and without instead."""
     from atlasc.ir import symbolic as S
 
     b = Builder("tma_rotary", {"batch": (1, TMA_KV["max_batch"]), "seq": (1, 1), "past_seq": (0, 10)})
@@ -90,19 +115,27 @@ def build_rotary() -> Builder:
     x = b.input("x", "float16", ("batch", "seq", k))
     cos, sin = b.input("cos", "float16", (1, "seq", 128)), b.input("sin", "float16", (1, "seq", 128))
     w = b.input("w", "float16", (n, k), gen=_cast(_weight(k)))
+    bias = b.input("bias", "float16", (n,))
     past = S.sym("past_seq")
-    b.node("LinearRotary", [x, cos, sin, w], {"layer": 0, "past": past} | TMA_HEADS, outputs=3)
-    b.node("LinearRotary", [x, None, None, w, b.input("bias", "float16", (n,))], {"layer": 1, "past": past} | TMA_HEADS,
-           outputs=3)
+    if not norm:
+        b.node("LinearRotary", [x, cos, sin, w], {"layer": 0, "past": past} | TMA_HEADS, outputs=3)
+        b.node("LinearRotary", [x, None, None, w, bias], {"layer": 1, "past": past} | TMA_HEADS, outputs=3)
+        return b
+    r = b.input("r", "float16", ("batch", "seq", k))
+    g = constant("g", np.ones(k, np.float16))
+    attrs = {"epsilon": 1e-5, "linear": "Linear", "past": past} | TMA_HEADS
+    b.node("NormLinearRotary", [x, r, g, cos, sin, w], attrs | {"layer": 0}, outputs=4)
+    b.node("NormLinearRotary", [x, None, g, None, None, w, bias], attrs | {"layer": 1}, outputs=3)
     return b
 
 
-def test_tma_linear_rotary_matches_reference(monkeypatch):
+@pytest.mark.parametrize("norm", [False, True])
+def test_tma_linear_rotary_matches_reference(monkeypatch, norm):
     import functools
 
     import kernel_harness
 
-    builder = build_rotary()
+    builder = build_rotary(norm)
     graph = builder.done()
     lower = {"batch": 8, "seq": 1}
     plan_fn = functools.partial(plan_for, kv=TMA_KV)

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 from test_codegen_matmul_attention import plan_for
-from test_kernels_linear_tma_gpu import TMA_KV, build_gated, build_plain, build_rotary
+from test_kernels_linear_tma_gpu import TMA_KV, build_gated, build_norm, build_plain, build_rotary
 
 from atlasc.artifact import Manifest, open_artifact
 from atlasc.codegen import generate_module, linear_tma
@@ -101,8 +101,30 @@ def test_sm90a_build_only_with_the_marker():
     assert "-gencode=arch=compute_80,code=sm_80" in flags("sm80", SM90A_MARKER)
 
 
+def build_norm_rotary():
+    return build_rotary(norm=True)
+
+
+def test_norm_prologue_emitted():
+    """NormLinear (plain and gated) and NormLinearRotary take the path with their norm in the kernel: TMA_ADD_RMS
+    with the residual (b's own map, two x tiles a stage: the heads layout keeps 9 of its 10 stages to fit), TMA_RMS
+    without; no K split (a block needs all of K for the row sums); every kernel within a block's shared memory."""
+    graph, mod = _module(build_norm(), lower={"m": 8})
+    assert mod.source.count(CALL) == len(graph.nodes) == 4
+    assert mod.source.count("atlas::TMA_ADD_RMS>(") == 2 and mod.source.count("atlas::TMA_RMS>(") == 2
+    assert len(mod.tensor_maps) == 4  # a, r (the residual), w in plain (64-row) and gated (128-row) boxes
+    assert all(1 < linear_tma.SMEM_LIMIT - launch.smem for launch in mod.launches["run"])
+    graph, mod = _module(build_norm_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
+    assert "atlas::TMA_HEADS, 1, 2, 9, false, atlas::TMA_ADD_RMS>(" in mod.source
+    assert "atlas::TMA_HEADS, 1, 2, 10, true, atlas::TMA_RMS>(" in mod.source
+    assert linear_tma.fitted_stages(1, 2, 10, 2) == 9 and linear_tma.fitted_stages(2, 2, 3, 2) == 3
+    assert linear_tma.smem_bytes(1, 2, 9, 2) <= linear_tma.SMEM_LIMIT < linear_tma.smem_bytes(1, 2, 10, 2)
+
+
 @pytest.mark.parametrize("build, lower, kv", [(build_plain, {"m": 8}, None), (build_gated, {"m": 8}, None),
-                                              (build_rotary, {"batch": 8, "seq": 1}, TMA_KV)])
+                                              (build_rotary, {"batch": 8, "seq": 1}, TMA_KV),
+                                              (build_norm, {"m": 8}, None),
+                                              (build_norm_rotary, {"batch": 8, "seq": 1}, TMA_KV)])
 def test_ptxas_no_spills(build, lower, kv, tmp_path):
     """nvcc builds the kernels for sm_90a (HGMMA needs it) without register spills."""
     _, mod = _module(build(), lower=lower, kv=kv)
@@ -205,3 +227,18 @@ def test_failed_maps_free_the_arena(tma_artifact):
     with pytest.raises(TensorMapError, match="refused"):
         GpuModel(open_artifact(path), device=dev, cuda_graphs=False)
     assert dev.freed == 1
+
+
+def test_norm_prologue_needs_the_folded_scale():
+    """A NormLinear whose scale is not a constant of ones (not folded into its weight) cannot take the copy-engine
+    norm prologue; above 8 rows code generation then says so in one line (fuse-linear-prologue never makes it)."""
+    from test_codegen_matmul_attention import Builder
+
+    from atlasc.codegen.generate import CodegenError
+
+    b = Builder("unfolded", {"m": (1, 32)})
+    a = b.input("a", "float16", ("m", 4096))
+    g = b.input("g", "float16", (4096,))
+    b.node("NormLinear", [a, None, g, b.input("w", "float16", (256, 4096))], {"epsilon": 1e-5})
+    with pytest.raises(CodegenError, match="stages at most 8 rows"):
+        _module(b, lower={"m": 8})

@@ -44,3 +44,25 @@ def max_dynamic_smem(archs: tuple[str, ...]) -> int:
     """The dynamic shared memory bytes a kernel may ask for in a compile for `archs`: block_smem less
     STATIC_SMEM_RESERVE (for a kernel that knows its static bytes, block_smem less those)."""
     return block_smem(archs) - STATIC_SMEM_RESERVE
+
+
+# the copy-engine + wgmma decode projection of an sm90-only compile (codegen/linear_tma.py); fuse-linear-prologue
+# asks too (it fuses norms into that path's kernels only)
+COPY_ENGINE_ENV = "ATLAS_LINEAR_TMA"
+
+
+def copy_engine_switch() -> bool:
+    """ATLAS_LINEAR_TMA (default 1); UsageError (exit 2) for a value not 0 or 1."""
+    import os
+
+    from atlasc.errors import UsageError
+
+    value = os.environ.get(COPY_ENGINE_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise UsageError(f"{COPY_ENGINE_ENV}={value!r} is not 0 or 1")
+    return value == "1"
+
+
+def copy_engine(archs: tuple[str, ...]) -> bool:
+    """Whether a compile for `archs` may use the copy-engine projection: sm90 alone, the switch on."""
+    return tuple(archs) == ("sm90",) and copy_engine_switch()

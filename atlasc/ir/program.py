@@ -115,3 +115,17 @@ class Program:
                                      "(a RAM-backed /tmp gives no memory relief)") from None
                 f.truncate(nbytes)  # no fallocate on this filesystem: a sparse file
         return np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
+
+
+def narrowed_lower(program: Program) -> dict[str, dict[str, int]]:
+    """{entry: {symbol: value}}: the values an entry runs only above because a narrower twin serves the runs
+    up to them (split-decode: `decode` runs batches above decode_small's bound), for generate_module and
+    fuse-linear-prologue. Only twins narrowing one symbol count (a call goes to a twin when all its bounds hold,
+    so with two the wide entry could still run small values of either); the largest bound over such twins."""
+    lower: dict[str, dict[str, int]] = {}
+    for wide, bounds in program.narrows.values():
+        if len(bounds) == 1:
+            (symbol, value), = bounds.items()
+            entry = lower.setdefault(wide, {})
+            entry[symbol] = max(value, entry.get(symbol, value))
+    return lower
