@@ -25,7 +25,7 @@
 // op's g all ones): y = inv (x @ (w g)^T) per row, inv = 1 / sqrt(mean(h^2) + eps) as lin_norm_stage computes it.
 // The stages are only read: wgmma multiplies a (and b: two products, the sum in float32) while the consumers read
 // the same stage for their rows' sums of T(a + b)^2 (each thread the same rows and k chunk every stage; no write
-// to the stages, so no proxy fence: rewriting them in place measured 3x slower, docs/perf.md v31); block it % grid
+// to the stages, so no proxy fence: rewriting them in place measured up to 2.5x slower, docs/perf.md v31); block it % grid
 // stores stage it's T(a + b) to the sum output s (rows < M). After the loop the accumulators are scaled by inv.
 // Numerics against the reference (x = T(h inv g), then the product): h and the normalized x are not rounded to T
 // before the product and g is rounded into w instead: float16 tolerance.
@@ -245,6 +245,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
     } else {
       tma_wgmma_commit_wait();
     }
+    if constexpr (NORM != TMA_NONE) __syncwarp();  // every lane's reads of the stage before lane 0 releases it
     if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));
   }
   const int g = lane >> 2, cc = lane & 3;

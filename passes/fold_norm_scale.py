@@ -3,8 +3,8 @@ and the norm keeps a scale of ones, in every entry at once.
 
 What for: the copy-engine projection (codegen/linear_tma.py) reads x through its shared-memory stages as the copy
 engine wrote them; with g in the weight it needs from x only each row's 1 / rms, which it sums from the stages
-while the tensor cores multiply them (linear_tma.cu NORM). Multiplying x by g in the stages instead measured 3x
-slower on the H200 (docs/perf.md v31). fuse-linear-prologue calls this module: `foldable` and `folded` before it
+while the tensor cores multiply them (linear_tma.cu NORM). Multiplying x by g in the stages instead measured up to
+2.5x slower on the H200 (docs/perf.md v31). fuse-linear-prologue calls this module: `foldable` and `folded` before it
 fuses (the copy-engine norms fuse only over weights that can fold), `fold` after, for the weights those norms read.
 
 A weight W can fold when it is a float16 constant [N, K] and every reader of it, in every entry, is a float16
@@ -33,10 +33,6 @@ CHUNK_ROWS = 1024  # rows of W converted at a time (float32 temporaries of a few
 RULE = "RMSNorm(h, g) -> W  =>  RMSNorm(h, 1) -> T(W g)"
 
 
-def _readers(graph: Graph, w: Value) -> list[tuple[Node, int]]:
-    return [(n, i) for n in graph.nodes for i, v in enumerate(n.inputs) if v is w]
-
-
 def _scale_of(graph: Graph, producers: dict, node: Node, index: int) -> Value | None:
     """The norm scale g feeding reader `node` of a weight at input `index`; None where it is not such a reader."""
     if node.op in FUSED and index == FUSED[node.op]:
@@ -60,6 +56,7 @@ def foldable(program: Program) -> dict[int, Value]:
     scale: dict[int, Value] = {}
     bad: set[int] = set()
     for graph in program.entries.values():
+        bad.update(id(v) for v in graph.outputs)  # a weight that is also an output keeps its value
         producers = graph.producers()
         for node in graph.nodes:
             for index, w in enumerate(node.inputs):

@@ -25,7 +25,9 @@ Linear (o), NormLinear (gate/up + SwiGLU), Linear (down).
 
 Requires: merge-linear, fuse-residual-norm, fuse-elementwise (it runs after them). Guarantees: the
 reference of a fused op is the composition of the two it replaced (bit-identical on the CPU); graph
-outputs keep their names.
+outputs keep their names. Where copy-engine norms fuse (below), fold_norm_scale.py's guarantee holds for the
+weights they read instead: every entry reading them (prefill and decode_small too) computes the same function up
+to one float16 rounding of W g, not bit for bit.
 
 Above PROLOGUE_MAX_M (the decode entry of batches 9..32: `decode` beside split-decode's decode_small) the norm
 fuses the same way where the copy-engine projection will run the fused op (codegen/linear_tma.py: an sm90-only

@@ -368,6 +368,19 @@ def test_copy_engine_norms_above_8_rows(monkeypatch):
     whys = list(record.declined.values())
     assert any("the LM head keeps its norm kernel" in w for w in whys), whys
     assert any("fuses into gate/up projections only" in w for w in whys), whys
+    kept = [n for n in program.entries["decode"].nodes if n.op in ("AddRMSNormalization", "RMSNormalization")]
+    assert kept and not any(np.all(n.inputs[-1].data == 1) for n in kept)  # QKV's and the LM head's scales stay
+    # prefill (reading the folded weights through scale-free norms) against its graph before the pass
+    z = np.load(FIXTURES / "llama-fp16.prefill.npz")
+    prefill = program.entries["prefill"]
+    feed = {v.name: z["in." + v.name] for v in prefill.inputs if "in." + v.name in z.files}
+    feed |= Sampling().inputs(0)
+    runs = []
+    for graph in (prefill, before["prefill"]):
+        state = {"kv_cache": np.zeros(program.kv_cache.shape, np.dtype(program.kv_cache.dtype))}
+        runs.append(interpret(graph, feed, state=state, symbols={program.roles["past"]: 0}))
+    np.testing.assert_allclose(runs[0]["logits"].astype(np.float32), runs[1]["logits"].astype(np.float32),
+                               rtol=2e-2, atol=2e-3)
     got, cache_got = _decode(program.entries["decode"], program, "llama-fp16")
     want, cache_want = _decode(before["decode"], program, "llama-fp16")
     for key in want:

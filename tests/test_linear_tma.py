@@ -230,15 +230,21 @@ def test_failed_maps_free_the_arena(tma_artifact):
 
 
 def test_norm_prologue_needs_the_folded_scale():
-    """A NormLinear whose scale is not a constant of ones (not folded into its weight) cannot take the copy-engine
-    norm prologue; above 8 rows code generation then says so in one line (fuse-linear-prologue never makes it)."""
+    """A NormLinear whose scale is not a constant of ones (an input, or a constant not folded into its weight)
+    cannot take the copy-engine norm prologue; above 8 rows code generation then says so in one line
+    (fuse-linear-prologue never makes it); with the scale all ones it does."""
     from test_codegen_matmul_attention import Builder
 
     from atlasc.codegen.generate import CodegenError
+    from atlasc.ir.graph import constant
 
-    b = Builder("unfolded", {"m": (1, 32)})
-    a = b.input("a", "float16", ("m", 4096))
-    g = b.input("g", "float16", (4096,))
-    b.node("NormLinear", [a, None, g, b.input("w", "float16", (256, 4096))], {"epsilon": 1e-5})
-    with pytest.raises(CodegenError, match="stages at most 8 rows"):
-        _module(b, lower={"m": 8})
+    for scale, ok in ((None, False), (2.0, False), (1.0, True)):
+        b = Builder("unfolded", {"m": (1, 32)})
+        a = b.input("a", "float16", ("m", 4096))
+        g = b.input("g", "float16", (4096,)) if scale is None else constant("g", np.full(4096, scale, np.float16))
+        b.node("NormLinear", [a, None, g, b.input("w", "float16", (256, 4096))], {"epsilon": 1e-5})
+        if ok:
+            assert CALL in _module(b, lower={"m": 8})[1].source
+            continue
+        with pytest.raises(CodegenError, match="stages at most 8 rows"):
+            _module(b, lower={"m": 8})

@@ -108,10 +108,12 @@ def test_small_decode_computes_what_decode_computes():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli, no_nvcc):
+def test_artifact_routes_small_batches_to_the_twin(tmp_path, cli, no_nvcc, monkeypatch):
     """compile_model with --max-batch 16: the manifest's decode_small narrows decode to batch <= 8,
     bind_call picks it for 2 sequences and decode for 12, and greedy generation on the CPU runtime
-    gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12."""
+    gives the tokens of a --max-batch 4 build (no twin) at batch 2 and of decode itself at batch 12
+    (ATLAS_TMA_NORM=0: the copy-engine norms' fold would round the --max-batch 16 build's weights differently)."""
+    monkeypatch.setenv("ATLAS_TMA_NORM", "0")
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.runtime.bind import bind_call
