@@ -16,8 +16,9 @@
 // x: its own tensor map (box 64 x 32 rows); rows >= M are whatever follows x (or zeros past the map's rows) and
 // are never stored: an output column depends on its own x row only. Accumulator r of a chain: row 16 (warp % 4)
 // + g (+ 8 for r % 4 >= 2) of the chain, x row 8 (r / 4) + 2 (lane % 4) (+ 1 for odd r).
-// K split (ks_n > 1, TMA_PLAIN only): an item is (tile, run ks of ks_n); each writes float32 partial sums to ws
-// and the tile's last item to finish adds them in run order (deterministic), then stores; counters start and
+// K split (ks_n > 1: TMA_PLAIN, and TMA_HEADS under ATLAS_LINEAR_TMA_HEADS_KS): an item is (tile, run ks of
+// ks_n); each writes float32 partial sums to ws and the tile's last item to finish adds them in run order
+// (deterministic), then runs the epilogue; counters start and
 // end at 0. Numerics: float32 accumulation in k-step order, bias added in float32, one rounding at the store (as
 // linear.cu's paths; paired epilogues get both sums rounded to T as the unfused Linear stores them).
 // Norm prologue (NORM 1: NormLinear's RMSNormalization of a; NORM 2: AddRMSNormalization, h = a + b, b by its own
@@ -150,7 +151,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
   const unsigned sm = base + ((1024 - (base & 1023)) & 1023);  // the swizzle atoms need 1024-byte alignment
   const unsigned xsm = sm + STAGES * W_STAGE;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (LAYOUT != TMA_PLAIN || NORM != TMA_NONE) ks_n = 1;
+  if (LAYOUT == TMA_GATED || NORM != TMA_NONE) ks_n = 1;
   const long long tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
   const long long steps = K / TMA_BK, run = (steps + ks_n - 1) / ks_n;
   const long long s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
@@ -267,40 +268,7 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
 #pragma unroll
       for (int r = 0; r < 16; ++r) acc[c][r] *= tma_inv[8 * (r >> 2) + 2 * cc + (r & 1)];
   }
-  if constexpr (LAYOUT != TMA_PLAIN) {  // the pairs (chain 0, chain 1) of row p of warpgroup q
-    const long long yn = y.stride[R - 1];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const long long m = 8 * (r >> 2) + 2 * cc + (r & 1);
-      const long long p = (tile * NC + q) * 64 + row0 + ((r & 2) ? 8 : 0);
-      if (m < M && p < N / 2) {  // N / 2 pairs: gate / up halves, or a head's 64 rotate-half pairs
-        float ba = 0.f, bb = 0.f;
-        if constexpr (HAS_BIAS) {
-          ba = float(load(bias + epi.row_a(p, N) * bias_stride));
-          bb = float(load(bias + epi.row_b(p, N) * bias_stride));
-        }
-        epi.put(y.p + tma_yoff[m], yn, m, p, lin_round<T>(acc[0][r] + ba), lin_round<T>(acc[1][r] + bb));
-      }
-    }
-    return;
-  } else {
-    const long long yn = y.stride[R - 1];
-    auto put = [&](int c, int r, float v) {
-      const long long n = tile * BN + 64 * (CH * q + c) + row0 + ((r & 2) ? 8 : 0);
-      const long long m = 8 * (r >> 2) + 2 * cc + (r & 1);
-      if (m < M && n < N) {
-        float b = 0.f;
-        if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
-        store(y.p + tma_yoff[m] + n * yn, v + b);
-      }
-    };
-    if (ks_n == 1) {
-#pragma unroll
-      for (int c = 0; c < CH; ++c)
-#pragma unroll
-        for (int r = 0; r < 16; ++r) put(c, r, acc[c][r]);
-      return;
-    }
+  if (ks_n > 1) {  // K split: partial sums to ws; the tile's last item adds them in run order into acc
     constexpr int SLOTS = NC * CH * 16 * 128;  // one item's partial sums, [q][c][r][thread of q]
     const int t = threadIdx.x & 127;
 #pragma unroll
@@ -320,9 +288,39 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
         float sum = 0.f;
         for (long long k = 0; k < ks_n; ++k)
           sum += __ldcg(ws + (tile * ks_n + k) * SLOTS + ((q * CH + c) * 16 + r) * 128 + t);
-        put(c, r, sum);
+        acc[c][r] = sum;
       }
     if (threadIdx.x == 0) cnt[tile] = 0u;  // ready for the next launch
+  }
+  if constexpr (LAYOUT != TMA_PLAIN) {  // the pairs (chain 0, chain 1) of row p of warpgroup q
+    const long long yn = y.stride[R - 1];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const long long m = 8 * (r >> 2) + 2 * cc + (r & 1);
+      const long long p = (tile * NC + q) * 64 + row0 + ((r & 2) ? 8 : 0);
+      if (m < M && p < N / 2) {  // N / 2 pairs: gate / up halves, or a head's 64 rotate-half pairs
+        float ba = 0.f, bb = 0.f;
+        if constexpr (HAS_BIAS) {
+          ba = float(load(bias + epi.row_a(p, N) * bias_stride));
+          bb = float(load(bias + epi.row_b(p, N) * bias_stride));
+        }
+        epi.put(y.p + tma_yoff[m], yn, m, p, lin_round<T>(acc[0][r] + ba), lin_round<T>(acc[1][r] + bb));
+      }
+    }
+  } else {
+    const long long yn = y.stride[R - 1];
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const long long n = tile * BN + 64 * (CH * q + c) + row0 + ((r & 2) ? 8 : 0);
+        const long long m = 8 * (r >> 2) + 2 * cc + (r & 1);
+        if (m < M && n < N) {
+          float b = 0.f;
+          if constexpr (HAS_BIAS) b = float(load(bias + n * bias_stride));
+          store(y.p + tma_yoff[m] + n * yn, acc[c][r] + b);
+        }
+      }
   }
 #else
   __trap();  // linear_tma.py emits this path for sm_90a only

@@ -19,7 +19,9 @@ above 8 rows and at most 32 (the decode step's batch-9..32 kernels:
 KernelContext's lower bound), when the compile targets sm90 alone (the cubin is built for sm_90a: nvcc.py), x is a
 contiguous [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
 written into the arena by the runtime at load (generate.TensorMapTable). ATLAS_LINEAR_TMA=0 turns it off (the MMA
-decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing).
+decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing);
+ATLAS_LINEAR_TMA_HEADS_KS=2|4 splits the heads layout's K (opt-in, written after the last device call: not run on a
+GPU yet).
 
 Configurations (NC consumer warpgroups, CH chains of 64 rows, S stages; the lab's best per 8B shape at M = 32):
 plain 1-1-8 (QKV 16.44 us, o 14.61, LM head 254.67; down 38.38 with its K split 4 ways), gated 2-2-3 (gate/up
@@ -47,6 +49,7 @@ CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAG
 CONFIG_ENVS = {PLAIN: "ATLAS_LINEAR_TMA_PLAIN", GATED: "ATLAS_LINEAR_TMA_GATED", HEADS: "ATLAS_LINEAR_TMA_HEADS"}
 SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the kernel's static arrays (~170 B)
 LAYOUT_NAMES = {PLAIN: "atlas::TMA_PLAIN", GATED: "atlas::TMA_GATED", HEADS: "atlas::TMA_HEADS"}
+HEADS_KS_ENV = "ATLAS_LINEAR_TMA_HEADS_KS"  # K runs of the heads layout without a norm (opt-in, not measured yet)
 KS_MIN_STEPS = 48
 KS_MAX_BLOCKS = 264
 MIN_ROWS = 8  # the path serves kernels that run only above this many rows
@@ -84,9 +87,21 @@ def config(layout: int) -> tuple[int, int, int]:
     return nc, ch, stages
 
 
+def heads_ks() -> int:
+    """ATLAS_LINEAR_TMA_HEADS_KS (default 1): K runs of a heads-layout projection without a norm prologue (its 48
+    blocks on the 8B QKV leave most SMs idle: docs/perf.md v31); CodegenError unless 1, 2 or 4."""
+    value = os.environ.get(HEADS_KS_ENV, "") or "1"
+    if value not in ("1", "2", "4"):
+        raise CodegenError(f"{HEADS_KS_ENV}={value!r} is not 1, 2 or 4")
+    return int(value)
+
+
 def config_choice() -> dict:
-    """The configurations in use, for the artifact's codegen choices: {"plain": [NC, CH, S], ...}."""
-    return {name: list(config(layout)) for layout, name in ((PLAIN, "plain"), (GATED, "gated"), (HEADS, "heads"))}
+    """The configurations in use, for the artifact's codegen choices: {"plain": [NC, CH, S], ..., "heads_ks": n}."""
+    layouts = ((PLAIN, "plain"), (GATED, "gated"), (HEADS, "heads"))
+    choice: dict = {name: list(config(layout)) for layout, name in layouts}
+    choice["heads_ks"] = heads_ks()
+    return choice
 
 
 def smem_bytes(nc: int, ch: int, stages: int, x_tiles: int = 1) -> int:
@@ -182,7 +197,8 @@ def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: i
         box, tiles = 64 * nc, -(-(n // 2) // (64 * nc))
     else:
         box, tiles = HEAD_DIM * nc, -(-(n // HEAD_DIM) // nc)
-    ks = ks_split(tiles, k // 64) if layout == PLAIN and not norm else 1
+    ks = 1 if norm or layout == GATED else ks_split(tiles, k // 64) if layout == PLAIN else heads_ks()
+    ks = min(ks, k // 64)
     tw = ctx.tensor_map_address(w_v, n, box)
     tx = ctx.tensor_map_address(x_v, rows, MAX_ROWS)
     nrm = f"atlas::TmaNorm<{t}>{{}}"

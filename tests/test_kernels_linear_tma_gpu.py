@@ -129,12 +129,15 @@ def build_rotary(norm: bool = False) -> Builder:
     return b
 
 
-@pytest.mark.parametrize("norm", [False, True])
-def test_tma_linear_rotary_matches_reference(monkeypatch, norm):
+@pytest.mark.parametrize("norm, heads_ks", [(False, "1"), (True, "1"), (False, "2")])
+def test_tma_linear_rotary_matches_reference(monkeypatch, norm, heads_ks):
+    """LinearRotary / NormLinearRotary on the heads layout; ATLAS_LINEAR_TMA_HEADS_KS=2 splits its K in two runs
+    (the tile's last item adds the partial sums, then rotates and appends to the cache)."""
     import functools
 
     import kernel_harness
 
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", heads_ks)
     builder = build_rotary(norm)
     graph = builder.done()
     lower = {"batch": 8, "seq": 1}

@@ -248,3 +248,28 @@ def test_norm_prologue_needs_the_folded_scale():
             continue
         with pytest.raises(CodegenError, match="stages at most 8 rows"):
             _module(b, lower={"m": 8})
+
+
+def test_heads_k_split(monkeypatch, tmp_path):
+    """ATLAS_LINEAR_TMA_HEADS_KS=2 splits a LinearRotary's K in two runs: twice the blocks, partial sums in the
+    scratch and one counter per tile, recorded in the report; its kernels build for sm_90a without spills; a norm
+    prologue keeps K whole (it needs every k for the rows' sums); a bad value is a one-line error."""
+    from atlasc.codegen.generate import CodegenError, codegen_choices
+
+    _, one = _module(build_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", "2")
+    _, two = _module(build_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
+    assert [2 * launch.grid[0] for launch in one.launches["run"]] == [launch.grid[0] for launch in two.launches["run"]]
+    assert ", 2LL, atlas::TmaNorm" in two.source and codegen_choices()["linear_tma_config"]["heads_ks"] == 2
+    cu = tmp_path / "m.cu"
+    cu.write_text(two.source)
+    proc = subprocess.run([nvcc_path(), *flags("sm90", two.source), "-Xptxas=-v", str(cu), "-o",
+                           str(tmp_path / "m.cubin")], capture_output=True, text=True)
+    entries = proc.stderr.split("Compiling entry function '")[1:]
+    assert proc.returncode == 0 and len(entries) == len(two.launches["run"]), proc.stderr[-2000:]
+    assert all(re.search(r"\b0 bytes spill stores", e) for e in entries), proc.stderr[-2000:]
+    _, normed = _module(build_norm_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
+    assert ", 1LL, atlas::TmaNorm<__half>{arena" in normed.source
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", "3")
+    with pytest.raises(CodegenError, match="ATLAS_LINEAR_TMA_HEADS_KS='3' is not 1, 2 or 4"):
+        linear_tma.heads_ks()
