@@ -122,9 +122,14 @@ __device__ __forceinline__ void tma_wgmma_fence() {
 #endif
 }
 
-__device__ __forceinline__ void tma_wgmma_commit_wait() {
+__device__ __forceinline__ void tma_wgmma_commit() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_wgmma_wait() {  // every committed group done
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
 }
@@ -220,8 +225,8 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
         for (int c = 0; c < CH; ++c) tma_wgmma(acc[c], tma_desc(chain[c] + s * W_STAGE + kk * 32), dbb);
       }
     }
+    tma_wgmma_commit();
     if constexpr (NORM != TMA_NONE) {  // the rows' sums of squares while the tensor cores multiply
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       const unsigned char* xg = atlas_tma_smem + (xsm - base) + s * X_STAGE;
       const long long k0 = (s0 + it) * TMA_BK;
       const bool write_s = NORM == TMA_ADD_RMS && nrm.s != nullptr && it % gridDim.x == blockIdx.x;
@@ -242,11 +247,9 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
 #pragma unroll
         for (int e = 0; e < 8; ++e) ss[j] += v[e] * v[e];
       }
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    } else {
-      tma_wgmma_commit_wait();
+      __syncwarp();  // every lane's reads of the stage before lane 0 releases it
     }
-    if constexpr (NORM != TMA_NONE) __syncwarp();  // every lane's reads of the stage before lane 0 releases it
+    tma_wgmma_wait();
     if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));
   }
   const int g = lane >> 2, cc = lane & 3;

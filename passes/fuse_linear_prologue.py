@@ -125,13 +125,12 @@ def tma_norm_mode() -> str:
     return value
 
 
-def _why_not_copy_engine(graph: Graph, lin: Node, p: Node, upper: dict[str, int], lower: dict[str, int],
+def _why_not_copy_engine(graph: Graph, lin: Node, p: Node, rows: int | None, lower: dict[str, int],
                          archs: tuple[str, ...], can_fold=None) -> str | None:
-    """Why the copy-engine projection would not run this Linear with the norm p as its prologue (None: it
-    would); the module docstring's conditions. can_fold(w, g): why the norm's scale g cannot fold into the
-    weight w (fold_norm_scale.py), or None."""
+    """Why the copy-engine projection would not run this Linear (of at most `rows` rows) with the norm p as its
+    prologue (None: it would); the module docstring's conditions. can_fold(w, g): why the norm's scale g cannot
+    fold into the weight w (fold_norm_scale.py), or None."""
     x, w = lin.inputs[0], lin.inputs[1]
-    rows = rows_upper(x, upper)
     if rows is None or rows > COPY_ENGINE_MAX_M or rows_lower(x, lower) < PROLOGUE_MAX_M:
         return (f"its rows may exceed {PROLOGUE_MAX_M} (prefill, or a decode compiled with --max-batch above "
                 f"{PROLOGUE_MAX_M}), and the copy-engine path takes only kernels of {PROLOGUE_MAX_M + 1}.."
@@ -144,21 +143,28 @@ def _why_not_copy_engine(graph: Graph, lin: Node, p: Node, upper: dict[str, int]
     k = w.shape[-1] if len(w.shape) == 2 and all(isinstance(d, int) for d in w.shape) else None
     if k is None or k % 64 or not _same_dims(x.shape[-1:], (k,)):
         return f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine path needs a static weight with K % 64 == 0"
+    why = _why_not_copy_engine_reader(graph, lin)
+    if why:
+        return f"its rows may exceed {PROLOGUE_MAX_M}: {why}"
+    return can_fold(w, p.inputs[-1]) if can_fold is not None else "no fold of the norm's scale into the weight"
+
+
+def _why_not_copy_engine_reader(graph: Graph, lin: Node) -> str | None:
+    """Why the Linear's reader keeps the copy-engine norm out (None: a gated program, or with ATLAS_TMA_NORM=all a
+    QKVRotary over 128-dim heads rotated whole or not at all)."""
     if gated_epilogue(graph, lin) is not None:
-        return can_fold(w, p.inputs[-1]) if can_fold is not None else "no fold of the norm's scale into the weight"
+        return None
     rot = rotary_epilogue(graph, lin)
     if rot is None:
-        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine norm serves gate/up and QKV projections only "
-                "(the LM head keeps its norm kernel)")
+        return "the copy-engine norm serves gate/up and QKV projections only (the LM head keeps its norm kernel)"
     if tma_norm_mode() != "all":
-        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine norm fuses into gate/up projections only "
-                f"(into QKV with {TMA_NORM_ENV}=all: measured slower, docs/perf.md v31)")
+        return (f"the copy-engine norm fuses into gate/up projections only (into QKV with {TMA_NORM_ENV}=all: "
+                "measured slower, docs/perf.md v31)")
     cos = rot.inputs[1] if len(rot.inputs) > 1 else None
     head = COPY_ENGINE_HEAD_DIM
     if int(rot.attrs["head_dim"]) != head or (cos is not None and cos.shape[-1] != head):
-        return (f"its rows may exceed {PROLOGUE_MAX_M}: the copy-engine path rotates {COPY_ENGINE_HEAD_DIM}-dim heads "
-                "whole or not at all")
-    return can_fold(w, p.inputs[-1]) if can_fold is not None else "no fold of the norm's scale into the weight"
+        return f"the copy-engine path rotates {head}-dim heads whole or not at all"
+    return None
 
 
 def _same_dims(a, b) -> bool:
@@ -200,7 +206,7 @@ def _why_not(graph: Graph, lin: Node, p: Node | None, upper: dict[str, int], lim
     rows = rows_upper(x, upper)
     copy_engine_rows = rows is None or rows > PROLOGUE_MAX_M
     if copy_engine_rows:
-        why = _why_not_copy_engine(graph, lin, p, upper, lower or {}, archs, can_fold)
+        why = _why_not_copy_engine(graph, lin, p, rows, lower or {}, archs, can_fold)
         if why:
             return why
     k = x.shape[-1]
