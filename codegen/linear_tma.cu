@@ -128,15 +128,16 @@ __device__ __forceinline__ void tma_wgmma_commit() {
 #endif
 }
 
-__device__ __forceinline__ void tma_wgmma_wait() {  // every committed group done
+template <int PENDING>
+__device__ __forceinline__ void tma_wgmma_wait() {  // all but the last PENDING committed groups done
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
 #endif
 }
 
 // tw / tx: the weight and x tensor maps (x: a, with a norm prologue); y: the output View (TMA_PLAIN) or the
 // epilogue's (paired: epi.put); nrm: the norm prologue's operands (NORM != TMA_NONE).
-template <typename T, int R, int LAYOUT, int NC, int CH, int STAGES, bool HAS_BIAS, int NORM, typename EPI>
+template <typename T, int R, int LAYOUT, int NC, int CH, int STAGES, bool HAS_BIAS, int NORM, int PIPE, typename EPI>
 __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx, const T* __restrict__ bias,
                                                   long long bias_stride, const View<T, R>& y, long long M,
                                                   long long N, long long K, EPI epi, float* __restrict__ ws,
@@ -249,9 +250,15 @@ __device__ __forceinline__ void linear_tma_decode(const void* tw, const void* tx
       }
       __syncwarp();  // every lane's reads of the stage before lane 0 releases it
     }
-    tma_wgmma_wait();
-    if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));
+    if constexpr (PIPE) {  // this stage's products stay in flight; the previous stage's are done: release it
+      tma_wgmma_wait<1>();
+      if (lane == 0 && it > 0) tma_bar_arrive(tma_smem_u32(&empty[(it + STAGES - 1) % STAGES]));
+    } else {
+      tma_wgmma_wait<0>();
+      if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));
+    }
   }
+  if constexpr (PIPE) tma_wgmma_wait<0>();  // the last stage's products, before the accumulators are read
   const int g = lane >> 2, cc = lane & 3;
   const int row0 = 16 * (warp & 3) + g;  // + 8 for r % 4 >= 2
   if constexpr (NORM != TMA_NONE) {  // each row's sum of squares over its 8 threads, then the accumulators scaled

@@ -20,13 +20,15 @@ KernelContext's lower bound), when the compile targets sm90 alone (the cubin is 
 contiguous [rows, K] activation, K % 64 == 0 and the weight is contiguous. Its tensor maps (weight and x) are
 written into the arena by the runtime at load (generate.TensorMapTable). ATLAS_LINEAR_TMA=0 turns it off (the MMA
 decode as before); ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS=NC-CH-S override a layout's configuration (A/B timing);
-ATLAS_LINEAR_TMA_HEADS_KS=2|4 splits the heads layout's K (opt-in, written after the last device call: not run on a
-GPU yet).
+ATLAS_LINEAR_TMA_HEADS_KS=1|2|4 sets the heads layout's K runs (default 2), ATLAS_LINEAR_TMA_KS_MIN_STEPS the plain
+layout's rule below, ATLAS_LINEAR_TMA_PIPE=1 keeps a stage's wgmma group in flight (opt-in; measured neutral).
 
 Configurations (NC consumer warpgroups, CH chains of 64 rows, S stages; the lab's best per 8B shape at M = 32):
 plain 1-1-8 (QKV 16.44 us, o 14.61, LM head 254.67; down 38.38 with its K split 4 ways), gated 2-2-3 (gate/up
 59.94), heads 1-2-10 (QKV 18.91). A plain projection splits K into KS runs when each run keeps >= KS_MIN_STEPS
-64-k steps and the grid stays <= KS_MAX_BLOCKS (down: 4; o, QKV and the LM head: 1, where the lab's splits lost).
+64-k steps and the grid stays <= KS_MAX_BLOCKS (down: 4; o: 2; the LM head: 1). The lab's splits lost on o; in the
+8-layer decode step (examples/step_ab.sh, docs/perf.md v32) o's 2 runs won (-1.5% a step), as did the heads
+layout's 2 runs (QKV + rotary, 48 -> 96 blocks: -0.8%).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ CONFIG = {PLAIN: (1, 1, 8), GATED: (2, 2, 3), HEADS: (1, 2, 10)}  # NC, CH, STAG
 CONFIG_ENVS = {PLAIN: "ATLAS_LINEAR_TMA_PLAIN", GATED: "ATLAS_LINEAR_TMA_GATED", HEADS: "ATLAS_LINEAR_TMA_HEADS"}
 SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the kernel's static arrays (~170 B)
 LAYOUT_NAMES = {PLAIN: "atlas::TMA_PLAIN", GATED: "atlas::TMA_GATED", HEADS: "atlas::TMA_HEADS"}
-HEADS_KS_ENV = "ATLAS_LINEAR_TMA_HEADS_KS"  # K runs of the heads layout without a norm (opt-in, not measured yet)
-KS_MIN_STEPS = 48
+HEADS_KS_ENV = "ATLAS_LINEAR_TMA_HEADS_KS"  # K runs of the heads layout without a norm (default 2)
+PIPE_ENV = "ATLAS_LINEAR_TMA_PIPE"  # 1: a stage's wgmma group stays in flight while the next stage's issues
+KS_MIN_STEPS = 32
+KS_MIN_STEPS_ENV = "ATLAS_LINEAR_TMA_KS_MIN_STEPS"  # override of KS_MIN_STEPS (A/B timing)
 KS_MAX_BLOCKS = 264
 MIN_ROWS = 8  # the path serves kernels that run only above this many rows
 MAX_ROWS = 32  # wgmma's N: the x rows of a stage
@@ -88,11 +92,22 @@ def config(layout: int) -> tuple[int, int, int]:
 
 
 def heads_ks() -> int:
-    """ATLAS_LINEAR_TMA_HEADS_KS (default 1): K runs of a heads-layout projection without a norm prologue (its 48
-    blocks on the 8B QKV leave most SMs idle: docs/perf.md v31); CodegenError unless 1, 2 or 4."""
-    value = os.environ.get(HEADS_KS_ENV, "") or "1"
+    """ATLAS_LINEAR_TMA_HEADS_KS (default 2): K runs of a heads-layout projection without a norm prologue (one run
+    leaves 48 blocks on the 8B QKV; two measured -0.8% a decode step: docs/perf.md v32); CodegenError unless 1, 2
+    or 4."""
+    value = os.environ.get(HEADS_KS_ENV, "") or "2"
     if value not in ("1", "2", "4"):
         raise CodegenError(f"{HEADS_KS_ENV}={value!r} is not 1, 2 or 4")
+    return int(value)
+
+
+def pipe() -> int:
+    """ATLAS_LINEAR_TMA_PIPE (default 0): 1 keeps one stage's wgmma group in flight while the consumers wait for the
+    next stage and issue its group, releasing a stage one step later (linear_tma.cu PIPE); 0 waits for every
+    group before the next stage. CodegenError unless 0 or 1."""
+    value = os.environ.get(PIPE_ENV, "") or "0"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{PIPE_ENV}={value!r} is not 0 or 1")
     return int(value)
 
 
@@ -101,6 +116,8 @@ def config_choice() -> dict:
     layouts = ((PLAIN, "plain"), (GATED, "gated"), (HEADS, "heads"))
     choice: dict = {name: list(config(layout)) for layout, name in layouts}
     choice["heads_ks"] = heads_ks()
+    choice["pipe"] = pipe()
+    choice["ks_min_steps"] = ks_min_steps()
     return choice
 
 
@@ -129,10 +146,18 @@ def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) ->
     return slots
 
 
+def ks_min_steps() -> int:
+    """KS_MIN_STEPS, or ATLAS_LINEAR_TMA_KS_MIN_STEPS (a positive integer; CodegenError otherwise)."""
+    value = os.environ.get(KS_MIN_STEPS_ENV, "") or str(KS_MIN_STEPS)
+    if not value.isdigit() or int(value) < 1:
+        raise CodegenError(f"{KS_MIN_STEPS_ENV}={value!r} is not a positive integer")
+    return int(value)
+
+
 def ks_split(tiles: int, steps: int) -> int:
     """K runs of a plain projection of `tiles` blocks and `steps` 64-k steps (the module docstring's rule)."""
-    ks = 1
-    while ks < 4 and tiles * ks * 2 <= KS_MAX_BLOCKS and steps // (ks * 2) >= KS_MIN_STEPS:
+    ks, min_steps = 1, ks_min_steps()
+    while ks < 4 and tiles * ks * 2 <= KS_MAX_BLOCKS and steps // (ks * 2) >= min_steps:
         ks *= 2
     return ks
 
@@ -213,7 +238,7 @@ def _emit(ctx: KernelContext, layout: int, x_v, w_v, has_bias: str, t: str, r: i
     body = "\n".join([
         f"  {SM90A_MARKER}",
         f"  atlas::linear_tma_decode<{t}, {r}, {LAYOUT_NAMES[layout]}, {nc}, {ch}, {stages}, {has_bias}, "
-        f"{NORM_NAMES[x_tiles if norm else 0]}>({tw}, {tx}, bias, bias_stride, y, {m_expr}, {n}LL, {k}LL, "
+        f"{NORM_NAMES[x_tiles if norm else 0]}, {pipe()}>({tw}, {tx}, bias, bias_stride, y, {m_expr}, {n}LL, {k}LL, "
         f"{'atlas::LinNoEpi()' if layout == PLAIN else 'lin_epi'}, {ws}, {cnt}, {ks}LL, {nrm});",
     ])
     choice = {"path": "tma", "layout": ["plain", "gated", "heads"][layout], "config": [nc, ch, stages], "ks": ks}

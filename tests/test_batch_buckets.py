@@ -20,7 +20,8 @@ from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
 from conftest import FIXTURES
 
-TMA_CONFIG = {"plain": [1, 1, 8], "gated": [2, 2, 3], "heads": [1, 2, 10], "heads_ks": 1}  # linear_tma.py CONFIG
+TMA_CONFIG = {"plain": [1, 1, 8], "gated": [2, 2, 3], "heads": [1, 2, 10], "heads_ks": 2, "pipe": 0,
+              "ks_min_steps": 32}  # linear_tma.py CONFIG
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
 

@@ -198,7 +198,7 @@ def test_epilogue_projections_match_the_cpu_runtime(build_dir, monkeypatch):
                                                                      max_seq=64))
     source = open_artifact(path).source()
     # the decode kernels; on sm90 the gate/up projection takes its norm too (the copy-engine NormLinear's prologue)
-    gated = "atlas::TMA_ADD_RMS>(" if device().arch == "sm90" else "_LinearGated("
+    gated = "atlas::TMA_ADD_RMS, 0>(" if device().arch == "sm90" else "_LinearGated("
     assert "decode_0" in source and "_LinearRotary(" in source and gated in source
     decode_matches_the_cpu_runtime(path, batch=12, seed=17)
 

@@ -85,8 +85,11 @@ def build_norm() -> Builder:
     return b
 
 
+@pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("build", [build_plain, build_gated, build_norm])
-def test_tma_projections_match_reference(build):
+def test_tma_projections_match_reference(monkeypatch, build, pipe):
+    """Each layout, with ATLAS_LINEAR_TMA_PIPE 0 and 1 (a stage's wgmma group kept in flight or not)."""
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_PIPE", pipe)
     builder = build()
     graph = builder.done()
     assert uses_tma(graph, builder.upper, LOWER)
@@ -129,15 +132,17 @@ def build_rotary(norm: bool = False) -> Builder:
     return b
 
 
-@pytest.mark.parametrize("norm, heads_ks", [(False, "1"), (True, "1"), (False, "2")])
-def test_tma_linear_rotary_matches_reference(monkeypatch, norm, heads_ks):
+@pytest.mark.parametrize("norm, heads_ks, pipe", [(False, "1", "0"), (True, "1", "0"), (False, "2", "0"),
+                                                   (False, "2", "1"), (True, "1", "1")])
+def test_tma_linear_rotary_matches_reference(monkeypatch, norm, heads_ks, pipe):
     """LinearRotary / NormLinearRotary on the heads layout; ATLAS_LINEAR_TMA_HEADS_KS=2 splits its K in two runs
-    (the tile's last item adds the partial sums, then rotates and appends to the cache)."""
+    (the tile's last item adds the partial sums, then rotates and appends to the cache); ATLAS_LINEAR_TMA_PIPE."""
     import functools
 
     import kernel_harness
 
     monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", heads_ks)
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_PIPE", pipe)
     builder = build_rotary(norm)
     graph = builder.done()
     lower = {"batch": 8, "seq": 1}

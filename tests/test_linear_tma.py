@@ -35,6 +35,17 @@ def _module(builder, archs=("sm90",), lower=None, kv=None):
                                   lower={"run": lower} if lower else None)
 
 
+def assert_builds_without_spills(mod, tmp_path) -> None:
+    """nvcc builds the module for sm_90a (HGMMA needs it), every kernel without register spills."""
+    cu = tmp_path / "m.cu"
+    cu.write_text(mod.source)
+    proc = subprocess.run([nvcc_path(), *flags("sm90", mod.source), "-Xptxas=-v", str(cu), "-o",
+                           str(tmp_path / "m.cubin")], capture_output=True, text=True)
+    entries = proc.stderr.split("Compiling entry function '")[1:]
+    assert proc.returncode == 0 and len(entries) == len(mod.launches["run"]), proc.stderr[-2000:]
+    assert all(re.search(r"\b0 bytes spill stores", e) for e in entries), proc.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def tma_artifact(tmp_path_factory):
     """llama-fp16 compiled for sm90 at max batch 16: its decode entry (batches 9..16) takes the path."""
@@ -86,13 +97,20 @@ def test_switch_is_checked(monkeypatch):
         linear_tma.tma_choice()
 
 
-def test_k_split_rule():
-    """The lab's rule (linear_tma.py): down (64 tiles, 224 steps) splits 4 ways; o and QKV (64 steps) and the LM
-    head (2004 tiles) do not."""
+def test_k_split_rule(monkeypatch):
+    """The measured rule (linear_tma.py): down (64 tiles, 224 steps) splits 4 ways, o (64 tiles, 64 steps) 2, the LM
+    head (2004 tiles) not; ATLAS_LINEAR_TMA_KS_MIN_STEPS=48 (the lab's rule) keeps o whole; a bad value is an error."""
+    from atlasc.codegen.generate import CodegenError
+
     assert linear_tma.ks_split(64, 224) == 4
-    assert linear_tma.ks_split(64, 64) == 1
-    assert linear_tma.ks_split(96, 64) == 1
+    assert linear_tma.ks_split(64, 64) == 2
+    assert linear_tma.ks_split(64, 32) == 1
     assert linear_tma.ks_split(2004, 64) == 1
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_KS_MIN_STEPS", "48")
+    assert linear_tma.ks_split(64, 64) == 1 and linear_tma.ks_split(64, 224) == 4
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_KS_MIN_STEPS", "0")
+    with pytest.raises(CodegenError, match="ATLAS_LINEAR_TMA_KS_MIN_STEPS='0' is not a positive integer"):
+        linear_tma.ks_split(64, 64)
 
 
 def test_sm90a_build_only_with_the_marker():
@@ -111,12 +129,12 @@ def test_norm_prologue_emitted():
     without; no K split (a block needs all of K for the row sums); every kernel within a block's shared memory."""
     graph, mod = _module(build_norm(), lower={"m": 8})
     assert mod.source.count(CALL) == len(graph.nodes) == 4
-    assert mod.source.count("atlas::TMA_ADD_RMS>(") == 2 and mod.source.count("atlas::TMA_RMS>(") == 2
+    assert mod.source.count("atlas::TMA_ADD_RMS, 0>(") == 2 and mod.source.count("atlas::TMA_RMS, 0>(") == 2
     assert len(mod.tensor_maps) == 4  # a, r (the residual), w in plain (64-row) and gated (128-row) boxes
     assert all(1 < linear_tma.SMEM_LIMIT - launch.smem for launch in mod.launches["run"])
     graph, mod = _module(build_norm_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
-    assert "atlas::TMA_HEADS, 1, 2, 9, false, atlas::TMA_ADD_RMS>(" in mod.source
-    assert "atlas::TMA_HEADS, 1, 2, 10, true, atlas::TMA_RMS>(" in mod.source
+    assert "atlas::TMA_HEADS, 1, 2, 9, false, atlas::TMA_ADD_RMS, 0>(" in mod.source
+    assert "atlas::TMA_HEADS, 1, 2, 10, true, atlas::TMA_RMS, 0>(" in mod.source
     assert linear_tma.fitted_stages(1, 2, 10, 2) == 9 and linear_tma.fitted_stages(2, 2, 3, 2) == 3
     assert linear_tma.smem_bytes(1, 2, 9, 2) <= linear_tma.SMEM_LIMIT < linear_tma.smem_bytes(1, 2, 10, 2)
 
@@ -128,14 +146,7 @@ def test_norm_prologue_emitted():
 def test_ptxas_no_spills(build, lower, kv, tmp_path):
     """nvcc builds the kernels for sm_90a (HGMMA needs it) without register spills."""
     _, mod = _module(build(), lower=lower, kv=kv)
-    cu = tmp_path / "m.cu"
-    cu.write_text(mod.source)
-    proc = subprocess.run([nvcc_path(), *flags("sm90", mod.source), "-Xptxas=-v", str(cu), "-o",
-                           str(tmp_path / "m.cubin")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    entries = proc.stderr.split("Compiling entry function '")[1:]
-    assert len(entries) == len(mod.launches["run"])
-    assert all(re.search(r"\b0 bytes spill stores", e) for e in entries), proc.stderr[-2000:]
+    assert_builds_without_spills(mod, tmp_path)
     assert compile_cubins(mod.source, ("sm90",))["sm90"]
 
 
@@ -251,25 +262,36 @@ def test_norm_prologue_needs_the_folded_scale():
 
 
 def test_heads_k_split(monkeypatch, tmp_path):
-    """ATLAS_LINEAR_TMA_HEADS_KS=2 splits a LinearRotary's K in two runs: twice the blocks, partial sums in the
-    scratch and one counter per tile, recorded in the report; its kernels build for sm_90a without spills; a norm
-    prologue keeps K whole (it needs every k for the rows' sums); a bad value is a one-line error."""
+    """ATLAS_LINEAR_TMA_HEADS_KS=2 (the default) splits a LinearRotary's K in two runs: twice the blocks of 1,
+    partial sums in the scratch and one counter per tile, recorded in the report; its kernels build for sm_90a
+    without spills; a norm prologue keeps K whole (it needs every k for the rows' sums); a bad value is a one-line
+    error."""
     from atlasc.codegen.generate import CodegenError, codegen_choices
 
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", "1")
     _, one = _module(build_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
-    monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", "2")
+    monkeypatch.delenv("ATLAS_LINEAR_TMA_HEADS_KS")  # the default: 2
     _, two = _module(build_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
     assert [2 * launch.grid[0] for launch in one.launches["run"]] == [launch.grid[0] for launch in two.launches["run"]]
     assert ", 2LL, atlas::TmaNorm" in two.source and codegen_choices()["linear_tma_config"]["heads_ks"] == 2
-    cu = tmp_path / "m.cu"
-    cu.write_text(two.source)
-    proc = subprocess.run([nvcc_path(), *flags("sm90", two.source), "-Xptxas=-v", str(cu), "-o",
-                           str(tmp_path / "m.cubin")], capture_output=True, text=True)
-    entries = proc.stderr.split("Compiling entry function '")[1:]
-    assert proc.returncode == 0 and len(entries) == len(two.launches["run"]), proc.stderr[-2000:]
-    assert all(re.search(r"\b0 bytes spill stores", e) for e in entries), proc.stderr[-2000:]
+    assert_builds_without_spills(two, tmp_path)
     _, normed = _module(build_norm_rotary(), lower={"batch": 8, "seq": 1}, kv=TMA_KV)
     assert ", 1LL, atlas::TmaNorm<__half>{arena" in normed.source
     monkeypatch.setenv("ATLAS_LINEAR_TMA_HEADS_KS", "3")
     with pytest.raises(CodegenError, match="ATLAS_LINEAR_TMA_HEADS_KS='3' is not 1, 2 or 4"):
         linear_tma.heads_ks()
+
+
+def test_pipe_switch(monkeypatch, tmp_path):
+    """ATLAS_LINEAR_TMA_PIPE=1 (a stage's wgmma group kept in flight) instantiates the kernels with PIPE 1, recorded
+    in the report; the norm kernels build for sm_90a without spills; a bad value is a one-line error."""
+    from atlasc.codegen.generate import CodegenError, codegen_choices
+
+    assert ", atlas::TMA_ADD_RMS, 0>(" in _module(build_norm(), lower={"m": 8})[1].source
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_PIPE", "1")
+    _, mod = _module(build_norm(), lower={"m": 8})
+    assert ", atlas::TMA_ADD_RMS, 1>(" in mod.source and codegen_choices()["linear_tma_config"]["pipe"] == 1
+    assert_builds_without_spills(mod, tmp_path)
+    monkeypatch.setenv("ATLAS_LINEAR_TMA_PIPE", "2")
+    with pytest.raises(CodegenError, match="ATLAS_LINEAR_TMA_PIPE='2' is not 0 or 1"):
+        linear_tma.pipe()
