@@ -16,11 +16,12 @@
 // x: its own tensor map (box 64 x 32 rows); rows >= M are whatever follows x (or zeros past the map's rows) and
 // are never stored: an output column depends on its own x row only. Accumulator r of a chain: row 16 (warp % 4)
 // + g (+ 8 for r % 4 >= 2) of the chain, x row 8 (r / 4) + 2 (lane % 4) (+ 1 for odd r).
-// K split (ks_n > 1: TMA_PLAIN, and TMA_HEADS under ATLAS_LINEAR_TMA_HEADS_KS): an item is (tile, run ks of
-// ks_n); each writes float32 partial sums to ws and the tile's last item to finish adds them in run order
-// (deterministic), then runs the epilogue; counters start and
-// end at 0. Numerics: float32 accumulation in k-step order, bias added in float32, one rounding at the store (as
-// linear.cu's paths; paired epilogues get both sums rounded to T as the unfused Linear stores them).
+// K split (ks_n > 1: TMA_PLAIN and TMA_HEADS, linear_tma.py's rule): an item is (tile, run ks of ks_n); each
+// writes float32 partial sums to ws and the tile's last item to finish adds them in run order (deterministic), then
+// runs the epilogue; counters start and end at 0. PIPE 1 (ATLAS_LINEAR_TMA_PIPE, opt-in): the consumers keep a
+// stage's wgmma group in flight while they wait for the next stage and issue its group (wait_group 1), releasing
+// each stage one step later. Numerics: float32 accumulation in k-step order, bias added in float32, one rounding
+// at the store (as linear.cu's paths; paired epilogues get both sums rounded to T as the unfused Linear stores them).
 // Norm prologue (NORM 1: NormLinear's RMSNormalization of a; NORM 2: AddRMSNormalization, h = a + b, b by its own
 // tensor map into the stage after a's), with the norm's scale g folded into the weight (fold-norm-scale: w g, the
 // op's g all ones): y = inv (x @ (w g)^T) per row, inv = 1 / sqrt(mean(h^2) + eps) as lin_norm_stage computes it.
