@@ -168,12 +168,13 @@ __device__ __forceinline__ void linear_w4a8(const int* xw, const float* sx, cons
 
 // -- W4A8 on tensor cores (linear_w4a8_mma; sm80+, G % 128 == 0, K % 128 == 0, M <= 8) ---------------
 
-// rows m < M of x -> int8 in xw (NIBBLES order, as act8_quantize), sx[m] = amax / 127, and xs[m * K / 128 + t] =
-// the sum of x_q over k 128 t .. 128 t + 127. All 256 threads: 8-k chunks i = m * K / 8 + j spread over the
-// block (pass 1: |x| maxima, half-warp max then a shared atomicMax on the float bits, exact and order-free;
-// pass 2: quantize, write, the 16 chunks of a 128-k step summed by half-warp shuffles). smax: ACT8 max rows
-// ints. The values and sx are act8_quantize's (same w4a8_q). Ends with a barrier.
-template <typename T, int R>
+// rows m < M of x -> int8 in xw (in act8_quantize's NIBBLES order or not), sx[m] = amax / 127, and, unless xs is
+// nullptr, xs[m * K / 128 + t] = the sum of x_q over k 128 t .. 128 t + 127. K % 128 == 0. All the block's
+// threads: 8-k chunks i = m * K / 8 + j spread over the block (pass 1: |x| maxima, half-warp max then a shared
+// atomicMax on the float bits, exact and order-free; pass 2: quantize, write, the 16 chunks of a 128-k step
+// summed by half-warp shuffles). smax: ACT8 max rows ints. The values and sx are act8_quantize's (same w4a8_q).
+// Ends with a barrier.
+template <typename T, int R, bool NIBBLES = true>
 __device__ __forceinline__ void act8_quantize_block(const View<T, R>& x, long long M, long long K, int* xw, int* xs,
                                                     float* sx, int* smax) {
   const int lane = threadIdx.x & 31;
@@ -212,13 +213,14 @@ __device__ __forceinline__ void act8_quantize_block(const View<T, R>& x, long lo
       unsigned e = 0u, o = 0u;
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        e |= w4a8_q(v[2 * b], inv) << (8 * b);
-        o |= w4a8_q(v[2 * b + 1], inv) << (8 * b);
+        e |= w4a8_q(v[NIBBLES ? 2 * b : b], inv) << (8 * b);
+        o |= w4a8_q(v[NIBBLES ? 2 * b + 1 : b + 4], inv) << (8 * b);
       }
       xw[2 * i] = int(e);  // row m's words start at m * K / 4 = 2 * m * words
       xw[2 * i + 1] = int(o);
       sum = __dp4a(int(e), 0x01010101, __dp4a(int(o), 0x01010101, 0));
     }
+    if (xs == nullptr) continue;
 #pragma unroll
     for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (i < total && (lane & 15) == 0) xs[i / 16] = sum;
@@ -346,18 +348,42 @@ __device__ __forceinline__ void linear_w4a8_mma(const View<T, R>& x, PRO pro, in
 // W8A8: a warp per output (paired: per pair); lane chunks c = 32 i + lane of 16 bytes (16 k), dp4a of the
 // int8 weights and x_q in int32 over the lane's chunks, the warp's lanes added (exact: |dot| <= K * 127^2
 // < 2^31 for K < 133144), then y = float32(float32(dot) * scale[n]) * s_x (+ bias), each step rounded to
-// float32 as the reference does, rounded to T.
-template <typename T, int R, int MT, int U, bool HAS_BIAS, typename EPI = LinNoEpi>
+// float32 as the reference does, rounded to T. PRE (linear.cu's LinPro): the warp's first round of weights is
+// loaded first, then the block runs pre() (a fused norm's staging and the quantization of x into xw / sx:
+// act_int8.py's early form), so those loads overlap it; LinNoPro: the caller quantized x before the call.
+template <typename T, int R, int MT, int U, bool HAS_BIAS, typename EPI = LinNoEpi, typename PRE = LinNoPro>
 __device__ __forceinline__ void linear_w8a8(const int* xw, const float* sx, const signed char* __restrict__ wq,
                                             const __half* __restrict__ scale, const T* __restrict__ bias,
                                             long long bias_stride, const View<T, R>& y, long long M, long long N,
-                                            long long K, EPI epi = EPI()) {
+                                            long long K, EPI epi = EPI(), PRE pre = PRE()) {
   constexpr bool PAIRED = lin_gated<EPI>();
   constexpr int F = PAIRED ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long chunks = K / 16, words = K / 4;
   const long long outs = PAIRED ? N / 2 : N;
-  for (long long o = (long long)blockIdx.x * QLIN_WARPS + warp; o < outs; o += (long long)gridDim.x * QLIN_WARPS) {
+  const long long o0 = (long long)blockIdx.x * QLIN_WARPS + warp;
+  auto load_round = [&](const long long (&rows)[F], long long c0, int4 (&w)[U][F]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long c = c0 + 32 * u;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+        w[u][f] = c < chunks ? __ldg(reinterpret_cast<const int4*>(wq + rows[f] * K) + c) : make_int4(0, 0, 0, 0);
+    }
+  };
+  int4 w[U][F];
+  bool loaded = false;
+  if constexpr (PRE::EARLY) {
+    if (o0 < outs) {
+      long long rows[F];
+      rows[0] = PAIRED ? epi.row_a(o0, N) : o0;
+      if constexpr (PAIRED) rows[F - 1] = epi.row_b(o0, N);
+      load_round(rows, lane, w);
+      loaded = true;
+    }
+    pre();  // every thread (it ends with a barrier)
+  }
+  for (long long o = o0; o < outs; o += (long long)gridDim.x * QLIN_WARPS) {
     long long rows[F];
     rows[0] = PAIRED ? epi.row_a(o, N) : o;
     if constexpr (PAIRED) rows[F - 1] = epi.row_b(o, N);
@@ -367,14 +393,8 @@ __device__ __forceinline__ void linear_w8a8(const int* xw, const float* sx, cons
 #pragma unroll
       for (int m = 0; m < MT; ++m) dot[f][m] = 0;
     for (long long c0 = lane; c0 < chunks; c0 += 32 * U) {
-      int4 w[U][F];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const long long c = c0 + 32 * u;
-#pragma unroll
-        for (int f = 0; f < F; ++f)
-          w[u][f] = c < chunks ? __ldg(reinterpret_cast<const int4*>(wq + rows[f] * K) + c) : make_int4(0, 0, 0, 0);
-      }
+      if (!loaded) load_round(rows, c0, w);
+      loaded = false;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const long long c = c0 + 32 * u;
@@ -393,6 +413,7 @@ __device__ __forceinline__ void linear_w8a8(const int* xw, const float* sx, cons
         }
       }
     }
+    loaded = false;  // also when the lane had no chunks
     float b[F];
 #pragma unroll
     for (int f = 0; f < F; ++f) b[f] = HAS_BIAS ? float(load(bias + rows[f] * bias_stride)) : 0.f;

@@ -17,6 +17,12 @@ Measured on the H200 at M = 1 (docs/perf.md v11): 1.6-2.1x faster than the dp4a 
 and faster than the float-activation kernel on gate/up (23.2 vs 25.2 us) and the LM head (75.1 vs 87.2 us),
 slower on QKV, o and down; at M = 8 slower than float activations everywhere. decode_paths.yaml still
 holds the dp4a measurements (its 1B rows were not re-measured), so the table's choice is unchanged.
+
+W8A8 with a static K % 128 == 0 runs in its early form (ATLAS_W8A8_EARLY, default 1; written after the last
+device call, not yet run on a GPU): each warp loads its first W8A8_U rounds of weights, then the whole block runs
+the fused norm's staging and quantizes x (act8_quantize_block, natural order) while they arrive. The v5 form
+quantized each row with one warp before any weight load (every block at its start, the other warps waiting),
+the likely cause of its 1.4-2x over W8A16 at M = 1 (docs/perf.md v9); 0 keeps that form (A/B timing).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ W4A8_STEP = 128  # k per step of linear_w4a8_mma (64 bytes of a packed row)
 # steps in flight per warp of linear_w4a8_mma (ATLAS_QUANT_U overrides): 4 was at least as fast as 3 on the 8B
 # decode shapes at M = 1 and 2-8% faster on QKV, o and down (docs/perf.md v11); 64 registers at 3
 W4A8_U = 4
+W8A8_EARLY_ENV = "ATLAS_W8A8_EARLY"
+W8A8_U = 4  # 16-byte chunks in flight per lane in the early W8A8 form (2 KB a warp; ATLAS_QUANT_U overrides)
 
 
 def act8_smem(m_upper: int, k: int) -> int:
@@ -53,6 +61,22 @@ def w4a8_steps() -> int:
     from atlasc.codegen import quant  # quant.py imports this module
 
     return quant.steps_in_flight(4, 1) if os.environ.get(quant.U_ENV) else W4A8_U
+
+
+def w8a8_early(bits: int, k_static) -> bool:
+    """Whether act8_calls emits W8A8's early form (int8 weights, static K % 128 == 0, ATLAS_W8A8_EARLY not 0);
+    CodegenError for a switch value other than 0 or 1."""
+    value = os.environ.get(W8A8_EARLY_ENV, "") or "1"
+    if value not in ("0", "1"):
+        raise CodegenError(f"{W8A8_EARLY_ENV}={value!r} is not 0 or 1")
+    return bits == 8 and value == "1" and isinstance(k_static, int) and k_static % W4A8_STEP == 0
+
+
+def w8a8_steps() -> int:
+    """W8A8_U, or ATLAS_QUANT_U when set."""
+    from atlasc.codegen import quant  # quant.py imports this module
+
+    return quant.steps_in_flight(8, 1) if os.environ.get(quant.U_ENV) else W8A8_U
 
 
 def w4a8_mma_applies(bits: int, group: int, k_static) -> bool:
@@ -96,8 +120,15 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
             f"bias_stride, y, M, N, K, {'wzero' if zp else 'nullptr'}{', ' + epi if epi else ''});",
             "  } else {",
         ]
-    body = ([pro] if pro else []) + \
-        [f"  atlas::act8_quantize<{t}, {r}, {str(bits == 4).lower()}>({x}, M, K, act8_x, act8_sx);"]
+    early = w8a8_early(bits, k_static)
+    if early:  # the staging and the quantization run inside, after each warp's first weight loads
+        body = [f"  __shared__ int act8_max[{ACT8_MAX_M}];",
+                f"  auto act8_pre_f = [&]() {{ {pro.strip()} atlas::act8_quantize_block<{t}, {r}, false>({x}, M, K, "
+                "act8_x, nullptr, act8_sx, act8_max); };",
+                "  const atlas::LinPro<decltype(act8_pre_f), false> act8_pre{act8_pre_f};"]
+    else:
+        body = ([pro] if pro else []) + \
+            [f"  atlas::act8_quantize<{t}, {r}, {str(bits == 4).lower()}>({x}, M, K, act8_x, act8_sx);"]
     variants = sorted({mt for mt in (1, 2, 4, 8) if mt < m_upper} | {min(8, 1 << (max(1, m_upper) - 1).bit_length())})
     for i, mt in enumerate(variants):
         cond = "" if i == len(variants) - 1 else f"if (M <= {mt}) "
@@ -106,6 +137,10 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
             call = (f"atlas::linear_w4a8<{t}, {r}, {mt}, {group}, {ACT8_U}, {has_bias}, {str(zp).lower()}>(act8_x, "
                     f"act8_sx, wq, wscale, bias, bias_stride, y, M, N, K, {'wzero' if zp else 'nullptr'}"
                     f"{', ' + epi if epi else ''});")
+        elif early:
+            call = (f"atlas::linear_w8a8<{t}, {r}, {mt}, {w8a8_steps()}, {has_bias}>(act8_x, act8_sx, "
+                    f"reinterpret_cast<const signed char*>(wq), wscale, bias, bias_stride, y, M, N, K, "
+                    f"{epi or 'atlas::LinNoEpi()'}, act8_pre);")
         else:
             call = (f"atlas::linear_w8a8<{t}, {r}, {mt}, {ACT8_U}, {has_bias}>(act8_x, act8_sx, "
                     f"reinterpret_cast<const signed char*>(wq), wscale, bias, bias_stride, y, M, N, K"
