@@ -18,8 +18,9 @@ and faster than the float-activation kernel on gate/up (23.2 vs 25.2 us) and the
 slower on QKV, o and down; at M = 8 slower than float activations everywhere. decode_paths.yaml still
 holds the dp4a measurements (its 1B rows were not re-measured), so the table's choice is unchanged.
 
-W8A8 with a static K % 128 == 0 runs in its early form (ATLAS_W8A8_EARLY, default 1; written after the last
-device call, not yet run on a GPU): each warp loads its first W8A8_U rounds of weights, then the whole block runs
+W8A8 of float16 x with a static K % 128 == 0 runs in its early form (ATLAS_W8A8_EARLY, default 1; written after the last
+device call, not yet run on a GPU): each warp loads its first round of weights (W8A8_U chunks of 16 bytes a
+lane), then the whole block runs
 the fused norm's staging and quantizes x (act8_quantize_block, natural order) while they arrive. The v5 form
 quantized each row with one warp before any weight load (every block at its start, the other warps waiting),
 the likely cause of its 1.4-2x over W8A16 at M = 1 (docs/perf.md v9); 0 keeps that form (A/B timing).
@@ -63,13 +64,15 @@ def w4a8_steps() -> int:
     return quant.steps_in_flight(4, 1) if os.environ.get(quant.U_ENV) else W4A8_U
 
 
-def w8a8_early(bits: int, k_static) -> bool:
-    """Whether act8_calls emits W8A8's early form (int8 weights, static K % 128 == 0, ATLAS_W8A8_EARLY not 0);
-    CodegenError for a switch value other than 0 or 1."""
+def w8a8_early(bits: int, k_static, t: str = "__half") -> bool:
+    """Whether act8_calls emits W8A8's early form (int8 weights, float16 x (t; float32's kernel spilled registers in
+    ptxas), static K % 128 == 0, ATLAS_W8A8_EARLY not 0); CodegenError for a switch value other than 0 or 1."""
+    if bits != 8 or t == "float":
+        return False
     value = os.environ.get(W8A8_EARLY_ENV, "") or "1"
     if value not in ("0", "1"):
         raise CodegenError(f"{W8A8_EARLY_ENV}={value!r} is not 0 or 1")
-    return bits == 8 and value == "1" and isinstance(k_static, int) and k_static % W4A8_STEP == 0
+    return value == "1" and isinstance(k_static, int) and k_static % W4A8_STEP == 0
 
 
 def w8a8_steps() -> int:
@@ -120,7 +123,7 @@ def act8_calls(name: str, t: str, r: int, bits: int, group: int, zp: bool, has_b
             f"bias_stride, y, M, N, K, {'wzero' if zp else 'nullptr'}{', ' + epi if epi else ''});",
             "  } else {",
         ]
-    early = w8a8_early(bits, k_static)
+    early = w8a8_early(bits, k_static, t)
     if early:  # the staging and the quantization run inside, after each warp's first weight loads
         body = [f"  __shared__ int act8_max[{ACT8_MAX_M}];",
                 f"  auto act8_pre_f = [&]() {{ {pro.strip()} atlas::act8_quantize_block<{t}, {r}, false>({x}, M, K, "

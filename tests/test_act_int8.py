@@ -227,10 +227,12 @@ def test_act_int8_kernels_compile(arch):
         plan, kv_offset = act8_plan(graph, b.upper, np.zeros(KV_SHAPE, np.dtype(dtype)))
         mod = generate_module({"run": (graph, plan)}, {"run": b.upper}, kv_spec(dtype, kv_offset, ROT_KV))
         # the int8 weights (K = 1024) in W8A8's early form: the block quantizes x after its first weight loads
+        # (float16 x; float32 keeps the v5 form)
         int8_nodes = sum(n.op == "LinearQ8" or n.attrs.get("linear") == "LinearQ8" for n in graph.nodes)
-        assert mod.source.count("atlas::act8_quantize<") == len(graph.nodes) - int8_nodes
-        assert mod.source.count(", false>(xv, M, K, act8_x, nullptr, act8_sx, act8_max)") == 2
-        assert mod.source.count(", false>(x, M, K, act8_x, nullptr, act8_sx, act8_max)") == 1
+        early = int8_nodes if dtype == "float16" else 0
+        assert mod.source.count("atlas::act8_quantize<") == len(graph.nodes) - early
+        assert mod.source.count(", false>(xv, M, K, act8_x, nullptr, act8_sx, act8_max)") == (2 if early else 0)
+        assert mod.source.count(", false>(x, M, K, act8_x, nullptr, act8_sx, act8_max)") == (1 if early else 0)
         assert "atlas::linear_w4a8<" in mod.source and "atlas::linear_w8a8<" in mod.source
         # the tensor-core W4A8 kernel (groups of 128: the plain LinearQ4 with zero points, the NormLinearQ and
         # the last NormLinearRotary),
@@ -265,8 +267,8 @@ def test_w4a8_path_switch(monkeypatch):
 
 def test_w8a8_early_switch(monkeypatch):
     """W8A8's early form (the block quantizes x after its first weight loads) for int8 weights with a static K %
-    128 == 0, with W8A8_U chunks in flight per lane (ATLAS_QUANT_U overrides); the v5 form for another K or with
-    ATLAS_W8A8_EARLY=0; a bad value is a CodegenError naming the variable."""
+    128 == 0 and float16 x, with W8A8_U chunks in flight per lane (ATLAS_QUANT_U overrides); the v5 form for another
+    K, float32 x or ATLAS_W8A8_EARLY=0; a bad value is a CodegenError naming the variable."""
     from atlasc.codegen import act_int8
     from atlasc.codegen.generate import CodegenError
 
@@ -277,6 +279,8 @@ def test_w8a8_early_switch(monkeypatch):
     assert f"atlas::linear_w8a8<__half, 2, 1, {act_int8.W8A8_U}, false>(" in lines and ", act8_pre);" in lines
     assert "act8_quantize_block<__half, 2, false>(x, M, K, act8_x, nullptr" in lines
     assert "atlas::act8_quantize<" not in lines
+    lines = "\n".join(act_int8.act8_calls("n", "float", 2, 8, 0, False, "false", 4096, 1, "x", 0, n_upper=4096)[0])
+    assert f"atlas::linear_w8a8<float, 2, 1, {act_int8.ACT8_U}, false>(" in lines and "act8_pre" not in lines
     monkeypatch.setenv("ATLAS_QUANT_U", "6")
     lines = "\n".join(act_int8.act8_calls("n", "__half", 2, 8, 0, False, "false", 4096, 1, "x", 0, n_upper=4096)[0])
     assert "atlas::linear_w8a8<__half, 2, 1, 6, false>(" in lines
@@ -288,6 +292,7 @@ def test_w8a8_early_switch(monkeypatch):
     monkeypatch.setenv(act_int8.W8A8_EARLY_ENV, "yes")
     with pytest.raises(CodegenError, match="ATLAS_W8A8_EARLY='yes' is not 0 or 1"):
         act_int8.w8a8_early(8, 4096)
+    assert not act_int8.w8a8_early(4, 4096)  # int4 compiles never read it
 
 
 @pytest.mark.parametrize("quant,path", [("int4", "w4a8"), ("int8", "w8a8")])

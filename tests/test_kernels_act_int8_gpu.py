@@ -76,7 +76,7 @@ def act8_plan(graph, upper, kv_cache=None):
 
 @pytest.mark.parametrize("dtype, w8a8_early", [("float32", "1"), ("float16", "1"), ("float16", "0")])
 def test_act8_kernels_match_reference(monkeypatch, dtype, w8a8_early):
-    """Every node against the reference; the int8 ones in W8A8's early form (the block quantizes x after its first
-    weight loads; the default) and in the v5 form (ATLAS_W8A8_EARLY=0)."""
+    """Every node against the reference; the int8 ones of float16 x in W8A8's early form (the block quantizes x after
+    its first weight loads; the default) and in the v5 form (ATLAS_W8A8_EARLY=0; float32 x always)."""
     monkeypatch.setenv("ATLAS_W8A8_EARLY", w8a8_early)
     check_with_cache(build_act8(dtype), dtype, act8_plan, ROT_KV, np.random.default_rng(41))
