@@ -458,8 +458,7 @@ struct LinRotary {
   template <typename Y>
   __device__ __forceinline__ void put(Y*, long long, long long m, long long p, float za, float zb) const {
     const int h = int(p) / (int(D) / 2), i = int(p) % (int(D) / 2), da = dim_a(i), db = dim_b(i);
-    const int bi = int(m) / int(S);  // rows < 2^31 too
-    const long long b = bi, s = int(m) - bi * int(S);
+    const long long b = m / S, s = m % S;
     T oa = T(za), ob = T(zb);
     if (h < Hq + Hk && i < int(R) / 2) {
       const long long cb = cs.shape[0] == 1 ? 0 : b;
