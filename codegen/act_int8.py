@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.generate import CodegenError
+from atlasc.env import env_switch
 from atlasc.ir.ops.quant import ACT8_MAX_M, act8_why_not
 
 ACT8_U = 2
@@ -69,10 +70,7 @@ def w8a8_early(bits: int, k_static, t: str = "__half") -> bool:
     ptxas), static K % 128 == 0, ATLAS_W8A8_EARLY not 0); CodegenError for a switch value other than 0 or 1."""
     if bits != 8 or t == "float":
         return False
-    value = os.environ.get(W8A8_EARLY_ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{W8A8_EARLY_ENV}={value!r} is not 0 or 1")
-    return value == "1" and isinstance(k_static, int) and k_static % W4A8_STEP == 0
+    return env_switch(W8A8_EARLY_ENV, True, CodegenError) and isinstance(k_static, int) and k_static % W4A8_STEP == 0
 
 
 def w8a8_steps() -> int:

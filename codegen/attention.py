@@ -39,6 +39,7 @@ from atlasc.codegen import flash_attention
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import early_mode
+from atlasc.env import env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value
@@ -313,29 +314,20 @@ def fast_warps(head_dim: int, batch_above: int, mma: bool = False) -> int:
 def v_prefetch() -> bool:
     """ATLAS_ATTENTION_VPREFETCH (default FAST_VPREFETCH, on): 1 has attention_decode prefetch each key's V row
     into L2 before it reads the K row, 0 not; CodegenError unless 0 or 1."""
-    text = os.environ.get(VPREFETCH_ENV, "") or str(int(FAST_VPREFETCH))
-    if text not in ("0", "1"):
-        raise CodegenError(f"{VPREFETCH_ENV}={text!r} is not 0 or 1")
-    return text == "1"
+    return env_switch(VPREFETCH_ENV, FAST_VPREFETCH, CodegenError)
 
 
 def mma_setting() -> bool:
     """ATLAS_ATTENTION_MMA (default FAST_MMA): 1 runs attention_decode's scores and values on tensor cores where
     mma_fits; CodegenError unless 0 or 1."""
-    text = os.environ.get(MMA_ENV, "") or str(int(FAST_MMA))
-    if text not in ("0", "1"):
-        raise CodegenError(f"{MMA_ENV}={text!r} is not 0 or 1")
-    return text == "1"
+    return env_switch(MMA_ENV, FAST_MMA, CodegenError)
 
 
 def early_kv_setting() -> bool:
     """ATLAS_ATTENTION_EARLY_KV (default EARLY_KV, off): 1 has each decode attention_decode kernel (one query
     position) prefetch the K / V rows it will read into L2 before it waits for the kernel before it; CodegenError
     unless 0 or 1."""
-    text = os.environ.get(EARLY_KV_ENV, "") or str(int(EARLY_KV))
-    if text not in ("0", "1"):
-        raise CodegenError(f"{EARLY_KV_ENV}={text!r} is not 0 or 1")
-    return text == "1"
+    return env_switch(EARLY_KV_ENV, EARLY_KV, CodegenError)
 
 
 def mma_fits(dtype: str, d: int, r: int) -> bool:

@@ -37,6 +37,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
+from atlasc.env import env_switch
 from atlasc.ir.archs import block_smem, blocks_per_sm, min_arch
 from atlasc.ir.graph import Node
 
@@ -208,10 +209,7 @@ def early_mode() -> str:
 
 def early_quant() -> bool:
     """ATLAS_EARLY_QUANT (default 0); CodegenError for a value not 0 or 1."""
-    value = os.environ.get(EARLY_QUANT_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{EARLY_QUANT_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(EARLY_QUANT_ENV, False, CodegenError)
 
 
 def early_pro(m_upper: int, body: str = "", quantized: bool = False) -> list[str]:

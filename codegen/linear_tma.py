@@ -39,6 +39,7 @@ import numpy as np
 
 from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
 from atlasc.codegen.nvcc import SM90A_MARKER  # a kernel using wgmma carries it (nvcc.py builds it for sm_90a)
+from atlasc.env import env_switch
 from atlasc.ir.archs import COPY_ENGINE_ENV, copy_engine, copy_engine_switch
 
 TMA_ENV = COPY_ENGINE_ENV
@@ -105,10 +106,7 @@ def pipe() -> int:
     """ATLAS_LINEAR_TMA_PIPE (default 0): 1 keeps one stage's wgmma group in flight while the consumers wait for the
     next stage and issue its group, releasing a stage one step later (linear_tma.cu PIPE); 0 waits for every
     group before the next stage. CodegenError unless 0 or 1."""
-    value = os.environ.get(PIPE_ENV, "") or "0"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{PIPE_ENV}={value!r} is not 0 or 1")
-    return int(value)
+    return int(env_switch(PIPE_ENV, False, CodegenError))
 
 
 def config_choice() -> dict:

@@ -19,10 +19,10 @@ integer/bool inputs.
 from __future__ import annotations
 
 import math
-import os
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.env import env_switch
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import get
 
@@ -207,10 +207,7 @@ def _norm_axes(node: Node, x: Value) -> tuple[dict, list[int], list[int], str]:
 
 def norm_vec_choice() -> bool:
     """ATLAS_NORM_VEC (default 1); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
-    value = os.environ.get(NORM_VEC_ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{NORM_VEC_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(NORM_VEC_ENV, True, CodegenError)
 
 
 def norm_vec_pieces(dtype: str, red: list, n_upper: int) -> int:

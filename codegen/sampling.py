@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
+from atlasc.env import env_switch
 from atlasc.ir.graph import Node
-
 
 # logits per block of a row's maximum: two 16-byte float16 loads per thread of a 1024-thread block (one block per
 # row read 16 rounds of loads for a 128256-entry row: ~12 us per step, docs/perf.md v22-v23)
@@ -47,10 +45,7 @@ def emit_sample(ctx: KernelContext, node: Node) -> KernelCode:
 def split_setting() -> bool:
     """ATLAS_SAMPLE_SPLIT (default 1: a large vocabulary's row maximum split over blocks; 0: one block per row);
     CodegenError for another value."""
-    value = os.environ.get(SPLIT_ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise CodegenError(f"{SPLIT_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(SPLIT_ENV, True, CodegenError)
 
 
 def sample_parts(vocab: int) -> int:

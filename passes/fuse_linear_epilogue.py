@@ -28,9 +28,7 @@ graph outputs keep their names.
 
 from __future__ import annotations
 
-import os
-
-from atlasc.errors import UsageError
+from atlasc.env import env_switch
 from atlasc.ir.archs import min_arch
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.epilogue import EPILOGUE_MAX_M
@@ -45,10 +43,7 @@ ROTARY_RULE = "QKVRotary(Linear(..)) => LinearRotary(..)"
 
 def epilogue_enabled() -> bool:
     """ATLAS_LINEAR_EPILOGUE (default 1); UsageError (exit 2) unless 0 or 1."""
-    value = os.environ.get(ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise UsageError(f"{ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(ENV, True)
 
 
 def _why_not(lin: Node, upper: dict[str, int], archs: tuple[str, ...]) -> str | None:

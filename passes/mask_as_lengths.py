@@ -35,11 +35,9 @@ atlasc/ir/ops/nn.py) equals the old mask's on every probe, bit for bit; a mask t
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from atlasc.errors import UsageError
+from atlasc.env import env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Graph, Node, SymbolInfo, Value
@@ -58,10 +56,7 @@ PROBES = ((3, 5, 4), (2, 6, 0), (2, 3, 9))
 
 def enabled() -> bool:
     """ATLAS_MASK_LENGTHS (default 1); UsageError (exit 2) for a value other than 0 / 1."""
-    value = os.environ.get(ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise UsageError(f"{ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(ENV, True)
 
 
 def _fills(dtype: str) -> list[float]:

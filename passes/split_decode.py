@@ -15,9 +15,7 @@ serves (it is the same graph until the later passes rewrite it, each of them equ
 
 from __future__ import annotations
 
-import os
-
-from atlasc.errors import UsageError
+from atlasc.env import env_switch
 from atlasc.ir.graph import SymbolInfo
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M
 from atlasc.ir.program import Program
@@ -42,10 +40,7 @@ def split_decode(program: Program) -> tuple[Program, RewriteStats]:
     if not program.options.fusion:
         stats.declined[RULE] = "fusion is off (nothing would differ)"
         return program, stats
-    switch = os.environ.get(ENV, "1") or "1"
-    if switch not in ("0", "1"):
-        raise UsageError(f"{ENV}={switch!r} is not 0 or 1")
-    if switch == "0":
+    if not env_switch(ENV, True):
         stats.declined[RULE] = f"{ENV}=0"
         return program, stats
     small = decode.clone(SMALL)

@@ -53,14 +53,9 @@ COPY_ENGINE_ENV = "ATLAS_LINEAR_TMA"
 
 def copy_engine_switch() -> bool:
     """ATLAS_LINEAR_TMA (default 1); UsageError (exit 2) for a value not 0 or 1."""
-    import os
+    from atlasc.env import env_switch
 
-    from atlasc.errors import UsageError
-
-    value = os.environ.get(COPY_ENGINE_ENV, "") or "1"
-    if value not in ("0", "1"):
-        raise UsageError(f"{COPY_ENGINE_ENV}={value!r} is not 0 or 1")
-    return value == "1"
+    return env_switch(COPY_ENGINE_ENV, True)
 
 
 def copy_engine(archs: tuple[str, ...]) -> bool:
