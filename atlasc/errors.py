@@ -57,3 +57,14 @@ class UsageError(AtlasError):
 
 class ArtifactError(AtlasError):
     """An `.atlas` file cannot be written or read: not a zip, truncated, tampered, newer format, no cubin."""
+
+
+def env_switch(name: str, default: bool, error: type[AtlasError] = UsageError) -> bool:
+    """The 0 / 1 switch `name` from the environment (the ATLAS_* variables for A/B timing and opt-in paths): unset
+    or empty gives `default`, "1" True, "0" False; any other value raises `error` naming the variable (exit 2)."""
+    import os
+
+    value = os.environ.get(name, "") or str(int(default))
+    if value not in ("0", "1"):
+        raise error(f"{name}={value!r} is not 0 or 1")
+    return value == "1"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 
 from atlasc.codegen.generate import CodegenError
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.ops.quant import ACT8_MAX_M, act8_why_not
 
 ACT8_U = 2

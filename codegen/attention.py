@@ -39,7 +39,7 @@ from atlasc.codegen import flash_attention
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
 from atlasc.codegen.linear import early_mode
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Node, Value

@@ -37,7 +37,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.archs import block_smem, blocks_per_sm, min_arch
 from atlasc.ir.graph import Node
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
 from atlasc.codegen.nvcc import SM90A_MARKER  # a kernel using wgmma carries it (nvcc.py builds it for sm_90a)
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.archs import COPY_ENGINE_ENV, copy_engine, copy_engine_switch
 
 TMA_ENV = COPY_ENGINE_ENV

@@ -22,7 +22,7 @@ import math
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import get
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.graph import Node
 
 # logits per block of a row's maximum: two 16-byte float16 loads per thread of a 1024-thread block (one block per

@@ -28,7 +28,7 @@ graph outputs keep their names.
 
 from __future__ import annotations
 
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.archs import min_arch
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.epilogue import EPILOGUE_MAX_M

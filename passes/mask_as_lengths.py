@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.graph import Graph, Node, SymbolInfo, Value

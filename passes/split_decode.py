@@ -15,7 +15,7 @@ serves (it is the same graph until the later passes rewrite it, each of them equ
 
 from __future__ import annotations
 
-from atlasc.env import env_switch
+from atlasc.errors import env_switch
 from atlasc.ir.graph import SymbolInfo
 from atlasc.ir.ops.prologue import PROLOGUE_MAX_M
 from atlasc.ir.program import Program

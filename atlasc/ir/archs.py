@@ -53,7 +53,7 @@ COPY_ENGINE_ENV = "ATLAS_LINEAR_TMA"
 
 def copy_engine_switch() -> bool:
     """ATLAS_LINEAR_TMA (default 1); UsageError (exit 2) for a value not 0 or 1."""
-    from atlasc.env import env_switch
+    from atlasc.errors import env_switch
 
     return env_switch(COPY_ENGINE_ENV, True)
 
