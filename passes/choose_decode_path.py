@@ -12,7 +12,9 @@ The path comes from the measured table passes/decode_paths.yaml: per arch, quant
 every `--arch`, so a bucket takes int8 activations only when every arch's table chooses them; an arch
 without a measurement chooses float activations ("not measured"). A node whose rows reach 2..8 also
 runs batch 1, so it needs both buckets to choose int8. On sm90 (H200) float activations win every
-bucket (1.2-5.9x per call, docs/perf.md), so by default nothing changes. ATLAS_INT4_PATH=w4a16|w4a8 and
+bucket (1.2-5.9x per call, docs/perf.md; W8A8 measured in its first form: its early form, now what the
+compiler emits, is 1.3-1.8x faster and wins gate/up and the LM head at one row, v33, not yet in the table),
+so by default nothing changes. ATLAS_INT4_PATH=w4a16|w4a8 and
 ATLAS_INT8_PATH=w8a16|w8a8 override the table for every bucket (experiments, GPU tests). int8
 activations add the error of quantizing them: the compile's accuracy report measures it on a decode
 step per calibration prompt (atlasc/accuracy.py decode_act_report).
@@ -44,12 +46,14 @@ QUANT = {"LinearQ4": "int4", "LinearQ8": "int8"}  # the table's and the record's
 RULES = {"LinearQ4": "LinearQ4 (decode) => act int8 (W4A8, dp4a)",
          "LinearQ8": "LinearQ8 (decode) => act int8 (W8A8, dp4a)"}
 BUCKETS = ("rows 1", "rows 2..8")
-# ATLAS_INT4_PATH=w4a8-fused1 (opt-in, for A/B timing): int8 activations only in the rows-1 kernels of the
-# fused non-rotary int4 projections (NormLinearQ: gate/up + SwiGLU, the LM head; act = "int8@1"). The lab
-# (docs/perf.md v12, M = 1) has them faster with int8 x (8B gate/up 23.39 against 28.48 us, LM head 77.84
-# against 83.14), the other projections and 8 rows slower; not yet measured end to end.
-FUSED_ROWS1 = "w4a8-fused1"
-FUSED_ROWS1_RULE = "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)"
+# ATLAS_INT4_PATH=w4a8-fused1 / ATLAS_INT8_PATH=w8a8-fused1 (opt-in, for A/B timing): int8 activations only in
+# the rows-1 kernels of the fused non-rotary projections (NormLinearQ: gate/up + SwiGLU, the LM head; act =
+# "int8@1"). The lab at M = 1 has those faster with int8 x: int4 (docs/perf.md v12) 8B gate/up 23.39 against
+# 28.48 us, LM head 77.84 against 83.14; int8 with W8A8's early form (v33, plain kernels) gate/up 33.07 against
+# 34.65, LM head 125.43 against 138.46; QKV, o, down and 8 rows slower. Neither is measured end to end yet.
+FUSED_ROWS1 = {"LinearQ4": "w4a8-fused1", "LinearQ8": "w8a8-fused1"}
+FUSED_ROWS1_RULE = {"LinearQ4": "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)",
+                    "LinearQ8": "NormLinearQ(LinearQ8) (decode, 1 row) => act int8 (W8A8)"}
 TABLE = Path(__file__).with_name("decode_paths.yaml")
 
 
@@ -79,7 +83,7 @@ def table_problems(table: dict) -> list[str]:
 def env_choice(op: str) -> str | None:
     """ATLAS_INT4_PATH / ATLAS_INT8_PATH when set (None otherwise); UsageError for an unknown value."""
     env, values = PATHS[op]
-    values = (*values, FUSED_ROWS1) if op == "LinearQ4" else values
+    values = (*values, FUSED_ROWS1[op])
     path = os.environ.get(env, "")
     if path and path not in values:
         raise UsageError(f"{env}={path!r} is not a decode path (expected one of: {', '.join(values)})")
@@ -90,7 +94,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
     """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs."""
     env, (float_path, int8_path) = PATHS[op]
     forced = env_choice(op)
-    if forced == FUSED_ROWS1:
+    if forced == FUSED_ROWS1[op]:
         return {"paths": {"rows 1": f"{int8_path} (fused norms)", "rows 2..8": float_path},
                 "source": f"{env}={forced}"}
     if forced:
@@ -152,28 +156,29 @@ BUCKETED_ENTRIES = ("decode", "decode_small")
 
 
 def choose_fused_rows1(graph: Graph, stats: RewriteStats, upper: dict[str, int], bucketed: bool,
-                       archs: tuple[str, ...] = ()) -> None:
-    """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on graph's int4 NormLinearQ nodes that have a kernel for one
-    row (bucketed: the entry's batch-1 kernels; otherwise only nodes whose rows are at most 1, e.g. not a
-    prefill of a few tokens, whose one kernel serves every row count) and whose one-row kernel the
-    int8-activation path can serve (act8_why_not at one row, its shared memory within staging_limit)."""
+                       archs: tuple[str, ...] = (), op: str = "LinearQ4") -> None:
+    """ATLAS_INT4_PATH=w4a8-fused1 (op LinearQ4) / ATLAS_INT8_PATH=w8a8-fused1 (LinearQ8): act = "int8@1" on
+    graph's NormLinearQ nodes over op that have a kernel for one row (bucketed: the entry's batch-1 kernels;
+    otherwise only nodes whose rows are at most 1, e.g. not a prefill of a few tokens, whose one kernel serves
+    every row count) and whose one-row kernel the int8-activation path can serve (act8_why_not at one row, its
+    shared memory within staging_limit)."""
     limit = staging_limit(archs)
     for node in graph.nodes:
-        if node.op != "NormLinearQ" or node.attrs.get("linear") != "LinearQ4":
+        if node.op != "NormLinearQ" or node.attrs.get("linear") != op:
             continue
         x = node.inputs[0]
         rows = rows_upper(x, upper)
         if not bucketed and (rows is None or rows > 1):
             continue  # no kernel of this node runs with exactly one row only
         k, group = x.shape[-1], int(node.attrs.get("group_size", 0))
-        why = act8_why_not(4, group, k, 1)
+        why = act8_why_not(4 if op == "LinearQ4" else 8, group, k, 1)
         if not why and k + staging_bytes(1, k, x.dtype) > limit:
             why = f"its row needs more than {limit // 1024} KB of shared memory on these archs"
         if why:
-            stats.declined[f"{FUSED_ROWS1_RULE} at {node.name}"] = why
+            stats.declined[f"{FUSED_ROWS1_RULE[op]} at {node.name}"] = why
             continue
         node.attrs["act"] = "int8@1"
-        stats.applied[FUSED_ROWS1_RULE] = stats.applied.get(FUSED_ROWS1_RULE, 0) + 1
+        stats.applied[FUSED_ROWS1_RULE[op]] = stats.applied.get(FUSED_ROWS1_RULE[op], 0) + 1
 
 
 def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Program, RewriteStats]:
@@ -188,10 +193,10 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     for op in sorted(ops):
         decision = decide(op, tuple(program.options.archs), table)
         program.decode_paths[QUANT[op]] = decision
-        if op == "LinearQ4" and env_choice(op) == FUSED_ROWS1:
+        if env_choice(op) == FUSED_ROWS1[op]:
             for entry, graph in program.entries.items():
                 choose_fused_rows1(graph, stats, program.bounds.get(entry, {}), entry in BUCKETED_ENTRIES,
-                                   program.options.archs)
+                                   program.options.archs, op)
             continue
         chosen = {b for b, path in decision["paths"].items() if path == PATHS[op][1][1]}
         if chosen:

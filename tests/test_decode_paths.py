@@ -50,20 +50,22 @@ def _table(rows1: str, rows8: str) -> dict:
     return table
 
 
-def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None):
-    """The Llama fixture (int4 g32) through the pipeline up to choose-decode-path, then the pass with
-    `table` (None: the repo's); returns the program and the pass's stats."""
+def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None, quant="int4"):
+    """The Llama fixture (int4 g32, or int8) through the pipeline up to choose-decode-path, then the pass with
+    `table` (None: the repo's) and ATLAS_INT4_PATH / ATLAS_INT8_PATH = env; returns the program and the pass's
+    stats."""
     from atlasc.frontend import import_onnx
     from atlasc.ir.program import CompileOptions, Program
     from atlasc.pipeline import PIPELINES, run_pipeline
 
     monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    monkeypatch.delenv("ATLAS_INT8_PATH", raising=False)
     names = PIPELINES["default"]
-    options = CompileOptions(archs=archs, max_batch=max_batch, max_seq=64, quant="int4", group_size=32)
+    options = CompileOptions(archs=archs, max_batch=max_batch, max_seq=64, quant=quant, group_size=32)
     program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
     program, _ = run_pipeline(program, names[: names.index("choose-decode-path")], verify_each=True)
     if env:
-        monkeypatch.setenv("ATLAS_INT4_PATH", env)
+        monkeypatch.setenv("ATLAS_INT4_PATH" if quant == "int4" else "ATLAS_INT8_PATH", env)
     return cdp.choose_decode_path(program, table)
 
 
@@ -119,14 +121,33 @@ def test_the_environment_overrides_the_table(monkeypatch):
 def test_fused_rows1_opt_in_marks_only_the_fused_norm_projections(monkeypatch):
     """ATLAS_INT4_PATH=w4a8-fused1: act = "int8@1" on the decode's int4 NormLinearQ nodes (gate/up + SwiGLU,
     the LM head), float activations on the rotary QKV and the plain projections; recorded per bucket."""
-    program, stats = _chosen(monkeypatch, env=cdp.FUSED_ROWS1)
+    program, stats = _chosen(monkeypatch, env=cdp.FUSED_ROWS1["LinearQ4"])
     acts = {(n.op, n.attrs.get("act", "")) for n in program.entries["decode"].nodes if cdp._projection(n)}
     assert acts == {("NormLinearQ", "int8@1"), ("NormLinearRotary", ""), ("LinearQ4", "")}
     fused = [n for n in program.entries["decode"].nodes if n.op == "NormLinearQ"]
-    assert stats.applied == {cdp.FUSED_ROWS1_RULE: len(fused)} and any(n.attrs.get("epilogue") for n in fused)
+    assert stats.applied == {cdp.FUSED_ROWS1_RULE["LinearQ4"]: len(fused)}
+    assert any(n.attrs.get("epilogue") for n in fused)
     assert _acts(program, "prefill") == {""}
     assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"},
                                             "source": "ATLAS_INT4_PATH=w4a8-fused1"}
+
+
+def test_int8_fused_rows1_opt_in_marks_only_the_fused_norm_projections(monkeypatch):
+    """ATLAS_INT8_PATH=w8a8-fused1: the same for int8 (W8A8 in the batch-1 kernels of gate/up + SwiGLU and the
+    LM head); int4's value is not an int8 path."""
+    program, stats = _chosen(monkeypatch, env=cdp.FUSED_ROWS1["LinearQ8"], quant="int8")
+    acts = {(n.op, n.attrs.get("act", "")) for n in program.entries["decode"].nodes if cdp._projection(n)}
+    assert acts == {("NormLinearQ", "int8@1"), ("NormLinearRotary", ""), ("LinearQ8", "")}
+    fused = [n for n in program.entries["decode"].nodes if n.op == "NormLinearQ"]
+    assert all(n.attrs["linear"] == "LinearQ8" for n in fused)
+    assert stats.applied == {cdp.FUSED_ROWS1_RULE["LinearQ8"]: len(fused)}
+    assert _acts(program, "prefill") == {""}
+    assert program.decode_paths["int8"] == {"paths": {"rows 1": "w8a8 (fused norms)", "rows 2..8": "w8a16"},
+                                            "source": "ATLAS_INT8_PATH=w8a8-fused1"}
+    from atlasc.errors import UsageError
+
+    with pytest.raises(UsageError, match="ATLAS_INT8_PATH='w4a8-fused1' is not a decode path"):
+        _chosen(monkeypatch, env="w4a8-fused1", quant="int8")
 
 
 def test_fused_rows1_leaves_a_short_prefill_alone(monkeypatch):
@@ -143,7 +164,7 @@ def test_fused_rows1_leaves_a_short_prefill_alone(monkeypatch):
     program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
     program, _ = run_pipeline(program, names[: names.index("choose-decode-path")], verify_each=True)
     assert [n for n in program.entries["prefill"].nodes if n.op == "NormLinearQ"]
-    monkeypatch.setenv("ATLAS_INT4_PATH", cdp.FUSED_ROWS1)
+    monkeypatch.setenv("ATLAS_INT4_PATH", cdp.FUSED_ROWS1["LinearQ4"])
     program, _ = cdp.choose_decode_path(program)
     assert {n.attrs.get("act", "") for n in program.entries["prefill"].nodes if n.op == "NormLinearQ"} == {""}
     assert {n.attrs.get("act", "") for n in program.entries["decode"].nodes if n.op == "NormLinearQ"} == {"int8@1"}
@@ -175,23 +196,26 @@ def test_one_row_int8_activations_follow_the_rows_of_the_call():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_fused_rows1_kernels_take_int8_only_for_batch_1(tmp_path, monkeypatch, no_nvcc):
-    """The compiled opt-in: each fused NormLinearQ's batch-1 kernel quantizes x to int8 (act8), its kernel
-    for batches up to 4 keeps float activations; the accuracy report measures the int8 step at batch 1."""
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_fused_rows1_kernels_take_int8_only_for_batch_1(quant, tmp_path, monkeypatch, no_nvcc):
+    """The compiled opt-in (w4a8-fused1 / w8a8-fused1): each fused NormLinearQ's batch-1 kernel quantizes x to
+    int8 (act8), its kernel for batches up to 4 keeps float activations; the accuracy report measures the
+    int8 step at batch 1."""
     from atlasc.artifact import open_artifact
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
 
-    monkeypatch.setenv("ATLAS_INT4_PATH", cdp.FUSED_ROWS1)
+    op = {"int4": "LinearQ4", "int8": "LinearQ8"}[quant]
+    monkeypatch.setenv(cdp.PATHS[op][0], cdp.FUSED_ROWS1[op])
     monkeypatch.setenv("ATLAS_SPLIT_DECODE", "0")
     path = tmp_path / "f1.atlas"
     result = compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(
-        archs=("sm90",), max_batch=4, max_seq=64, quant="int4", group_size=32))
+        archs=("sm90",), max_batch=4, max_seq=64, quant=quant, group_size=32))
     with open_artifact(path) as art:
         parts = art.source().split('extern "C" __global__')[1:]
         kernels = {re.search(r"(\w+)\(unsigned char\*", k).group(1): k for k in parts}
         fused = [n for n in art.manifest.entries["decode"].nodes if n.op == "NormLinearQ"]
-        assert fused and all(n.variants for n in fused)
+        assert fused and all(n.variants for n in fused) and all(n.attrs["linear"] == op for n in fused)
         for node in fused:
             assert "act8_" not in kernels[node.kernel]
             assert all("act8_" in kernels[v.kernel] for v in node.variants if v.upto == 1)

@@ -222,26 +222,28 @@ def decode_matches_the_cpu_runtime(path, batch: int, seed: int, steps: int = 12)
             np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **TOL["fp16"])
 
 
-@pytest.mark.parametrize("quant,env", [("int4", "ATLAS_INT4_PATH=w4a8"), ("int8", "ATLAS_INT8_PATH=w8a8")])
+@pytest.mark.parametrize("quant,env", [("int4", "ATLAS_INT4_PATH=w4a8"), ("int8", "ATLAS_INT8_PATH=w8a8"),
+                                       ("int8", "ATLAS_INT8_PATH=w8a8-fused1")])
 def test_int8_activations_match_the_cpu_runtime(quant, env, build_dir, monkeypatch):
     """W4A8 / W8A8 decode (act_int8.cu, fused with the norms, SwiGLU and the rotary epilogue) end to end:
-    the GPU gives the reference runtime's greedy tokens and logits on the same artifact."""
+    the GPU gives the reference runtime's greedy tokens and logits on the same artifact, at batch 3 and
+    batch 1 (w8a8-fused1: int8 activations only in the batch-1 kernels of the fused gate/up and LM head)."""
     from atlasc.runtime.cpu import CpuModel
     from atlasc.runtime.gpu import GpuModel
 
     name, value = env.split("=")
     monkeypatch.setenv(name, value)
-    path = f"{build_dir}/llama-fp16-{quant}-a8.atlas"
+    path = f"{build_dir}/llama-fp16-{quant}-{value}.atlas"
     compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(
         archs=(device().arch,), max_batch=4, max_seq=64, quant=quant, group_size=32))
-    prompts = _prompts(3, 9, seed=13)
-    want = generate(CpuModel(open_artifact(path)), prompts, 12, keep_logits=True)
     model = GpuModel(open_artifact(path), device=device())
-    got = generate(model, prompts, 12, keep_logits=True)
+    for prompts in (_prompts(3, 9, seed=13), _prompts(1, 9, seed=19)):
+        want = generate(CpuModel(open_artifact(path)), prompts, 12, keep_logits=True)
+        got = generate(model, prompts, 12, keep_logits=True)
+        tol = TOL[entry_of("llama-fp16")["dtype"]]
+        steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+        assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
     model.close()
-    tol = TOL[entry_of("llama-fp16")["dtype"]]
-    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
-    assert_same_greedy(got.tokens, want.tokens, steps, tol["atol"])
 
 
 @pytest.mark.parametrize("name,quant,group", [("llama-fp16", "int8", 128), ("llama-fp16", "int4", 32),
