@@ -36,6 +36,7 @@ from atlasc.passes.quantize import quantize
 from atlasc.passes.rewrite import RewriteStats
 from atlasc.passes.schedule import schedule
 from atlasc.passes.simplify_decode_mask import simplify_decode_mask
+from atlasc.passes.smooth_quant import smooth_quant
 from atlasc.passes.split_decode import split_decode
 
 PassFn = Callable[[Program], tuple[Program, RewriteStats]]
@@ -58,6 +59,7 @@ PASSES: dict[str, PassFn] = {
     "quantize": quantize,
     "schedule": schedule,
     "simplify-decode-mask": simplify_decode_mask,
+    "smooth-quant": smooth_quant,
     "split-decode": split_decode,
     "plan-memory": plan_memory,
 }
@@ -67,6 +69,8 @@ PIPELINES: dict[str, list[str]] = {
         "canonicalize",
         "dce",
         "fuse-linear",
+        # --smooth: the activation outliers' scales into the weights, before they are quantized
+        "smooth-quant",
         "quantize",
         "merge-linear",
         "fuse-rmsnorm",

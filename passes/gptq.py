@@ -8,7 +8,8 @@ kernels are unchanged: only which codes are stored changes.
 Calibration (`calibration_hessians`): the float graph (before quantize) runs on the reference
 interpreter over the calibration prompts (options.calib: an .npz with `input_ids` [prompts, length] and,
 optionally, `attention_mask`, `token_type_ids`, `position_ids`; missing ones are all-ones / zeros /
-0..length-1), `max_batch` prompts at a time. For every candidate Linear it accumulates H = sum x x^T
+0..length-1; a decoder's float KV-cache inputs are empty: every symbol of their shapes other than
+input_ids' two is 0), `max_batch` prompts at a time. For every candidate Linear it accumulates H = sum x x^T
 (float64 [K, K]) over the rows x it sees, padded positions (attention_mask 0) left out.
 
 Rounding (`gptq_int4`, GPTQ, Frantar et al. 2022): columns are quantized one at a time; the rounding
@@ -34,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlasc.errors import UsageError
+from atlasc.ir import symbolic as S
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.interpreter import interpret
 
@@ -44,7 +46,8 @@ FEED_NAMES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
 def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
-    """The graph's inputs for every calibration prompt, from the .npz at path (see the module docstring)."""
+    """The graph's inputs for every calibration prompt, from the .npz at path (see the module docstring): a
+    decoder's past key / value inputs empty (the prompts run as whole prefills)."""
     try:
         with np.load(path) as z:
             arrays = {k: np.asarray(z[k]) for k in z.files}
@@ -54,7 +57,18 @@ def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
     if ids is None or ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise UsageError(f"calibration file {path} needs a non-empty 2-D integer `input_ids` array")
     feeds = {}
+    ids_input = next((v for v in graph.inputs if v.name == "input_ids"), None)
+    env = {}  # input_ids' symbols at the prompts' shape; any other symbol (a past length) 0
+    if ids_input is not None:
+        for d, n in zip(ids_input.shape, ids.shape):
+            if S.as_symbol(d) is not None:
+                env[S.as_symbol(d)] = int(n)
     for v in graph.inputs:
+        if v.name not in arrays and v.dtype in ("float16", "float32") and env:
+            shape = tuple(S.evaluate(d, {name: env.get(name, 0) for name in S.symbols_of(d)}) for d in v.shape)
+            if 0 in shape:  # an empty KV cache (a past length of 0)
+                feeds[v.name] = np.zeros(shape, v.dtype)
+                continue
         if v.name in arrays:
             feeds[v.name] = arrays[v.name].astype(np.int64)
         elif v.name == "attention_mask":
@@ -64,37 +78,44 @@ def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
         elif v.name == "position_ids":
             feeds[v.name] = np.tile(np.arange(ids.shape[1], dtype=np.int64), (ids.shape[0], 1))
         else:
-            raise UsageError(f"--gptq calibration feeds {', '.join(FEED_NAMES)}; the graph also takes "
-                             f"'{v.name}'", hint="--gptq supports encoder exports (no KV-cache inputs)")
+            raise UsageError(f"calibration feeds {', '.join(FEED_NAMES)} and empty KV caches; the graph also "
+                             f"takes '{v.name}'")
         if feeds[v.name].shape != ids.shape:
             raise UsageError(f"calibration {v.name} has shape {list(feeds[v.name].shape)}, input_ids "
                              f"{list(ids.shape)}")
     return feeds
 
 
-def calibration_hessians(graph: Graph, nodes: list[Node], feeds: dict[str, np.ndarray],
-                         batch: int) -> dict[int, np.ndarray]:
-    """id(weight) -> H = sum x x^T over the float inputs x of the Linear nodes reading it."""
-    probes = {id(n.inputs[0]): n.inputs[0] for n in nodes}
-    extra = [v for v in probes.values() if all(v is not o for o in graph.outputs)]
-    hess: dict[int, np.ndarray] = {}
+def calibration_rows(graph: Graph, values: list, feeds: dict[str, np.ndarray], batch: int):
+    """For each chunk of `batch` calibration prompts: {value name: its rows [tokens, last dim] in float64}, the
+    graph run on the reference interpreter with `values` as extra outputs (removed again after), the padded
+    positions (attention_mask 0) left out."""
+    extra = [v for v in {id(v): v for v in values}.values() if all(v is not o for o in graph.outputs)]
     mask = feeds.get("attention_mask")
     rows = len(next(iter(feeds.values())))
     graph.outputs.extend(extra)
     try:
         for r0 in range(0, rows, max(1, batch)):
-            chunk = {k: v[r0:r0 + batch] for k, v in feeds.items()}
-            out = interpret(graph, chunk)
+            out = interpret(graph, {k: v[r0:r0 + batch] for k, v in feeds.items()})
             keep = None if mask is None else mask[r0:r0 + batch].reshape(-1) != 0
-            for n in nodes:
-                x = out[n.inputs[0].name]
-                x = x.reshape(-1, x.shape[-1]).astype(np.float64)
-                if keep is not None and x.shape[0] == keep.size:
-                    x = x[keep]
-                h = hess.setdefault(id(n.inputs[1]), np.zeros((x.shape[1], x.shape[1])))
-                h += x.T @ x
+            got = {}
+            for v in values:
+                x = out[v.name].reshape(-1, out[v.name].shape[-1]).astype(np.float64)
+                got[v.name] = x[keep] if keep is not None and x.shape[0] == keep.size else x
+            yield got
     finally:
         del graph.outputs[len(graph.outputs) - len(extra):]
+
+
+def calibration_hessians(graph: Graph, nodes: list[Node], feeds: dict[str, np.ndarray],
+                         batch: int) -> dict[int, np.ndarray]:
+    """id(weight) -> H = sum x x^T over the float inputs x of the Linear nodes reading it."""
+    hess: dict[int, np.ndarray] = {}
+    for got in calibration_rows(graph, [n.inputs[0] for n in nodes], feeds, batch):
+        for n in nodes:
+            x = got[n.inputs[0].name]
+            h = hess.setdefault(id(n.inputs[1]), np.zeros((x.shape[1], x.shape[1])))
+            h += x.T @ x
     return hess
 
 

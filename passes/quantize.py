@@ -436,7 +436,8 @@ def _import_prequantized(graph: Graph, stats: RewriteStats) -> None:
                          "weights are supported")
 
 
-def _skipped(node: Node, patterns: tuple[str, ...]) -> str | None:
+def skipped_by(node: Node, patterns: tuple[str, ...]) -> str | None:
+    """The first --quant-skip pattern matching the Linear node's weight, node or output name (None: quantized)."""
     names = (node.inputs[1].name, node.name, node.outputs[0].name)
     for p in patterns:
         if any(fnmatch.fnmatchcase(s, p) for s in names):
@@ -491,7 +492,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             if not w.is_constant or w.dtype not in ("float16", "float32") or len(w.shape) != 2:
                 stats.declined[where] = "the weight is not a 2-D float constant"
                 continue
-            pattern = _skipped(node, opts.quant_skip)
+            pattern = skipped_by(node, opts.quant_skip)
             if pattern is not None:
                 stats.declined[where] = f"skipped by --quant-skip {pattern}"
                 continue
@@ -543,6 +544,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         "mode": mode, "group_size": group if mode == "int4" else None, "skip": list(opts.quant_skip),
         **({"zero_points": True} if zero_points else {}),
         **({"gptq": {"calib": opts.calib, "layers": len(hessians)}} if opts.gptq else {}),
+        **({"smooth": program.smoothing} if program.smoothing else {}),
         "layers": layers, "bytes_before": before, "bytes_after": after,
         "max_rel_error": max((r["rel_error"] for r in layers), default=0.0),
         "declined": {k.split(" at ", 1)[1]: v for k, v in stats.declined.items()},

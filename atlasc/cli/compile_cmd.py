@@ -16,7 +16,7 @@ from atlasc.cli import _bytes, _err, _existing_file, _out, _quant_title, app, st
 from atlasc.errors import UsageError
 
 CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "gptq",
-               "quant_skip", "prefill_logits"}
+               "smooth", "quant_skip", "prefill_logits"}
 
 
 def _load_config(path: Path) -> dict:
@@ -74,9 +74,15 @@ def compile_command(
     gptq: Annotated[bool, typer.Option("--gptq", help="int4: round each layer by GPTQ on the float activations "
                                        "of the --calib prompts (error feedback through the calibration "
                                        "Hessian) instead of to nearest; encoder exports. Default off.")] = False,
+    smooth: Annotated[float | None, typer.Option("--smooth", metavar="ALPHA", help="int8: SmoothQuant before "
+                                                 "quantizing: each norm-fed projection's input channels divided by "
+                                                 "max|x|^ALPHA / max|w|^(1-ALPHA) measured on the --calib prompts, "
+                                                 "its weight columns multiplied by the same (exact in real "
+                                                 "arithmetic), so int8 activations (W8A8) lose less to outlier "
+                                                 "channels. ALPHA in (0, 1], typically 0.5. Default off.")] = None,
     calib: Annotated[Path | None, typer.Option("--calib", help="With --quant: an .npz of calibration token "
                                                "ids [prompts, length] (key input_ids): decoders' accuracy "
-                                               "report (random prompts when absent) and --gptq's "
+                                               "report (random prompts when absent), --gptq's and --smooth's "
                                                "activations.")] = None,
     prefill_logits: Annotated[str | None, typer.Option("--prefill-logits", help="Decoders: 'all' (logits of every "
                                                        "prompt position) or 'last' (only what the next token "
@@ -117,6 +123,18 @@ def compile_command(
             raise UsageError("--gptq needs --quant int4 and --calib prompts.npz",
                              hint="the calibration prompts are what GPTQ minimizes each layer's output error on")
         quant_opts["gptq"] = True
+    smooth = smooth if smooth is not None else cfg.get("smooth")
+    if smooth is not None:
+        try:
+            smooth = float(smooth)
+        except (TypeError, ValueError):
+            raise UsageError(f"--smooth must be a number in (0, 1], not {smooth!r}") from None
+        if not 0 < smooth <= 1:
+            raise UsageError(f"--smooth must be in (0, 1], not {smooth:g}", hint="SmoothQuant's usual value is 0.5")
+        if quant_opts["quant"] != "int8" or calib is None:
+            raise UsageError("--smooth needs --quant int8 and --calib prompts.npz",
+                             hint="the calibration prompts give each channel's activation range")
+        quant_opts["smooth"] = smooth
     if calib is not None:
         _existing_file(calib, "calibration file")
         if quant_opts["quant"] == "none":

@@ -44,6 +44,7 @@ class CompileOptions:
     quant_skip: tuple[str, ...] = ()  # fnmatch patterns of linear layers kept in float
     calib: str | None = None  # .npz of calibration token ids for the quantization report (and --gptq)
     gptq: bool = False  # int4: GPTQ rounding on the calibration prompts' activations (passes/gptq.py)
+    smooth: float = 0.0  # int8: SmoothQuant's migration strength alpha on the calibration prompts (0: off)
     prefill_logits: str = "all"  # decoders: "all" positions' logits from prefill, or only the "last"
 
 
@@ -79,6 +80,7 @@ class Program:
     # quantized node name -> its float weight Value (a merged layer: the tuple of its parts)
     float_weights: dict[str, object] = field(default_factory=dict)
     quantization: dict | None = None  # the quantize pass's report (mode, per-layer errors, bytes)
+    smoothing: dict | None = None  # smooth-quant's report (alpha, the inputs it smoothed), into quantization's
     # "int4" / "int8" -> {"paths": rows bucket -> decode path, "source": why} (choose-decode-path)
     decode_paths: dict[str, dict] = field(default_factory=dict)
     # progress of long passes: (stage, detail, (done, total) or None); set by the compile driver
