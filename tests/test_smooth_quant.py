@@ -134,6 +134,8 @@ def test_the_report_and_bad_options(tmp_path, cli, no_nvcc):
         rep = art.manifest.report["quantization"]
     assert rep["smooth"]["alpha"] == 0.5 and len(rep["smooth"]["inputs"]) == 5
     assert rep["accuracy"]["top1_agreement"] > 0.5
+    r = cli("inspect", out)
+    assert r.code == 0 and "quantization int8, SmoothQuant alpha 0.5 on 5 inputs" in r.stdout
     for args, msg in ((("--quant", "int4", "--smooth", "0.5", "--calib", calib), "--smooth needs --quant int8"),
                       (("--quant", "int8", "--smooth", "0.5"), "--smooth needs --quant int8 and --calib"),
                       (("--quant", "int8", "--smooth", "1.5", "--calib", calib), "--smooth must be in (0, 1]"),

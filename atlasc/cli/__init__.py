@@ -174,9 +174,12 @@ def _symbol(name: str, info: dict) -> str:
 
 
 def _quant_title(q: dict) -> str:
-    """"quantization int4 g128 with zero points": a quantize report's mode, as compile and inspect print it."""
+    """"quantization int4 g128 with zero points" (", SmoothQuant alpha 0.5 on 5 inputs"): a quantize report's mode,
+    as compile and inspect print it."""
+    smooth = q.get("smooth")
     return (f"quantization {q['mode']}" + (f" g{q['group_size']}" if q.get("group_size") else "")
-            + (" with zero points" if q.get("zero_points") else ""))
+            + (" with zero points" if q.get("zero_points") else "")
+            + (f", SmoothQuant alpha {smooth['alpha']:g} on {len(smooth['inputs'])} inputs" if smooth else ""))
 
 
 def _bytes(n: int) -> str:
