@@ -119,6 +119,26 @@ def test_gptq_pass_on_the_encoder_fixture(tmp_path):
     assert err[True] < err[False], err
 
 
+def test_decoder_prompts_calibrate_as_whole_prefills(tmp_path):
+    """A decoder export (llama-fp16: past key / value inputs): the calibration feeds give it empty KV caches, so
+    --gptq (and --smooth) run on it; GPTQ rounds every int4 layer."""
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import run_pipeline
+
+    ids = np.random.default_rng(0).integers(0, 256, size=(3, 10)).astype(np.int64)
+    calib = _calib(tmp_path, ids)
+    graph = import_onnx("examples/fixtures/llama-fp16.onnx")
+    feeds = load_feeds(calib, graph)
+    past = [v for v in graph.inputs if v.name.startswith("past_key_values")]
+    assert past and all(feeds[v.name].shape == (3, 2, 0, 16) and feeds[v.name].dtype == np.float16 for v in past)
+    assert feeds["attention_mask"].shape == (3, 10)
+    opts = CompileOptions(archs=("sm90",), max_batch=4, max_seq=64, quant="int4", group_size=32, gptq=True,
+                          calib=calib)
+    program, _ = run_pipeline(Program({"main": graph}, opts), verify_each=True)
+    assert program.quantization["gptq"]["layers"] == len(program.quantization["layers"]) > 0
+
+
 def test_feeds_and_hessians_leave_padding_out(tmp_path):
     from atlasc.frontend import import_onnx
     from atlasc.ir.program import CompileOptions, Program

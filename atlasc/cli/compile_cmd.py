@@ -73,7 +73,7 @@ def compile_command(
                                                          "(repeatable, or comma-separated).")] = None,
     gptq: Annotated[bool, typer.Option("--gptq", help="int4: round each layer by GPTQ on the float activations "
                                        "of the --calib prompts (error feedback through the calibration "
-                                       "Hessian) instead of to nearest; encoder exports. Default off.")] = False,
+                                       "Hessian) instead of to nearest. Default off.")] = False,
     smooth: Annotated[float | None, typer.Option("--smooth", metavar="ALPHA", help="int8: SmoothQuant before "
                                                  "quantizing: each norm-fed projection's input channels divided by "
                                                  "max|x|^ALPHA / max|w|^(1-ALPHA) measured on the --calib prompts, "
