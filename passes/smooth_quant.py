@@ -16,8 +16,9 @@ unchanged in exact arithmetic, and the division folds into the constant that sca
 with s_j = max|x_j|^alpha / max_i,n |W_i[n, j]|^(1 - alpha) (1 where either maximum is 0), max|x_j| over the
 calibration tokens: options.calib's prompts run on the reference interpreter (passes/gptq.py load_feeds: the
 prompts as whole prefills, padding left out). The new constants are rounded to the old ones' dtype, nothing else
-changes. Declines (reason at -vv): x with a user that is not such a Linear (e.g. a residual add after a
-post-norm), a producer that is not one of the forms above, a scale constant that another node reads too.
+changes (s is clipped to [1e-4, 1e4], and for float16 weights so that a scaled column stays below 32768).
+Declines (reason at -vv): x with a user that is not such a Linear (e.g. a residual add after a post-norm), x
+that is a graph output, a producer that is not one of the forms above, a scale constant another node reads too.
 
 Requires: fuse-linear (Linear nodes with [N, K] weights); runs before quantize, which then quantizes the scaled
 weights (and records them as the layers' float weights for the accuracy report). Guarantees: the graph verifies;
@@ -37,6 +38,7 @@ from atlasc.passes.rewrite import RewriteStats
 
 RULE = "x = norm(h) * c; Linear(x, W) => c / s, W s (SmoothQuant)"
 SCALE_LIMIT = 1e4  # s is clipped to [1 / SCALE_LIMIT, SCALE_LIMIT]: a dead channel must not blow up its weights
+FP16_ROOM = 32768.0  # and, for float16 weights, to FP16_ROOM / max|w_.j|: a scaled column stays below half of 65504
 
 
 def smoothing_scales(act_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
@@ -75,6 +77,9 @@ def _candidates(graph: Graph, program: Program, stats: RewriteStats) -> list[tup
         x = node.inputs[0]
         seen.add(id(x))
         where = f"{RULE} at {x.name}"
+        if any(x is o for o in graph.outputs):
+            stats.declined[where] = "it is a graph output (its values would change)"
+            continue
         users = graph.users(x)
         bad = [u for u in users if not (u.op == "Linear" and u.inputs[0] is x and u.inputs[1].is_constant
                                         and len(u.inputs[1].shape) == 2 and u.inputs[1].dtype in ("float16", "float32")
@@ -131,6 +136,8 @@ def smooth_quant(program: Program) -> tuple[Program, RewriteStats]:
             x = prod.outputs[0]
             w_max = np.max([np.abs(u.inputs[1].data).max(axis=0) for u in users], axis=0).astype(np.float64)
             s = smoothing_scales(act[id(x)], w_max, alpha)
+            if any(u.inputs[1].dtype == "float16" for u in users):  # the scaled columns stay finite in float16
+                s = np.minimum(s, np.where(w_max > 0, FP16_ROOM / np.maximum(w_max, 1e-30), SCALE_LIMIT))
             for i in idx:
                 c = prod.inputs[i]
                 prod.inputs[i] = constant(f"{c.name}__smooth", (c.data.astype(np.float64) / s).astype(c.data.dtype))

@@ -43,6 +43,28 @@ def test_smoothing_scales():
     np.testing.assert_allclose(sq.smoothing_scales(np.array([8.0]), np.array([2.0]), 1.0), [8.0])
 
 
+def test_a_graph_output_and_float16_range_are_kept(tmp_path):
+    """An input that is also a graph output is declined (smoothing would change it); with float16 weights the
+    scales stop where a scaled column would leave float16's range."""
+    calib = _calib(tmp_path)
+    program = _float_program("llama-fp16", quant="int8", smooth=1.0, calib=calib)
+    graph = program.entries["main"]
+    found = sq._candidates(graph, program, RewriteStats())
+    x = found[0][0].outputs[0]
+    graph.outputs.append(x)
+    for _, _, users in found[1:]:  # weights whose columns alpha 1 would scale by max|x| (far past float16)
+        for u in users:
+            w = u.inputs[1]
+            u.inputs[1] = constant(f"{w.name}__big", (np.asarray(w.data, np.float32) * 1e3).astype(np.float16))
+    with np.errstate(over="ignore", invalid="ignore"):  # the inflated weights overflow float16 activations
+        program, stats = sq.smooth_quant(program)
+    assert stats.declined[f"{sq.RULE} at {x.name}"] == "it is a graph output (its values would change)"
+    assert stats.applied == {sq.RULE: len(found) - 1}
+    for _, _, users in found[1:]:
+        for u in users:
+            assert np.isfinite(u.inputs[1].data).all() and np.abs(u.inputs[1].data).max() <= sq.FP16_ROOM
+
+
 def test_the_fold_keeps_the_float_function(tmp_path):
     """llama (float32, 2 layers): the norm-fed inputs (QKV and gate/up of each layer, the LM head) are smoothed,
     the attention output (o) and the SwiGLU product (down) declined with their reasons; the logits on fresh
