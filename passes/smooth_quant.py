@@ -9,16 +9,19 @@ unchanged in exact arithmetic, and the division folds into the constant that sca
     x = Mul(h, c) | Mul(c, h)          c a constant [K]: a decomposed RMSNorm's (or any) per-channel scale
     x = RMSNormalization(h, c)         c [K]
     x = LayerNormalization(h, c, d)    c, d [K]
+    x = Mul(g, u) | Mul(u, g)          u = Linear(h, U, [e]) read only here, U a constant [K, K']: SwiGLU's
+                                       silu(gate) * up, the down projection's input
     every user of x: Linear(x, W_i, [b_i]), W_i a constant float [N_i, K] that quantize will quantize
   =>
-    c / s (and d / s), W_i[:, j] s_j
+    c / s (and d / s), or U's rows and e divided by s; W_i[:, j] s_j
 
 with s_j = max|x_j|^alpha / max_i,n |W_i[n, j]|^(1 - alpha) (1 where either maximum is 0), max|x_j| over the
 calibration tokens: options.calib's prompts run on the reference interpreter (passes/gptq.py load_feeds: the
 prompts as whole prefills, padding left out). The new constants are rounded to the old ones' dtype, nothing else
-changes (s is clipped to [1e-4, 1e4], and for float16 weights so that a scaled column stays below 32768).
+changes (s is clipped to [1e-4, 1e4], and for float16 constants so that a scaled column or a divided row or
+channel stays below 32768).
 Declines (reason at -vv): x with a user that is not such a Linear (e.g. a residual add after a post-norm), x
-that is a graph output, a producer that is not one of the forms above, a scale constant another node reads too.
+that is a graph output, a producer that is not one of the forms above (e.g. the attention's output, o's input).
 
 Requires: fuse-linear (Linear nodes with [N, K] weights); runs before quantize, which then quantizes the scaled
 weights (and records them as the layers' float weights for the accuracy report). Guarantees: the graph verifies;
@@ -30,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlasc.errors import UsageError
-from atlasc.ir.graph import Graph, Node, constant
+from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.program import Program
 from atlasc.passes.gptq import calibration_rows, load_feeds
 from atlasc.passes.quantize import skipped_by
@@ -50,25 +53,37 @@ def smoothing_scales(act_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np
     return np.clip(s, 1.0 / SCALE_LIMIT, SCALE_LIMIT)
 
 
-def _scale_inputs(node: Node) -> list[int] | None:
-    """Indices of node's inputs to divide by s when node produces x (see the module docstring), or None."""
-    k = None
-    if node.op == "Mul" and len(node.inputs) == 2:
+def _divisors(prod: Node, graph: Graph, producers: dict) -> list[tuple[Node, int, bool]] | None:
+    """Where x = prod's output takes its division by s (see the module docstring): (node, input index, rows) with
+    rows False for a per-channel constant (x's last axis), True for the rows of an up projection's [K, K'] weight;
+    None when prod is none of the forms."""
+    if prod.op == "Mul" and len(prod.inputs) == 2:
         for i in (0, 1):
-            c, h = node.inputs[i], node.inputs[1 - i]
+            c, h = prod.inputs[i], prod.inputs[1 - i]
             if c.is_constant and not h.is_constant and len(c.shape) >= 1 and int(np.prod(c.shape)) == c.shape[-1]:
-                k = i
-        return None if k is None else [k]
-    if node.op == "RMSNormalization" and len(node.inputs) >= 2 and node.inputs[1].is_constant:
-        return [1]
-    if node.op == "LayerNormalization" and len(node.inputs) >= 2 and node.inputs[1].is_constant and (
-            len(node.inputs) < 3 or node.inputs[2] is None or node.inputs[2].is_constant):
-        return [1] + ([2] if len(node.inputs) > 2 and node.inputs[2] is not None else [])
+                return [(prod, i, False)]
+        if prod.inputs[0] is prod.inputs[1]:
+            return None  # a square: dividing the operand would divide x by s^2
+        for v in prod.inputs:  # a gated product (SwiGLU's silu(g) * u): u's projection rows and bias
+            up = producers.get(id(v))
+            if (up is not None and up.op == "Linear" and up.inputs[1].is_constant and len(up.inputs[1].shape) == 2
+                    and up.inputs[1].dtype in ("float16", "float32") and graph.users(v) == [prod]
+                    and all(v is not o for o in graph.outputs)):
+                bias = len(up.inputs) > 2 and up.inputs[2] is not None
+                if bias and not up.inputs[2].is_constant:
+                    continue
+                return [(up, 1, True)] + ([(up, 2, False)] if bias else [])
+        return None
+    if prod.op == "RMSNormalization" and len(prod.inputs) >= 2 and prod.inputs[1].is_constant:
+        return [(prod, 1, False)]
+    if prod.op == "LayerNormalization" and len(prod.inputs) >= 2 and prod.inputs[1].is_constant and (
+            len(prod.inputs) < 3 or prod.inputs[2] is None or prod.inputs[2].is_constant):
+        return [(prod, 1, False)] + ([(prod, 2, False)] if len(prod.inputs) > 2 and prod.inputs[2] is not None else [])
     return None
 
 
-def _candidates(graph: Graph, program: Program, stats: RewriteStats) -> list[tuple[Node, list[int], list[Node]]]:
-    """(producer, its scale inputs, the Linear users) of every x that smooth-quant can rewrite."""
+def _candidates(graph: Graph, program: Program, stats: RewriteStats) -> list[tuple[Value, list, list[Node]]]:
+    """(x, its divisors (_divisors), the Linear users) of every x that smooth-quant can rewrite."""
     producers = graph.producers()
     seen, out = set(), []
     for node in graph.nodes:
@@ -88,17 +103,27 @@ def _candidates(graph: Graph, program: Program, stats: RewriteStats) -> list[tup
             stats.declined[where] = f"{bad[0].name} ({bad[0].op}) reads it too: only quantized Linear users"
             continue
         prod = producers.get(id(x))
-        idx = None if prod is None else _scale_inputs(prod)
-        if idx is None:
-            stats.declined[where] = "its producer is not a per-channel scale by a constant (norm or Mul)"
+        targets = None if prod is None else _divisors(prod, graph, producers)
+        if targets is None:
+            stats.declined[where] = ("its producer is not a per-channel scale by a constant (norm or Mul) nor a "
+                                     "gated product")
             continue
         k = int(x.shape[-1])
-        consts = [prod.inputs[i] for i in idx]
-        if any(c.shape[-1] != k or len(graph.users(c)) != 1 for c in consts):
-            stats.declined[where] = "its scale constant is shared or not one value per channel"
+        if any((n.inputs[i].shape[0] if rows else n.inputs[i].shape[-1]) != k for n, i, rows in targets):
+            stats.declined[where] = "its scale constant is not one value per channel"
             continue
-        out.append((prod, idx, users))
+        out.append((x, targets, users))
     return out
+
+
+def _divided(program: Program, v: Value, s: np.ndarray, rows: bool) -> Value:
+    """A new constant: v's data divided by s along its last axis, or (rows) along its rows in row chunks."""
+    if not rows:
+        return constant(f"{v.name}__smooth", (v.data.astype(np.float64) / s).astype(v.data.dtype))
+    new = program.new_array(v.shape, v.data.dtype)
+    for r0 in range(0, v.shape[0], 4096):  # row chunks: memory bounded by the new array
+        new[r0:r0 + 4096] = (v.data[r0:r0 + 4096].astype(np.float64) / s[r0:r0 + 4096, None]).astype(v.data.dtype)
+    return constant(f"{v.name}__smooth", new)
 
 
 def _act_max(graph: Graph, xs: list, feeds: dict[str, np.ndarray], batch: int) -> dict[int, np.ndarray]:
@@ -130,17 +155,19 @@ def smooth_quant(program: Program) -> tuple[Program, RewriteStats]:
         if not found:
             continue
         say("smooth-quant", f"activation ranges of {len(found)} inputs on {opts.calib}")
-        act = _act_max(graph, [prod.outputs[0] for prod, _, _ in found], load_feeds(opts.calib, graph),
-                       opts.max_batch)
-        for prod, idx, users in found:
-            x = prod.outputs[0]
+        act = _act_max(graph, [x for x, _, _ in found], load_feeds(opts.calib, graph), opts.max_batch)
+        for x, targets, users in found:
             w_max = np.max([np.abs(u.inputs[1].data).max(axis=0) for u in users], axis=0).astype(np.float64)
             s = smoothing_scales(act[id(x)], w_max, alpha)
             if any(u.inputs[1].dtype == "float16" for u in users):  # the scaled columns stay finite in float16
                 s = np.minimum(s, np.where(w_max > 0, FP16_ROOM / np.maximum(w_max, 1e-30), SCALE_LIMIT))
-            for i in idx:
-                c = prod.inputs[i]
-                prod.inputs[i] = constant(f"{c.name}__smooth", (c.data.astype(np.float64) / s).astype(c.data.dtype))
+            for n, i, rows in targets:  # and so do the divided constants
+                v = n.inputs[i]
+                if v.dtype == "float16":
+                    m = np.abs(v.data).max(axis=1) if rows else np.abs(v.data).reshape(-1, v.shape[-1]).max(axis=0)
+                    s = np.maximum(s, m.astype(np.float64) / FP16_ROOM)
+            for n, i, rows in targets:
+                n.inputs[i] = _divided(program, n.inputs[i], s, rows)
             for u in users:
                 w = u.inputs[1]
                 new = program.new_array(w.shape, w.data.dtype)
@@ -148,6 +175,7 @@ def smooth_quant(program: Program) -> tuple[Program, RewriteStats]:
                     new[r0:r0 + 4096] = (w.data[r0:r0 + 4096].astype(np.float64) * s).astype(w.data.dtype)
                 u.inputs[1] = constant(f"{w.name}__smooth", new)
             layers.append({"input": x.name, "linears": [u.name for u in users],
+                           "divided": sorted({n.name for n, _, _ in targets}),
                            "scale_min": float(s.min()), "scale_max": float(s.max())})
             stats.applied[RULE] = stats.applied.get(RULE, 0) + 1
     program.smoothing = {"alpha": alpha, "calib": opts.calib, "inputs": layers,

@@ -50,7 +50,7 @@ def test_a_graph_output_and_float16_range_are_kept(tmp_path):
     program = _float_program("llama-fp16", quant="int8", smooth=1.0, calib=calib)
     graph = program.entries["main"]
     found = sq._candidates(graph, program, RewriteStats())
-    x = found[0][0].outputs[0]
+    x = found[0][0]
     graph.outputs.append(x)
     for _, _, users in found[1:]:  # weights whose columns alpha 1 would scale by max|x| (far past float16)
         for u in users:
@@ -66,18 +66,20 @@ def test_a_graph_output_and_float16_range_are_kept(tmp_path):
 
 
 def test_the_fold_keeps_the_float_function(tmp_path):
-    """llama (float32, 2 layers): the norm-fed inputs (QKV and gate/up of each layer, the LM head) are smoothed,
-    the attention output (o) and the SwiGLU product (down) declined with their reasons; the logits on fresh
-    prompts equal the unsmoothed graph's to float32 rounding."""
+    """llama (float32, 2 layers): the norm-fed inputs (QKV and gate/up of each layer, the LM head) and the SwiGLU
+    products (down's input, divided in the up projection's rows) are smoothed, the attention outputs (o's input)
+    declined with the reason; the logits on fresh prompts equal the unsmoothed graph's to float32 rounding."""
     calib = _calib(tmp_path)
     program = _float_program("llama", quant="int8", smooth=0.5, calib=calib)
     before = _float_program("llama").entries["main"]
     program, stats = sq.smooth_quant(program)
     graph = program.entries["main"]
-    assert stats.applied == {sq.RULE: 5}
-    assert sorted(stats.declined.values()) == sorted(
-        ["its producer is not a per-channel scale by a constant (norm or Mul)"] * 4)
-    assert len(program.smoothing["inputs"]) == 5 and program.smoothing["alpha"] == 0.5
+    assert stats.applied == {sq.RULE: 7}
+    assert list(stats.declined.values()) == [
+        "its producer is not a per-channel scale by a constant (norm or Mul) nor a gated product"] * 2
+    assert len(program.smoothing["inputs"]) == 7 and program.smoothing["alpha"] == 0.5
+    down = [r for r in program.smoothing["inputs"] if all(n.startswith("Linear:") for n in r["divided"])]
+    assert len(down) == 2  # the up projections' rows took the division
     assert all(r["scale_max"] > r["scale_min"] > 0 for r in program.smoothing["inputs"])
     feeds = load_feeds(_calib(tmp_path, seed=7, prompts=2, length=9), graph)
     want, got = interpret(before, feeds)["logits"], interpret(graph, feeds)["logits"]
@@ -88,12 +90,13 @@ def _inject_outliers(program: Program) -> None:
     """Make OUTLIERS channels of every smoothable input 30x larger and their weight columns 30x smaller: the same
     float function, int8 activations now dominated by two channels per row."""
     graph = program.entries["main"]
-    for prod, idx, users in sq._candidates(graph, program, RewriteStats()):
-        f = np.ones(prod.outputs[0].shape[-1])
+    for x, targets, users in sq._candidates(graph, program, RewriteStats()):
+        f = np.ones(x.shape[-1])
         f[list(OUTLIERS)] = 30.0
-        for i in idx:
-            c = prod.inputs[i]
-            prod.inputs[i] = constant(f"{c.name}__outlier", (c.data * f).astype(c.data.dtype))
+        for n, i, rows in targets:
+            c = n.inputs[i]
+            n.inputs[i] = constant(f"{c.name}__outlier", (np.asarray(c.data) * (f[:, None] if rows else f)).astype(
+                c.data.dtype))
         for u in users:
             w = u.inputs[1]
             u.inputs[1] = constant(f"{w.name}__outlier", (np.asarray(w.data) / f).astype(w.data.dtype))
@@ -104,15 +107,15 @@ def _w8a8_errors(program: Program, feeds) -> dict[str, float]:
     the calibration activations, for the norm-fed Linear nodes."""
     graph = program.entries["main"]
     found = sq._candidates(graph, program, RewriteStats())
-    xs = [prod.outputs[0] for prod, _, _ in found]
+    xs = [x for x, _, _ in found]
     graph.outputs.extend(xs)
     try:
         got = interpret(graph, feeds)
     finally:
         del graph.outputs[len(graph.outputs) - len(xs):]
     out = {}
-    for prod, _, users in found:
-        x = got[prod.outputs[0].name].reshape(-1, prod.outputs[0].shape[-1]).astype(np.float32)
+    for v, _, users in found:
+        x = got[v.name].reshape(-1, v.shape[-1]).astype(np.float32)
         for u in users:
             w = np.asarray(u.inputs[1].data, np.float32)
             wq, s = quantize_int8(w)
@@ -122,8 +125,9 @@ def _w8a8_errors(program: Program, feeds) -> dict[str, float]:
 
 
 def test_smoothing_lowers_the_int8_activation_error(tmp_path):
-    """With two outlier channels per norm output, W8A8's error on the calibration activations falls by more than
-    2x on every smoothed projection (alpha 0.5); without outliers it stays within 1.5x of the unsmoothed error."""
+    """With two outlier channels in every smoothed input (the norm outputs, the SwiGLU products), W8A8's error on
+    the calibration activations falls by more than 2x on every smoothed projection (alpha 0.5); without outliers it
+    stays within 1.5x of the unsmoothed error."""
     calib = _calib(tmp_path)
     for outliers in (True, False):
         program = _float_program("llama", quant="int8", smooth=0.5, calib=calib)
@@ -133,7 +137,7 @@ def test_smoothing_lowers_the_int8_activation_error(tmp_path):
         plain = _w8a8_errors(program, feeds)
         program, _ = sq.smooth_quant(program)
         smooth = _w8a8_errors(program, feeds)
-        assert plain.keys() == smooth.keys() and len(plain) == 11  # 2 x (q, k, v, gate, up) + the LM head
+        assert plain.keys() == smooth.keys() and len(plain) == 13  # 2 x (q, k, v, gate, up, down) + the LM head
         for name in plain:
             if outliers:
                 assert smooth[name] < 0.5 * plain[name], (name, smooth[name], plain[name])
@@ -154,10 +158,10 @@ def test_the_report_and_bad_options(tmp_path, cli, no_nvcc):
 
     with open_artifact(out) as art:
         rep = art.manifest.report["quantization"]
-    assert rep["smooth"]["alpha"] == 0.5 and len(rep["smooth"]["inputs"]) == 5
+    assert rep["smooth"]["alpha"] == 0.5 and len(rep["smooth"]["inputs"]) == 7
     assert rep["accuracy"]["top1_agreement"] > 0.5
     r = cli("inspect", out)
-    assert r.code == 0 and "quantization int8, SmoothQuant alpha 0.5 on 5 inputs" in r.stdout
+    assert r.code == 0 and "quantization int8, SmoothQuant alpha 0.5 on 7 inputs" in r.stdout
     for args, msg in ((("--quant", "int4", "--smooth", "0.5", "--calib", calib), "--smooth needs --quant int8"),
                       (("--quant", "int8", "--smooth", "0.5"), "--smooth needs --quant int8 and --calib"),
                       (("--quant", "int8", "--smooth", "1.5", "--calib", calib), "--smooth must be in (0, 1]"),
