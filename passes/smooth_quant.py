@@ -116,13 +116,15 @@ def _candidates(graph: Graph, program: Program, stats: RewriteStats) -> list[tup
     return out
 
 
-def _divided(program: Program, v: Value, s: np.ndarray, rows: bool) -> Value:
-    """A new constant: v's data divided by s along its last axis, or (rows) along its rows in row chunks."""
-    if not rows:
-        return constant(f"{v.name}__smooth", (v.data.astype(np.float64) / s).astype(v.data.dtype))
+def _scaled(program: Program, v: Value, f: np.ndarray, rows: bool) -> Value:
+    """A new constant: v's data times f along its rows (rows) or its last axis, in float64, rounded to its dtype;
+    a 2-D array a chunk of rows at a time (memory bounded by the new array)."""
+    if v.data.ndim < 2:
+        return constant(f"{v.name}__smooth", (v.data.astype(np.float64) * f).astype(v.data.dtype))
     new = program.new_array(v.shape, v.data.dtype)
-    for r0 in range(0, v.shape[0], 4096):  # row chunks: memory bounded by the new array
-        new[r0:r0 + 4096] = (v.data[r0:r0 + 4096].astype(np.float64) / s[r0:r0 + 4096, None]).astype(v.data.dtype)
+    for r0 in range(0, v.shape[0], 4096):
+        part = v.data[r0:r0 + 4096].astype(np.float64)
+        new[r0:r0 + 4096] = (part * (f[r0:r0 + 4096, None] if rows else f)).astype(v.data.dtype)
     return constant(f"{v.name}__smooth", new)
 
 
@@ -167,13 +169,9 @@ def smooth_quant(program: Program) -> tuple[Program, RewriteStats]:
                     m = np.abs(v.data).max(axis=1) if rows else np.abs(v.data).reshape(-1, v.shape[-1]).max(axis=0)
                     s = np.maximum(s, m.astype(np.float64) / FP16_ROOM)
             for n, i, rows in targets:
-                n.inputs[i] = _divided(program, n.inputs[i], s, rows)
-            for u in users:
-                w = u.inputs[1]
-                new = program.new_array(w.shape, w.data.dtype)
-                for r0 in range(0, w.shape[0], 4096):  # row chunks: memory bounded by the new array
-                    new[r0:r0 + 4096] = (w.data[r0:r0 + 4096].astype(np.float64) * s).astype(w.data.dtype)
-                u.inputs[1] = constant(f"{w.name}__smooth", new)
+                n.inputs[i] = _scaled(program, n.inputs[i], 1.0 / s, rows)
+            for u in users:  # W_i[:, j] s_j
+                u.inputs[1] = _scaled(program, u.inputs[1], s, False)
             layers.append({"input": x.name, "linears": [u.name for u in users],
                            "divided": sorted({n.name for n, _, _ in targets}),
                            "scale_min": float(s.min()), "scale_max": float(s.max())})
