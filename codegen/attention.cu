@@ -283,7 +283,9 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // 32-key blocks, each run a separate work unit (so batch 1 at a long context still fills the GPU).
 // A unit writes its rows' unnormalized output, max and sum to the scratch `ws`, then bumps the item's
 // counter `cnt`; the unit that arrives last merges the runs (flash-decoding) and writes y, then puts
-// the counter back to 0. splits is chosen at run time from the launch: enough units for
+// the counter back to 0. WMERGE (attention.py WARP_MERGE): that merge reads every run's (m, l) of a row
+// at once, a warp per row and a lane per run, and every run's value of an output element at once; otherwise
+// one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time from the launch: enough units for
 // ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT.
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
 // latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
@@ -555,7 +557,8 @@ __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, 
 }
 
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
-          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true, bool MMA = false>
+          int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true, bool MMA = false,
+          bool WMERGE = true>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
@@ -828,10 +831,22 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     __threadfence();
     // each run's weight exp(m_s - M) / L per row, once (into `part`: free after the loop above)
     float* wgt = part;  // [R][SPLIT]
-    if (threadIdx.x < R) {
+    constexpr long long RUN = (long long)R * (D + 2);  // floats between one row's slots of two runs
+    if constexpr (WMERGE) {  // a warp per row, a lane per run (SPLIT <= 32): every run's m, l read at once
+      static_assert(SPLIT <= 32, "WMERGE: a lane per run");
+      for (int r = warp; r < R; r += NW) {
+        const float* run0 = ws + (item * SPLIT * R + r) * (D + 2);
+        const bool run = lane < splits;
+        const float m_s = run ? __ldcg(run0 + lane * RUN + D) : -INFINITY;
+        const float l_s = run ? __ldcg(run0 + lane * RUN + D + 1) : 0.f;
+        const float M = warp_max(m_s);
+        const float f = M == -INFINITY ? 0.f : expf(m_s - M);  // 0: a run with no key, or no run
+        const float L = warp_sum(l_s * f);
+        if (run) wgt[r * SPLIT + lane] = L == 0.f ? 0.f : f / L;
+      }
+    } else if (threadIdx.x < R) {
       const int r = threadIdx.x;
       const float* run0 = ws + (item * SPLIT * R + r) * (D + 2);
-      constexpr long long RUN = (long long)R * (D + 2);  // floats between one row's slots of two runs
       float M = -INFINITY;
       for (long long s2 = 0; s2 < splits; ++s2) M = fmaxf(M, __ldcg(run0 + s2 * RUN + D));
       float L = 0.f;
@@ -850,8 +865,17 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       if (rr >= rows) continue;
       const float* run0 = ws + (item * SPLIT * R + r) * (D + 2) + dd;
       float o = 0.f;
+      if constexpr (WMERGE) {  // every run's value in flight at once
+        float v[SPLIT];
+#pragma unroll
+        for (int s2 = 0; s2 < SPLIT; ++s2) v[s2] = s2 < splits ? __ldcg(run0 + s2 * RUN) : 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < SPLIT; ++s2)
+          if (s2 < splits) o = fmaf(v[s2], wgt[r * SPLIT + s2], o);
+      } else {
 #pragma unroll 8
-      for (int s2 = 0; s2 < (int)splits; ++s2) o = fmaf(__ldcg(run0 + s2 * (long long)R * (D + 2)), wgt[r * SPLIT + s2], o);
+        for (int s2 = 0; s2 < (int)splits; ++s2) o = fmaf(__ldcg(run0 + s2 * RUN), wgt[r * SPLIT + s2], o);
+      }
       const long long h = hk * group + rr % group, i = rr / group;
       store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
     }

@@ -80,6 +80,12 @@ WARPS_ENV = "ATLAS_ATTENTION_WARPS"  # auto (fast_warps' rule), or 2, 4 or 8 for
 # (docs/perf.md v28): -0.3%, against the 1-2 us per attention predicted.
 EARLY_KV = False
 EARLY_KV_ENV = "ATLAS_ATTENTION_EARLY_KV"  # overrides EARLY_KV (0 / 1, A/B timing)
+# WMERGE of attention.cu: the split's last run merges the runs' rows with a warp per row and a lane per run, every
+# run's partials read at once (0: the first form, one thread per row walking the runs a few at a time). H200,
+# batch 1 (attention_lab "fast" against "mmawm", docs/perf.md v34): 8B 4096 keys 16.83 -> 15.74 us, 1024 keys
+# 11.69 -> 11.32; 1B 11.70 -> 10.08 and 8.90 -> 8.25; 256 keys (no split) unchanged
+WARP_MERGE = True
+WARP_MERGE_ENV = "ATLAS_ATTENTION_WARP_MERGE"  # overrides WARP_MERGE (0 / 1, A/B timing)
 
 
 def path_choice() -> str:
@@ -323,6 +329,12 @@ def mma_setting() -> bool:
     return env_switch(MMA_ENV, FAST_MMA, CodegenError)
 
 
+def warp_merge() -> bool:
+    """ATLAS_ATTENTION_WARP_MERGE (default WARP_MERGE): 1 has the sequence split's last run merge the runs with a
+    warp per query row (attention.cu WMERGE), 0 with a thread per row; CodegenError unless 0 or 1."""
+    return env_switch(WARP_MERGE_ENV, WARP_MERGE, CodegenError)
+
+
 def early_kv_setting() -> bool:
     """ATLAS_ATTENTION_EARLY_KV (default EARLY_KV, off): 1 has each decode attention_decode kernel (one query
     position) prefetch the K / V rows it will read into L2 before it waits for the kernel before it; CodegenError
@@ -336,12 +348,14 @@ def mma_fits(dtype: str, d: int, r: int) -> bool:
 
 
 def decode_template_tail(split: int, keys: bool, mma: bool = False) -> str:
-    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, MMA, each given
-    only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS and FAST_VPREFETCH
-    equal ATT_SPLIT_MIN_KEYS and VPF there: the text names only what a switch changes)."""
+    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, MMA, WMERGE, each
+    given only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS, FAST_VPREFETCH and
+    WARP_MERGE equal ATT_SPLIT_MIN_KEYS, VPF and WMERGE there: the text names only what a switch changes; WMERGE
+    only with a split)."""
     args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false",
-            "true" if mma else "false"]
-    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false", "false"]
+            "true" if mma else "false", "true" if (warp_merge() if split > 1 else WARP_MERGE) else "false"]
+    defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false", "false",
+                "true" if WARP_MERGE else "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(f", {a}" for a in args)

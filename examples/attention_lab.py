@@ -99,12 +99,14 @@ def build(model: str, ctx: int, batch: int, mask: str = "tensor"):
 # the short-context A/B variants of "fast" (not in the default set), each spelled in full so that its meaning
 # stays as measured in docs/perf.md v13 / v14: the split's runs of at least 32 / 64 / 256 keys, V rows
 # prefetched into L2 with the K reads or not, 4 or 2 warps per block (attention.py MIN_KEYS_ENV,
-# VPREFETCH_ENV, WARPS_ENV, MMA_ENV). "fast" is the default kernel of a one-node graph (since v15: runs of 256
-# keys, V prefetch, 8 warps, tensor cores as "mma"; a compiled decoder's kernels for batches above 8 take 4 warps,
-# as "w4mma"); "mk256vpf" is v14's default (SIMT), "v13" v13's (64 keys, no prefetch).
-def _ab(min_keys: int, vpf: bool, warps: int = 8, mma: bool = False) -> dict[str, str]:
+# VPREFETCH_ENV, WARPS_ENV, MMA_ENV, WARP_MERGE_ENV). "fast" is the default kernel of a one-node graph (since v34:
+# runs of 256 keys, V prefetch, 8 warps, tensor cores, the split merged by a warp per row, as "mmawm"; a compiled
+# decoder's kernels for batches above 8 take 4 warps); "mma" / "w4mma" are v15-v33's defaults (the merge's first
+# form), "mk256vpf" v14's (SIMT), "v13" v13's (64 keys, no prefetch).
+def _ab(min_keys: int, vpf: bool, warps: int = 8, mma: bool = False, merge: bool = False) -> dict[str, str]:
     return {attention.MIN_KEYS_ENV: str(min_keys), attention.VPREFETCH_ENV: str(int(vpf)),
-            attention.WARPS_ENV: str(warps), attention.MMA_ENV: str(int(mma))}
+            attention.WARPS_ENV: str(warps), attention.MMA_ENV: str(int(mma)),
+            attention.WARP_MERGE_ENV: str(int(merge))}
 
 
 AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False), "mk256": _ab(256, False),
@@ -113,7 +115,11 @@ AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False),
             # mma*: scores and values on tensor cores (ATLAS_ATTENTION_MMA=1, the default since v15), runs of at
             # least 256 / 64 / 32 keys, 8, 4 or 2 warps
             "mma": _ab(256, True, 8, True), "mma64": _ab(64, True, 8, True), "mma32": _ab(32, True, 8, True),
-            "w4mma": _ab(256, True, 4, True), "w4mma64": _ab(64, True, 4, True), "w2mma": _ab(256, True, 2, True)}
+            "w4mma": _ab(256, True, 4, True), "w4mma64": _ab(64, True, 4, True), "w2mma": _ab(256, True, 2, True),
+            # *wm: the split's runs merged by a warp per row (ATLAS_ATTENTION_WARP_MERGE=1), runs of 256 / 128 / 64
+            "mmawm": _ab(256, True, 8, True, True), "mma128wm": _ab(128, True, 8, True, True),
+            "mma64wm": _ab(64, True, 8, True, True), "w4mma128wm": _ab(128, True, 4, True, True),
+            "w4mma64wm": _ab(64, True, 4, True, True)}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
@@ -290,7 +296,7 @@ def generate(model: str, ctx: int, batch: int, path: str, mask: str = "tensor"):
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
         attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
     env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: "",
-            attention.MMA_ENV: ""} | AB_PATHS.get(path, {})
+            attention.MMA_ENV: "", attention.WARP_MERGE_ENV: ""} | AB_PATHS.get(path, {})
     return generate_with_env(build(model, ctx, batch, mask), env)
 
 

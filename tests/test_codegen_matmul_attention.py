@@ -652,7 +652,8 @@ def test_attention_decode_sequence_split():
     # the defaults decode_template_tail leaves out are attention.cu's
     assert f"ATT_SPLIT_MIN_KEYS = {attention.FAST_SPLIT_MIN_KEYS};" in cu
     assert f"int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = {str(attention.FAST_VPREFETCH).lower()}, " in cu
-    assert "bool VPF = true, bool MMA = false>" in cu  # MMA spelled out where it applies
+    assert "bool VPF = true, bool MMA = false," in cu  # MMA spelled out where it applies
+    assert f"bool WMERGE = {str(attention.WARP_MERGE).lower()}>" in cu
     three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
     assert 0 < len(split.findall(three.source)) < 11  # group 1: 3 rows fit one tile, the others do not
     # prefill-sized maxima never split (their scratch would be huge)
@@ -789,7 +790,8 @@ def test_attention_split_env_rejects_bad_values(monkeypatch, value):
 @pytest.mark.parametrize("env,value", [("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "0"),
                                        ("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "x"),
                                        ("ATLAS_ATTENTION_VPREFETCH", "2"), ("ATLAS_ATTENTION_VPREFETCH", "yes"),
-                                       ("ATLAS_ATTENTION_WARPS", "3"), ("ATLAS_ATTENTION_WARPS", "16")])
+                                       ("ATLAS_ATTENTION_WARPS", "3"), ("ATLAS_ATTENTION_WARPS", "16"),
+                                       ("ATLAS_ATTENTION_WARP_MERGE", "2")])
 def test_attention_ab_env_rejects_bad_values(monkeypatch, env, value):
     """The short-context A/B switches take a key count (1 to 65536) / 0 or 1 / 2, 4 or 8 warps: else a
     CodegenError naming them."""
@@ -871,6 +873,10 @@ def _ab_sources(monkeypatch) -> tuple[str, str, str, str, str]:
     assert attention.decode_template_tail(1, True) == ", 1, true, 256, false"
     monkeypatch.delenv(attention.VPREFETCH_ENV)
     assert attention.decode_template_tail(1, True) == ", 1, true"
+    monkeypatch.setenv(attention.WARP_MERGE_ENV, "0")  # the merge only where the split runs
+    assert attention.decode_template_tail(32, False, True) == ", 32, false, 256, true, true, false"
+    assert attention.decode_template_tail(1, True) == ", 1, true"
+    monkeypatch.delenv(attention.WARP_MERGE_ENV)
     monkeypatch.setenv(attention.WARPS_ENV, "4")
     four = generate_module({"d": (graph, plan)}, upper).source
     monkeypatch.setenv(attention.WARPS_ENV, "2")
@@ -925,13 +931,19 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")  # must not leak into "fast" or "mk256vpf"
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "2")  # nor into any path but w2
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")  # nor into "fast" or the mma paths
-    mma = ", 32, false, 256, true, true>(args"
-    want = {"fast": mma, "v13": ", 32, false, 64, false>(args", "vpf": ", 32, false, 64>(args",
-            "mk32": ", 32, false, 32, false>(args", "mk256": ", 32, false, 256, false>(args",
-            "mk256vpf": ", 32>(args", "w4": ", 32, false, 64, false>(args", "w2": ", 32, false, 64, false>(args",
-            "w4vpf": ", 32, false, 64>(args", "w4mk256vpf": ", 32>(args", "mma": mma,
-            "mma64": ", 32, false, 64, true, true>(args", "mma32": ", 32, false, 32, true, true>(args",
-            "w4mma": mma, "w4mma64": ", 32, false, 64, true, true>(args", "w2mma": mma}
+    monkeypatch.setenv("ATLAS_ATTENTION_WARP_MERGE", "0")  # nor into "fast" or the *wm paths
+    mma = ", 32, false, 256, true, true>(args"  # the default: WMERGE left out
+    old = ", false>(args"  # the paths measured before the warp merge spell out its first form
+    want = {"fast": mma, "v13": ", 32, false, 64, false, false" + old, "vpf": ", 32, false, 64, true, false" + old,
+            "mk32": ", 32, false, 32, false, false" + old, "mk256": ", 32, false, 256, false, false" + old,
+            "mk256vpf": ", 32, false, 256, true, false" + old, "w4": ", 32, false, 64, false, false" + old,
+            "w2": ", 32, false, 64, false, false" + old, "w4vpf": ", 32, false, 64, true, false" + old,
+            "w4mk256vpf": ", 32, false, 256, true, false" + old, "mma": ", 32, false, 256, true, true" + old,
+            "mma64": ", 32, false, 64, true, true" + old, "mma32": ", 32, false, 32, true, true" + old,
+            "w4mma": ", 32, false, 256, true, true" + old, "w4mma64": ", 32, false, 64, true, true" + old,
+            "w2mma": ", 32, false, 256, true, true" + old, "mmawm": mma,
+            "mma128wm": ", 32, false, 128, true, true>(args", "mma64wm": ", 32, false, 64, true, true>(args",
+            "w4mma128wm": ", 32, false, 128, true, true>(args", "w4mma64wm": ", 32, false, 64, true, true>(args"}
     assert set(want) == {"fast", *lab.AB_PATHS}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)

@@ -174,27 +174,29 @@ def _check_decode_switched(monkeypatch, switches: dict[str, str], seed: int, one
         check_against_reference(graph, feeds, rtol=rtol, atol=atol, upper=upper, plan_fn=_decode_plan, repeat=3)
 
 
-@pytest.mark.parametrize("min_keys,vpf,warps,mma", [("32", "0", "8", "0"), ("256", "1", "8", "0"),
-                                                    ("64", "1", "4", "0"), ("32", "0", "2", "0"),
-                                                    ("32", "0", "2", "1")])
-def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, warps, mma):
+@pytest.mark.parametrize("min_keys,vpf,warps,mma,merge", [("32", "0", "8", "0", "0"), ("256", "1", "8", "0", "0"),
+                                                          ("64", "1", "4", "0", "0"), ("32", "0", "2", "0", "0"),
+                                                          ("32", "0", "2", "1", "0"), ("32", "1", "8", "0", "1")])
+def test_attention_decode_short_context_switches(monkeypatch, min_keys, vpf, warps, mma, merge):
     """ATLAS_ATTENTION_SPLIT_MIN_KEYS (runs of at least 32 / 64 / 256 keys), ATLAS_ATTENTION_VPREFETCH=1 (V rows
-    prefetched into L2) and ATLAS_ATTENTION_WARPS (4 / 2 warps per block), on the SIMT path (ATLAS_ATTENTION_MMA=0)
-    and on tensor cores, keep attention_decode equal to the reference at every one-position context of
-    DECODE_ENVS."""
-    _check_decode_switched(monkeypatch, {"SPLIT_MIN_KEYS": min_keys, "VPREFETCH": vpf, "WARPS": warps, "MMA": mma},
-                           seed=7, one_position=True)
+    prefetched into L2), ATLAS_ATTENTION_WARPS (4 / 2 warps per block) and ATLAS_ATTENTION_WARP_MERGE=1 (the split
+    merged by a warp per row), on the SIMT path (ATLAS_ATTENTION_MMA=0) and on tensor cores, keep attention_decode
+    equal to the reference at every one-position context of DECODE_ENVS."""
+    _check_decode_switched(monkeypatch, {"SPLIT_MIN_KEYS": min_keys, "VPREFETCH": vpf, "WARPS": warps, "MMA": mma,
+                                         "WARP_MERGE": merge}, seed=7, one_position=True)
 
 
-@pytest.mark.parametrize("min_keys,warps", [("256", "8"), ("32", "4")])
-def test_attention_decode_mma(monkeypatch, min_keys, warps):
+@pytest.mark.parametrize("min_keys,warps,merge", [("256", "8", "0"), ("32", "4", "0"), ("32", "8", "1"),
+                                                   ("32", "4", "1"), ("32", "2", "1")])
+def test_attention_decode_mma(monkeypatch, min_keys, warps, merge):
     """attention_decode's scores and values on tensor cores (ATLAS_ATTENTION_MMA, on by default: float16, head
     dims 64 / 128; 256 keeps the SIMT path) equal the reference on build_attention_decode's nodes (GQA groups
     1 / 4 / 8, masks with a fully masked batch row, causal, past inputs, 3-D inputs) at every context of
-    DECODE_ENVS, with runs of at least 256 keys and 8 warps, and of 32 keys and 4 warps (the split's merge).
-    Tolerance as the other float16 attention tests: P is rounded to fp16 as in attention_fa2."""
-    _check_decode_switched(monkeypatch, {"MMA": "1", "SPLIT_MIN_KEYS": min_keys, "WARPS": warps}, seed=9,
-                           one_position=False)
+    DECODE_ENVS, with runs of at least 256 keys and 8 warps, and of 32 keys and 8 / 4 / 2 warps (the split's
+    merge), that merge by a thread per row and by a warp per row (ATLAS_ATTENTION_WARP_MERGE=1; 2 warps: fewer
+    warps than rows). Tolerance as the other float16 attention tests: P is rounded to fp16 as in attention_fa2."""
+    _check_decode_switched(monkeypatch, {"MMA": "1", "SPLIT_MIN_KEYS": min_keys, "WARPS": warps,
+                                         "WARP_MERGE": merge}, seed=9, one_position=False)
 
 
 @pytest.mark.parametrize("path,mma", [("rows", ""), ("fast", ""), ("fast", "0")], ids=["rows", "fast", "fast-simt"])
