@@ -12,10 +12,13 @@ The path comes from the measured table passes/decode_paths.yaml: per arch, quant
 every `--arch`, so a bucket takes int8 activations only when every arch's table chooses them; an arch
 without a measurement chooses float activations ("not measured"). A node whose rows reach 2..8 also
 runs batch 1, so it needs both buckets to choose int8. On sm90 (H200) float activations win every
-bucket (1.2-5.9x per call, docs/perf.md; W8A8 measured in its first form: its early form, now what the
-compiler emits, is 1.3-1.8x faster and wins gate/up and the LM head at one row, v33, not yet in the table),
-so by default nothing changes. ATLAS_INT4_PATH=w4a16|w4a8 and
-ATLAS_INT8_PATH=w8a16|w8a8 override the table for every bucket (experiments, GPU tests). int8
+bucket's kernels (1.2-5.9x per call, docs/perf.md; W8A8 measured in its first form: its early form, now what
+the compiler emits, is 1.3-1.8x faster and wins gate/up and the LM head at one row, v33, not yet in the table).
+A table entry "fused rows 1" (per arch and quantization) measures the decode step with int8 x in the batch-1
+kernels of the fused non-rotary projections only (FUSED_ROWS1); where every arch of the compile chose it there,
+those kernels take it by default (sm90, docs/perf.md v34: the 8-layer Llama-3-8B step 7.8% faster for int4,
+3.0% for int8). ATLAS_INT4_PATH=w4a16|w4a8|w4a8-fused1 and
+ATLAS_INT8_PATH=w8a16|w8a8|w8a8-fused1 override the table for every bucket (experiments, GPU tests). int8
 activations add the error of quantizing them: the compile's accuracy report measures it on a decode
 step per calibration prompt (atlasc/accuracy.py decode_act_report).
 
@@ -46,12 +49,16 @@ QUANT = {"LinearQ4": "int4", "LinearQ8": "int8"}  # the table's and the record's
 RULES = {"LinearQ4": "LinearQ4 (decode) => act int8 (W4A8, dp4a)",
          "LinearQ8": "LinearQ8 (decode) => act int8 (W8A8, dp4a)"}
 BUCKETS = ("rows 1", "rows 2..8")
-# ATLAS_INT4_PATH=w4a8-fused1 / ATLAS_INT8_PATH=w8a8-fused1 (opt-in, for A/B timing): int8 activations only in
-# the rows-1 kernels of the fused non-rotary projections (NormLinearQ: gate/up + SwiGLU, the LM head; act =
+# ATLAS_INT4_PATH=w4a8-fused1 / ATLAS_INT8_PATH=w8a8-fused1 (also the table's FUSED_BUCKET choice): int8 activations
+# only in the rows-1 kernels of the fused non-rotary projections (NormLinearQ: gate/up + SwiGLU, the LM head; act =
 # "int8@1"). The lab at M = 1 has those faster with int8 x: int4 (docs/perf.md v12) 8B gate/up 23.39 against
 # 28.48 us, LM head 77.84 against 83.14; int8 with W8A8's early form (v33, plain kernels) gate/up 33.07 against
-# 34.65, LM head 125.43 against 138.46; QKV, o, down and 8 rows slower. Neither is measured end to end yet.
+# 34.65, LM head 125.43 against 138.46; QKV, o, down and 8 rows slower. In the decode step (v34): see the table.
 FUSED_ROWS1 = {"LinearQ4": "w4a8-fused1", "LinearQ8": "w8a8-fused1"}
+# the table's entry (per arch and quantization) that measures the fused path in a decode step (a mix of kernels has
+# no one-kernel lab row): {"choice", "date", "command", "step us": {path: us}}; choosing FUSED_ROWS1 there makes it
+# the default where both buckets' kernel choices are float activations
+FUSED_BUCKET = "fused rows 1"
 FUSED_ROWS1_RULE = {"LinearQ4": "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)",
                     "LinearQ8": "NormLinearQ(LinearQ8) (decode, 1 row) => act int8 (W8A8)"}
 TABLE = Path(__file__).with_name("decode_paths.yaml")
@@ -64,11 +71,18 @@ def load_table(path: Path = TABLE) -> dict:
 
 
 def table_problems(table: dict) -> list[str]:
-    """What is wrong with a table: missing buckets, or a choice that is not the path with the smaller sum
-    of microseconds over the bucket's shapes."""
+    """What is wrong with a table: missing buckets, a choice that is not the path with the smaller sum
+    of microseconds over the bucket's shapes, or a FUSED_BUCKET whose choice is not its fastest step."""
     problems = []
     for arch, entry in table.items():
         for op, quant in QUANT.items():
+            fused = entry.get(quant, {}).get(FUSED_BUCKET)
+            if fused is not None:
+                step = fused.get("step us") or {}
+                need, known = {PATHS[op][1][0], FUSED_ROWS1[op]}, {*PATHS[op][1], FUSED_ROWS1[op]}
+                if not need <= set(step) <= known or fused.get("choice") != min(step, key=step.get):
+                    problems.append(f"{arch} {quant} {FUSED_BUCKET}: choice {fused.get('choice')} but step us {step} "
+                                    f"(numbers for {', '.join(sorted(need))}, at most {', '.join(sorted(known))})")
             for bucket in BUCKETS:
                 cell = entry.get(quant, {}).get(bucket)
                 if not cell or not cell.get("us"):
@@ -99,6 +113,12 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
                 "source": f"{env}={forced}"}
     if forced:
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
+    fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
+                   == FUSED_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
+    if archs and len(fused_archs) == len(archs):
+        dates = ", ".join(f"{a} measured {table[a][QUANT[op]][FUSED_BUCKET]['date']}" for a in archs)
+        return {"paths": {"rows 1": f"{int8_path} (fused norms)", "rows 2..8": float_path},
+                "source": f"table {TABLE.name} ({FUSED_BUCKET}): {dates}"}
     per_arch, notes = [], []
     for arch in archs:
         entry = table.get(arch)
@@ -193,7 +213,7 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     for op in sorted(ops):
         decision = decide(op, tuple(program.options.archs), table)
         program.decode_paths[QUANT[op]] = decision
-        if env_choice(op) == FUSED_ROWS1[op]:
+        if decision["paths"]["rows 1"].endswith("(fused norms)"):
             for entry, graph in program.entries.items():
                 choose_fused_rows1(graph, stats, program.bounds.get(entry, {}), entry in BUCKETED_ENTRIES,
                                    program.options.archs, op)

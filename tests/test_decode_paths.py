@@ -101,11 +101,44 @@ def test_archs_that_differ_or_are_not_measured_get_float_activations(monkeypatch
                            "the archs differ: float activations where they do")
 
 
-def test_the_measured_table_gives_sm90_float_activations(monkeypatch):
-    program, stats = _chosen(monkeypatch)
+FUSED_SOURCE = "table decode_paths.yaml (fused rows 1): sm90 measured 2026-12-03"
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_the_measured_table_gives_sm90_int8_activations_in_the_fused_batch1_kernels(monkeypatch, quant):
+    """The repo's table: on sm90 the fused rows-1 path won the decode step (docs/perf.md v34), so the batch-1
+    kernels of the NormLinearQ nodes take int8 x ("int8@1") and every other projection float activations, as the
+    opt-in ATLAS_INT4_PATH=w4a8-fused1 / ATLAS_INT8_PATH=w8a8-fused1 did; with sm80 in the compile (not measured)
+    every projection keeps float activations."""
+    op = "LinearQ4" if quant == "int4" else "LinearQ8"
+    program, stats = _chosen(monkeypatch, quant=quant)
+    acts = {(n.op, n.attrs.get("act", "")) for n in program.entries["decode"].nodes if cdp._projection(n)}
+    assert acts == {("NormLinearQ", "int8@1"), ("NormLinearRotary", ""), (op, "")}
+    assert set(stats.applied) == {cdp.FUSED_ROWS1_RULE[op]}
+    float_path, int8_path = cdp.PATHS[op][1]
+    assert program.decode_paths[quant] == {"paths": {"rows 1": f"{int8_path} (fused norms)",
+                                                     "rows 2..8": float_path}, "source": FUSED_SOURCE}
+    program, stats = _chosen(monkeypatch, quant=quant, archs=("sm80", "sm90"))
     assert _acts(program) == {""} and not stats.applied
-    assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a16", "rows 2..8": "w4a16"},
-                                            "source": "table decode_paths.yaml: sm90 measured 2026-11-30"}
+    assert program.decode_paths[quant]["paths"] == dict.fromkeys(cdp.BUCKETS, float_path)
+
+
+def test_a_fused_entry_must_choose_its_fastest_step():
+    """table_problems checks the "fused rows 1" entry: its choice is the path with the smallest step time, and it
+    has numbers for the float path and the fused one."""
+    table = cdp.load_table()
+    for quant, fused in (("int4", "w4a8-fused1"), ("int8", "w8a8-fused1")):
+        entry = table["sm90"][quant][cdp.FUSED_BUCKET]
+        assert entry["choice"] == fused and "examples/step_ab.sh" in entry["command"]
+    bad = copy.deepcopy(table)
+    bad["sm90"]["int8"][cdp.FUSED_BUCKET]["step us"]["w8a16"] = 1.0
+    problems = cdp.table_problems(bad)
+    assert len(problems) == 1 and problems[0].startswith("sm90 int8 fused rows 1: choice w8a8-fused1"), problems
+    del bad["sm90"]["int8"][cdp.FUSED_BUCKET]["step us"]["w8a16"]
+    assert len(cdp.table_problems(bad)) == 1
+    bad = copy.deepcopy(table)
+    bad["sm90"]["int4"][cdp.FUSED_BUCKET]["step us"]["w8a8"] = 1.0  # another quantization's path
+    assert len(cdp.table_problems(bad)) == 1
 
 
 def test_the_environment_overrides_the_table(monkeypatch):
@@ -250,7 +283,6 @@ def test_the_artifact_records_the_decision(tmp_path, monkeypatch, no_nvcc):
     compile_model(FIXTURES / "llama.onnx", out, CompileOptions(archs=("sm90",), max_seq=32, max_batch=2,
                                                               quant="int4", group_size=32))
     report = json.loads(atlasc("inspect", out, "--json").splitlines()[-1])
-    want = {"paths": {"rows 1": "w4a16", "rows 2..8": "w4a16"},
-            "source": "table decode_paths.yaml: sm90 measured 2026-11-30"}
+    want = {"paths": {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"}, "source": FUSED_SOURCE}
     assert report["decode_paths"] == {"int4": want}
-    assert f"decode path int4: w4a16 ({want['source']})" in atlasc("inspect", out)
+    assert f"decode path int4: rows 1 w4a8 (fused norms), rows 2..8 w4a16 ({FUSED_SOURCE})" in atlasc("inspect", out)
