@@ -285,8 +285,9 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // counter `cnt`; the unit that arrives last merges the runs (flash-decoding) and writes y, then puts
 // the counter back to 0. WMERGE (attention.py WARP_MERGE): that merge reads every run's (m, l) of a row
 // at once, a warp per row and a lane per run, and every run's value of an output element at once; otherwise
-// one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time from the launch: enough units for
-// ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT.
+// one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time
+// from the launch: enough units for ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default
+// ATT_SPLIT_MIN_KEYS), at most SPLIT.
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
 // latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
 // MMA: scores and values on tensor cores (decode_warp_mma; attention.py: ATLAS_ATTENTION_MMA).
