@@ -444,7 +444,7 @@ def codegen_choices() -> dict:
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
             "attention_early_kv": attention.early_kv_setting(), "norm_vec": reduce.norm_vec_choice(),
             "attention_mma": attention.mma_setting(),
-            "attention_warps": attention.warps_setting(),
+            "attention_warps": attention.warps_setting(), "attention_warp_merge": attention.warp_merge(),
             # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first
             # (after its prefetch, if any), or with early weights after its first weight loads (linear.cu LinPro)
             "pdl_wait": True,

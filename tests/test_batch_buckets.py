@@ -137,7 +137,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_early_kv": False, "norm_vec": True,
-                 "attention_mma": True, "attention_warps": "auto",
+                 "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
                  "share_kernels": True, "linear_tma": True, "linear_tma_config": TMA_CONFIG,
@@ -155,6 +155,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")
+    monkeypatch.setenv("ATLAS_ATTENTION_WARP_MERGE", "0")
     monkeypatch.setenv("ATLAS_LINEAR_KSPLIT", "2")
     monkeypatch.setenv("ATLAS_QUANT_KSPLIT", "4")
     monkeypatch.setenv("ATLAS_SHARE_KERNELS", "0")
@@ -172,7 +173,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_early_kv": True, "norm_vec": False,
-                                 "attention_mma": False, "attention_warps": "4",
+                                 "attention_mma": False, "attention_warps": "4", "attention_warp_merge": False,
                                  "pdl_wait": True,
                                  "pdl_trigger": "end", "early_weights": "1", "early_quant": True,
                                  "sample_split": False,

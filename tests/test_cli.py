@@ -195,6 +195,8 @@ def test_inspect_names_the_opt_in_kernel_choices():
         "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
     assert _opt_ins({**defaults, "norm_vec": True}) == ""
     assert _opt_ins({**defaults, "norm_vec": False}) == "ATLAS_NORM_VEC=0"
+    assert _opt_ins({**defaults, "attention_warp_merge": True}) == ""
+    assert _opt_ins({**defaults, "attention_warp_merge": False}) == "ATLAS_ATTENTION_WARP_MERGE=0"
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
     assert _opt_ins({**defaults, "early_weights": "2"}) == ""
     assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"
