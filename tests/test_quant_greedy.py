@@ -30,8 +30,8 @@ PROMPTS = np.array([[5, 17, 42, 9, 33, 2, 71, 8], [3, 4, 11, 60, 25, 19, 7, 13]]
 
 
 @functools.cache
-def program(name: str, quant: str) -> Program:
-    options = CompileOptions(max_batch=2, max_seq=32, quant=quant, group_size=16)
+def program(name: str, quant: str, archs: tuple[str, ...] = CompileOptions.archs) -> Program:
+    options = CompileOptions(archs=archs, max_batch=2, max_seq=32, quant=quant, group_size=16)
     return run_pipeline(Program({"main": import_onnx(FIXTURES / f"{name}.onnx")}, options))[0]
 
 
@@ -69,10 +69,11 @@ def _kl(p_logits, q_logits) -> float:
     return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
 
 
-def agreement(name: str, quant: str) -> tuple[float, float, int]:
+def agreement(name: str, quant: str, archs: tuple[str, ...] = CompileOptions.archs,
+              prompts: np.ndarray = PROMPTS) -> tuple[float, float, int]:
     """(greedy agreement, mean KL float || quantized, steps that differ outside near-ties)."""
-    want, lf = run(program(name, "none"), PROMPTS, None, STEPS)
-    got, lq = run(program(name, quant), PROMPTS, want, STEPS)
+    want, lf = run(program(name, "none"), prompts, None, STEPS)
+    got, lq = run(program(name, quant, archs), prompts, want, STEPS)
     delta = np.abs(lf - lq).max(-1)  # [B, steps]
     top2 = np.sort(lf, axis=-1)[..., -2:]
     gap = top2[..., 1] - top2[..., 0]
@@ -88,3 +89,16 @@ def test_int8_keeps_greedy_tokens_and_int4_is_reported(name):
           f"int4 g16 agreement {a4:.3f} KL {kl4:.1e} (non-tie flips {bad4})")
     assert bad8 == 0 and kl8 < 1e-4
     assert kl4 < 0.05
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_int8_keeps_greedy_tokens_with_int8_activations_at_batch_1(name):
+    """A compile for sm90 alone takes int8 activations in the batch-1 kernels of the fused gate/up and the LM head
+    (passes/decode_paths.yaml's fused rows 1): one prompt's decode steps run them, and int8 still keeps the float
+    program's greedy tokens. (GPT-2's LayerNorm projections are not NormLinearQ: they keep float x.)"""
+    p = program(name, "int8", ("sm90",))
+    fused = [n for n in p.entries["decode"].nodes if n.op == "NormLinearQ"]
+    assert all(n.attrs.get("act") == "int8@1" for n in fused) and (bool(fused) != name.startswith("gpt2"))
+    a8, kl8, bad8 = agreement(name, "int8", ("sm90",), PROMPTS[:1])
+    print(f"\n{name}: int8, int8 x at batch 1: agreement {a8:.3f} KL {kl8:.1e} (non-tie flips {bad8})")
+    assert bad8 == 0 and kl8 < 1e-4
