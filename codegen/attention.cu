@@ -325,6 +325,17 @@ __device__ __forceinline__ unsigned att_pair(__half lo, __half hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// the column at which attention_decode's shared `part` keeps element `col` of partial row `prow` (warp * R + row):
+// bits 0-3 of col XORed by (prow & 7, col's bit 5). The MMA path's stores (a lane per row g and column 16 c + const)
+// then spread over 16 banks instead of 2 (ncu, 8B batch 1, 4096 keys: 7.6-way conflicts on its shared stores,
+// docs/perf.md v35). A bijection within each 16 aligned columns, the same one over the 32 columns of a 32-aligned
+// range, so a warp reading 32 consecutive columns of one row stays free of conflicts; head dims that are not a
+// multiple of 16 keep the plain layout.
+template <int D> __device__ __forceinline__ int att_part_col(int prow, int col) {
+  if constexpr (D % 16 == 0) return col ^ ((prow & 7) | ((col >> 2) & 8));
+  return col;
+}
+
 // MMA decode (attention.py: ATLAS_ATTENTION_MMA): one warp's share of a unit's keys on tensor cores, float16,
 // R <= 8 rows, D 64 or 128; the rest of attention_decode (split, merges) is the SIMT path's. Per block of 32
 // keys: S = Q K^T by mma.m16n8k16 with the tile's rows as M (rows R..15 zero) and 4 n-tiles of 8 keys; then
@@ -461,11 +472,12 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (g < R) {
-    float* pr = part + (warp * R + g) * D;
+    const int prow = warp * R + g;
+    float* pr = part + prow * D;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      pr[64 * (nt / 8) + 8 * (2 * c) + nt % 8] = o[nt][0];
-      pr[64 * (nt / 8) + 8 * (2 * c + 1) + nt % 8] = o[nt][1];
+      pr[att_part_col<D>(prow, 64 * (nt / 8) + 8 * (2 * c) + nt % 8)] = o[nt][0];
+      pr[att_part_col<D>(prow, 64 * (nt / 8) + 8 * (2 * c + 1) + nt % 8)] = o[nt][1];
     }
     if (c == 0) {
       mls[(warp * R + g) * 2] = m_run;
@@ -781,7 +793,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
 #pragma unroll
           for (int w = 0; w < VPL; ++w)
 #pragma unroll
-            for (int e = 0; e < EV; ++e) part[(warp * R + r) * D + (vi + w * LPR) * EV + e] = acc[r][w * EV + e];
+            for (int e = 0; e < EV; ++e)
+              part[(warp * R + r) * D + att_part_col<D>(warp * R + r, (vi + w * LPR) * EV + e)] = acc[r][w * EV + e];
         }
         if (lane == 0) {
           mls[(warp * R + r) * 2] = m_run[r];
@@ -814,7 +827,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       if (rr >= rows) continue;
       float o = 0.f;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) o = fmaf(part[(w * R + r) * D + dd], fac[w * R + r], o);
+      for (int w = 0; w < NW; ++w)
+        o = fmaf(part[(w * R + r) * D + att_part_col<D>(w * R + r, dd)], fac[w * R + r], o);
       if (splits > 1) {
         ws[((item * SPLIT + sp) * R + r) * (D + 2) + dd] = o;
         continue;
