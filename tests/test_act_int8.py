@@ -311,6 +311,63 @@ def test_accuracy_report_covers_the_int8_activation_decode(monkeypatch, quant, p
     assert decode_act_report(plain, ids) == {}
 
 
+def _decode_act_by_whole_copies(program, ids, rows: int) -> tuple[float, float]:
+    """(KL, top-1 agreement) of decode_act_report's comparison done the plain way: a prefill per `rows` prompts,
+    each decode step on a copy of the whole cache."""
+    from atlasc.accuracy import _feeds, _softmax
+    from atlasc.ir.interpreter import interpret
+
+    name = "decode"
+    graph, twin = program.entries[name], program.entries[name].clone("twin")
+    for node in twin.nodes:
+        if node.attrs.get("act", "").startswith("int8"):
+            node.attrs["act"] = ""
+    kv, past, length = program.kv_cache, program.roles["past"], ids.shape[1]
+    kl, agree = [], []
+    for start in range(0, ids.shape[0], rows):
+        chunk = ids[start:start + rows]
+        state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
+        interpret(program.entries["prefill"], _feeds(program.entries["prefill"], chunk[:, :-1]), state=state,
+                  symbols={past: 0})
+        outs = [interpret(g, _feeds(graph, chunk[:, -1:], length - 1), state={"kv_cache": state["kv_cache"].copy()},
+                          symbols={past: length - 1})[graph.outputs[0].name] for g in (graph, twin)]
+        q, p = (_softmax(o.astype(np.float64).reshape(-1, o.shape[-1])) for o in outs)
+        kl += list(np.sum(p * (np.log(p + 1e-300) - np.log(q + 1e-300)), axis=-1))
+        agree += list(p.argmax(-1) == q.argmax(-1))
+    return float(np.mean(kl)), float(np.mean(agree))
+
+
+@pytest.mark.parametrize("path,rows", [("w4a8", 4), ("w4a8-fused1", 1)])
+def test_decode_act_report_reuses_one_prefill(monkeypatch, path, rows):
+    """decode_act_report runs one prefill per max_batch prompts and starts each decode step from a fresh cache
+    holding only the prefill's rows and positions it needs (no copy of the whole cache): the same KL and
+    agreement as a prefill per step's prompts with whole copies, over more prompts than max_batch (a chunk
+    boundary), with steps of 4 rows (W4A8 everywhere) and of 1 row (int8 x only at one row)."""
+    from atlasc.accuracy import _cache_rows, decode_act_report, random_prompts
+
+    program, _ = _compiled(monkeypatch, path)
+    assert program.kv_cache.max_batch == 4
+    vocab = int(program.entries["prefill"].outputs[0].shape[-1])
+    ids = random_prompts(vocab, prompts=6, length=5, seed=3)
+    import atlasc.accuracy as accuracy
+
+    runs = []
+    interpret = accuracy.interpret
+    monkeypatch.setattr(accuracy, "interpret", lambda g, *a, **k: runs.append(g.name) or interpret(g, *a, **k))
+    report = decode_act_report(program, ids)
+    monkeypatch.setattr(accuracy, "interpret", interpret)
+    prefill = program.entries["prefill"].name
+    steps = -(-4 // rows) + -(-2 // rows)  # 6 prompts: chunks of max_batch 4 and 2, steps of `rows` prompts
+    assert runs.count(prefill) == 2 and len(runs) == 2 + 2 * steps
+    kl, agree = _decode_act_by_whole_copies(program, ids, rows)
+    assert report["steps"] == 6 and report["kl_divergence"] > 0
+    assert report["kl_divergence"] == pytest.approx(kl, rel=1e-3, abs=1e-9) and report["top1_agreement"] == agree
+    cache = np.random.default_rng(0).standard_normal((2, 2, 4, 3, 8, 5)).astype(np.float16)
+    rows_of = _cache_rows(cache, 1, 2, 6)
+    assert np.array_equal(rows_of[:, :, :2, :, :6], cache[:, :, 1:3, :, :6])
+    assert not rows_of[:, :, 2:].any() and not rows_of[:, :, :, :, 6:].any()
+
+
 def test_shared_memory_bound_declines():
     """A fused norm's staged rows plus the int8 rows must fit the same 200 KB as the staging alone."""
     from atlasc.ir import symbolic as S
