@@ -8,7 +8,8 @@ over every position), top-1 agreement over every position, and per layer the rel
 
 When decode projections take int8 activations (choose-decode-path: act = "int8", or "int8@1" for a step
 of one row, which the report then runs prompt by prompt), whose error the prefill does not see,
-`decode_act_int8` adds one decode step per prompt after the (quantized) prefill of all but its last token:
+`decode_act_int8` adds one decode step per prompt (its last token) on the quantized prefill's KV cache of the
+tokens before it (the compile reuses the caches of the prefill above):
 KL divergence and top-1 agreement of that step's logits against the same step with float activations (the
 W4A16 / W8A16 decode on the same cache).
 """
@@ -170,9 +171,11 @@ def _cache_rows(cache: np.ndarray, first: int, n: int, positions: int) -> np.nda
     return out
 
 
-def decode_act_report(program: Program, ids: np.ndarray) -> dict:
+def decode_act_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None) -> dict:
     """The int8-activation decode step against the same step with float activations (see the module
-    docstring); {} when no decode node has act = "int8"."""
+    docstring); {} when no decode node has act = "int8". `caches`: accuracy_report's quantized prefill caches of
+    the same ids (one per max_batch prompts), which hold every position a step reads (the step rewrites its own,
+    the last): given, no prefill runs here."""
     marked = [name for name in ("decode_small", "decode") if name in program.entries and
               any(n.attrs.get("act", "").startswith("int8") for n in program.entries[name].nodes)]
     if not marked or ids.shape[1] < 2:
@@ -193,8 +196,11 @@ def decode_act_report(program: Program, ids: np.ndarray) -> dict:
     kl, agree, count = 0.0, 0, 0
     for start in range(0, ids.shape[0], kv.max_batch):  # one prefill per max_batch prompts
         chunk = ids[start:start + kv.max_batch]
-        state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
-        interpret(prefill, _feeds(prefill, chunk[:, :-1]), state=state, symbols={past: 0})
+        if caches is not None:
+            state = {"kv_cache": caches[start // kv.max_batch]}
+        else:
+            state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
+            interpret(prefill, _feeds(prefill, chunk[:, :-1]), state=state, symbols={past: 0})
         for first in range(0, chunk.shape[0], rows):  # then decode steps of `rows` prompts
             n = min(rows, chunk.shape[0] - first)
             feeds = _feeds(graph, chunk[first:first + n, -1:], length - 1)
@@ -209,8 +215,9 @@ def decode_act_report(program: Program, ids: np.ndarray) -> dict:
     return {"entry": name, "steps": count, "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1)}
 
 
-def accuracy_report(program: Program, ids: np.ndarray) -> dict:
-    """KL, top-1 agreement and per-layer errors of the quantized prefill against its float twin."""
+def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None) -> dict:
+    """KL, top-1 agreement and per-layer errors of the quantized prefill against its float twin. `caches`: a list
+    that receives the quantized prefill's KV cache of each max_batch prompts (for decode_act_report)."""
     if program.kind != "decoder" or "prefill" not in program.entries:
         return {}
     graph = program.entries["prefill"]
@@ -224,7 +231,10 @@ def accuracy_report(program: Program, ids: np.ndarray) -> dict:
         chunk = ids[start:start + kv.max_batch]
         symbols = {program.roles["past"]: 0}
         feeds = _feeds(graph, chunk)
-        q_out = interpret(graph, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
+        q_state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
+        q_out = interpret(graph, feeds, state=q_state, symbols=symbols)
+        if caches is not None:
+            caches.append(q_state["kv_cache"])
         f_out = interpret(twin, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
         p = _softmax(f_out[logits_name].astype(np.float64))
         q = _softmax(q_out[logits_name].astype(np.float64))

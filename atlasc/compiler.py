@@ -223,8 +223,9 @@ def _accuracy(program: Program, options: CompileOptions) -> dict:
         ids = load_calibration(options.calib, vocab, options.max_seq)
     else:
         ids = default_prompts(vocab, options.max_batch, options.max_seq)
-    report = accuracy_report(program, ids)
-    act = decode_act_report(program, ids)
+    caches: list = []  # the quantized prefill's KV caches, which the decode steps start from
+    report = accuracy_report(program, ids, caches)
+    act = decode_act_report(program, ids, caches if report else None)
     if act:
         report["decode_act_int8"] = act
     report["calibration"] = options.calib or "random prompts (seed 0)"

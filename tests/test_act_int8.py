@@ -342,7 +342,8 @@ def test_decode_act_report_reuses_one_prefill(monkeypatch, path, rows):
     """decode_act_report runs one prefill per max_batch prompts and starts each decode step from a fresh cache
     holding only the prefill's rows and positions it needs (no copy of the whole cache): the same KL and
     agreement as a prefill per step's prompts with whole copies, over more prompts than max_batch (a chunk
-    boundary), with steps of 4 rows (W4A8 everywhere) and of 1 row (int8 x only at one row)."""
+    boundary), with steps of 4 rows (W4A8 everywhere) and of 1 row (int8 x only at one row); and, given
+    accuracy_report's quantized prefill caches of the same prompts (as the compile does), with no prefill at all."""
     from atlasc.accuracy import _cache_rows, decode_act_report, random_prompts
 
     program, _ = _compiled(monkeypatch, path)
@@ -362,6 +363,15 @@ def test_decode_act_report_reuses_one_prefill(monkeypatch, path, rows):
     kl, agree = _decode_act_by_whole_copies(program, ids, rows)
     assert report["steps"] == 6 and report["kl_divergence"] > 0
     assert report["kl_divergence"] == pytest.approx(kl, rel=1e-3, abs=1e-9) and report["top1_agreement"] == agree
+    caches = []  # the accuracy report's quantized prefill caches: no prefill runs, the same numbers
+    accuracy.accuracy_report(program, ids, caches)
+    assert len(caches) == 2
+    monkeypatch.setattr(accuracy, "interpret", lambda g, *a, **k: runs.append(g.name) or interpret(g, *a, **k))
+    runs.clear()
+    reused = decode_act_report(program, ids, caches)
+    monkeypatch.setattr(accuracy, "interpret", interpret)
+    assert prefill not in runs and len(runs) == 2 * steps and reused["steps"] == 6
+    assert reused["kl_divergence"] == pytest.approx(kl, rel=1e-3, abs=1e-9) and reused["top1_agreement"] == agree
     cache = np.random.default_rng(0).standard_normal((2, 2, 4, 3, 8, 5)).astype(np.float16)
     rows_of = _cache_rows(cache, 1, 2, 6)
     assert np.array_equal(rows_of[:, :, :2, :, :6], cache[:, :, 1:3, :, :6])
