@@ -352,9 +352,10 @@ def test_decode_act_report_reuses_one_prefill(monkeypatch, path, rows):
     ids = random_prompts(vocab, prompts=6, length=5, seed=3)
     import atlasc.accuracy as accuracy
 
-    runs = []
+    runs = []  # the graphs decode_act_report interprets
     interpret = accuracy.interpret
-    monkeypatch.setattr(accuracy, "interpret", lambda g, *a, **k: runs.append(g.name) or interpret(g, *a, **k))
+    counting = lambda g, *a, **k: runs.append(g.name) or interpret(g, *a, **k)  # noqa: E731
+    monkeypatch.setattr(accuracy, "interpret", counting)
     report = decode_act_report(program, ids)
     monkeypatch.setattr(accuracy, "interpret", interpret)
     prefill = program.entries["prefill"].name
@@ -366,7 +367,7 @@ def test_decode_act_report_reuses_one_prefill(monkeypatch, path, rows):
     caches = []  # the accuracy report's quantized prefill caches: no prefill runs, the same numbers
     accuracy.accuracy_report(program, ids, caches)
     assert len(caches) == 2
-    monkeypatch.setattr(accuracy, "interpret", lambda g, *a, **k: runs.append(g.name) or interpret(g, *a, **k))
+    monkeypatch.setattr(accuracy, "interpret", counting)
     runs.clear()
     reused = decode_act_report(program, ids, caches)
     monkeypatch.setattr(accuracy, "interpret", interpret)
