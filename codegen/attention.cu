@@ -288,8 +288,9 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time
 // from the launch: enough units for ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default
 // ATT_SPLIT_MIN_KEYS), at most SPLIT.
-// VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
-// latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH).
+// VPF (SIMT path): each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
+// latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH). The MMA path
+// loads a block's V fragments together with its K rows instead.
 // MMA: scores and values on tensor cores (decode_warp_mma; attention.py: ATLAS_ATTENTION_MMA).
 constexpr long long ATT_SPLIT_TARGET = 256;
 constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
@@ -343,14 +344,15 @@ template <int D> __device__ __forceinline__ int att_part_col(int prow, int col) 
 // 2c + 1 | 2c + 8, 2c + 9 of k-step kk). K's B fragments come from 16-byte row loads (lane g, c: key row g of
 // the n-tile, dims 32 p + 8 c .. + 7: k of the first k16 step is 32 p + 8 c + (0, 1 | 2, 3), of the second
 // + (4, 5 | 6, 7), Q's A fragments are built with the same permutation, as lin_mma_step's). V's B fragments
-// come from 16-byte loads of the four key rows the lane's fragment needs, dims 64 h + 8 g .. + 7, paired by
+// come from 16-byte loads of the four key rows the lane's fragment needs, dims 64 h + 8 g .. + 7 (issued with the
+// block's K loads, before any score: 250 registers on sm90, 252 on sm80 at D = 128, no spills), paired by
 // byte_perm: output column n of n-tile nt is dim 64 (nt / 8) + 8 n + nt % 8. The warp's (m, l, O) rows go to
 // mls / part as the SIMT path writes them. Numerics: q, K, V exact in fp16, float32 scores and accumulation,
 // P rounded to fp16 (the same P summed in l), as attention_fa2.
 // The lane's row g of the tile is given by the caller: qrow (its q row, nullptr past the tile's rows; 16-byte
 // loads when q_vec, else element loads along q's head-dim stride), lim_g (its last visible key, -1: no row),
 // moff_g and pos_g (its mask offset and query position), so the q tile needs no staging nor barrier.
-template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, bool VPF, typename KROW, typename VROW>
+template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, typename KROW, typename VROW>
 __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, const __half* qrow, bool q_vec,
                                                 int lim_g, long long moff_g, long long pos_g, float* part,
                                                 float* mls, int kb_lo, int kb_hi, int kend, int nw, float scale,
@@ -383,7 +385,6 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
   float m_run = -INFINITY, l_part = 0.f;
   for (int kb = kb_lo + warp; kb < kb_hi; kb += nw) {
     const int j0 = kb * 32;
-    if constexpr (VPF) prefetch_l2<D * 2>(vrow(imin(j0 + lane, kend - 1)));
     uint4 kv[4][KP];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -391,6 +392,19 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 #pragma unroll
       for (int p = 0; p < KP; ++p) kv[nt][p] = __ldg(kp + 4 * p + c);
     }
+    // the block's V fragments too, before any score is known: one memory latency per block instead of three
+    // (K, then V twice after the softmax: docs/perf.md v36); key rows 16 kk + 2c + (0, 1 | 8, 9), past the end
+    // the last key (its p is 0)
+    uint4 v[2][4][VH];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const int j = j0 + 16 * kk + 2 * c + (q4 & 1) + 8 * (q4 >> 1);
+        const uint4* vp = reinterpret_cast<const uint4*>(vrow(imin(j, kend - 1)));
+#pragma unroll
+        for (int h = 0; h < VH; ++h) v[kk][q4][h] = __ldg(vp + 8 * h + g);
+      }
     // the mask's part of each score, read while the K rows are on their way (-inf: not visible): every
     // element first (all 8 reads in flight at once), then the biases
     MT mv[4][2];
@@ -449,21 +463,13 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
     }
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      const int jb = j0 + 16 * kk + 2 * c;
-      uint4 v[4][VH];  // key rows jb, jb + 1, jb + 8, jb + 9 (past the end: the last key, its p is 0)
-#pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        const uint4* vp = reinterpret_cast<const uint4*>(vrow(imin(jb + (q4 & 1) + 8 * (q4 >> 1), kend - 1)));
-#pragma unroll
-        for (int h = 0; h < VH; ++h) v[q4][h] = __ldg(vp + 8 * h + g);
-      }
 #pragma unroll
       for (int h = 0; h < VH; ++h)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
-          const unsigned b0 = __byte_perm(att_word(v[0][h], e >> 1), att_word(v[1][h], e >> 1), sel);
-          const unsigned b1 = __byte_perm(att_word(v[2][h], e >> 1), att_word(v[3][h], e >> 1), sel);
+          const unsigned b0 = __byte_perm(att_word(v[kk][0][h], e >> 1), att_word(v[kk][1][h], e >> 1), sel);
+          const unsigned b1 = __byte_perm(att_word(v[kk][2][h], e >> 1), att_word(v[kk][3][h], e >> 1), sel);
           lin_mma(o[8 * h + e], pa[kk][0], 0u, pa[kk][1], 0u, b0, b1);
         }
     }
@@ -490,7 +496,7 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 template <int SPLIT, int MIN_KEYS>
 __device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
   if constexpr (SPLIT > 1) {
-    const long long want = (ATT_SPLIT_TARGET + items - 1) / items;
+    const long long want = (unsigned)(ATT_SPLIT_TARGET + items - 1) / (unsigned)items;  // items < 2^31: 32-bit
     const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
     const long long splits = want < by_len ? want : by_len;
     return splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
@@ -595,7 +601,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const long long P = HAS_PAST ? a.past : 0;
   const long long Skv = P + S_new;
   bool ok = Hk > 0 && Hq % Hk == 0 && a.q.shape[3] == D && a.k.shape[3] == D && a.v.shape[3] == D &&
-            rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30);
+            rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30) && B * Hk * Hq * Sq < (1LL << 26);
   if constexpr (HAS_PAST) ok = ok && rows_vec_ok(a.pk, VEC) && rows_vec_ok(a.pv, VEC);
   if (!ok) {  // uniform over the launch
     attention_rows<T, MT, ACC, HAS_PAST, HAS_MASK, CAUSAL, 0, -1, KEYS>(a);
@@ -623,9 +629,14 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int kk = lane / LPR, vi = lane % LPR;
 
-  for (long long unit = blockIdx.x; unit < items * splits; unit += gridDim.x) {
-    const long long item = unit / splits, sp = unit % splits;
-    const long long tile = item % tiles, hk = (item / tiles) % Hk, b = item / (tiles * Hk);
+  // the unit's coordinates in 32-bit arithmetic (units < 2^31: items < 2^26 by the check above, splits <= 32); a
+  // 64-bit division is a branch and ~70 instructions, and the five of them sat on every block's way to its first
+  // K load (ncu source counters, docs/perf.md v36)
+  const unsigned u_splits = (unsigned)splits, u_tiles = (unsigned)tiles, u_hk = (unsigned)Hk;
+  for (unsigned unit = blockIdx.x; unit < (unsigned)(items * splits); unit += gridDim.x) {
+    const unsigned u_item = unit / u_splits, u_th = u_item / u_tiles;
+    const long long item = u_item, sp = unit - u_item * u_splits;
+    const long long tile = u_item - u_th * u_tiles, hk = u_th % u_hk, b = u_th / u_hk;
     const long long r0 = tile * R;
     // keys this tile can see: all, or (causal) up to its last row's limit
     int kend = (int)Skv;
@@ -644,7 +655,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       return vbase + (j - P) * a.v.stride[2];
     };
     const int nblk = (kend + 31) / 32;
-    const int kb_lo = (int)(sp * nblk / splits), kb_hi = (int)((sp + 1) * nblk / splits);
+    const int kb_lo = (int)((unsigned)sp * (unsigned)nblk / u_splits);  // nblk <= 2^25, sp < 32: no overflow
+    const int kb_hi = (int)(((unsigned)sp + 1u) * (unsigned)nblk / u_splits);
     __syncthreads();  // the previous item's readers of the shared arrays are done
     if constexpr (MMA && ATT_MMA_ARCH) {  // the lane's row g: no q staging (decode_warp_mma)
       const long long rr = r0 + (lane >> 2);
@@ -656,7 +668,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       const long long moff_g =
           HAS_MASK && has_row ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
       const T* qrow = has_row ? a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] : nullptr;
-      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, VPF>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
+      decode_warp_mma<MT, D, R, HAS_MASK, KEYS>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
                                                      kb_hi, kend, NW, scale, krow, vrow);
     } else {
       for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
@@ -803,21 +815,24 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       }
     }
     __syncthreads();
-    if (threadIdx.x < R) {  // row r: the final max M and sum L, then each warp's weight exp(m_w - M) / L
-      const int r = threadIdx.x;
-      float M = -INFINITY;
-      for (int w = 0; w < NW; ++w) M = fmaxf(M, mls[(w * R + r) * 2]);
-      float L = 0.f;
-      if (M != -INFINITY)
-        for (int w = 0; w < NW; ++w) L += mls[(w * R + r) * 2 + 1] * expf(mls[(w * R + r) * 2] - M);
+    // row r: the final max M and sum L, then each warp's weight exp(m_w - M) / L; a warp per row and a lane per
+    // warp (NW <= 32), so every warp's (m, l) is read at once instead of by one thread walking the warps in turn
+    static_assert(NW <= 32, "a lane per warp");
+    for (int r = warp; r < R; r += NW) {
+      const bool wl = lane < NW;
+      const float m_w = wl ? mls[(lane * R + r) * 2] : -INFINITY;
+      const float M = warp_max(m_w);
+      const float f = M == -INFINITY ? 0.f : expf(m_w - M);  // 0: a warp with no visible key, or no warp
+      const float L = warp_sum(wl ? mls[(lane * R + r) * 2 + 1] * f : 0.f);
       if (splits == 1) {
-        for (int w = 0; w < NW; ++w)
-          fac[w * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : expf(mls[(w * R + r) * 2] - M) / L;
+        if (wl) fac[lane * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : f / L;
       } else {  // this run's unnormalized output relative to its max M, with M and L for the merge
-        for (int w = 0; w < NW; ++w) fac[w * R + r] = M == -INFINITY ? 0.f : expf(mls[(w * R + r) * 2] - M);
-        float* slot = ws + ((item * SPLIT + sp) * R + r) * (D + 2);
-        slot[D] = M;
-        slot[D + 1] = L;
+        if (wl) fac[lane * R + r] = f;
+        if (lane == 0) {
+          float* slot = ws + ((item * SPLIT + sp) * R + r) * (D + 2);
+          slot[D] = M;
+          slot[D + 1] = L;
+        }
       }
     }
     __syncthreads();
