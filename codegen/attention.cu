@@ -288,9 +288,9 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time
 // from the launch: enough units for ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default
 // ATT_SPLIT_MIN_KEYS), at most SPLIT.
-// VPF (SIMT path): each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM
-// latency overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH). The MMA path
-// loads a block's V fragments together with its K rows instead.
+// VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM latency
+// overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH); the MMA path in blocks of
+// 8 warps loads a block's V fragments together with its K rows instead (decode_warp_mma's VEARLY).
 // MMA: scores and values on tensor cores (decode_warp_mma; attention.py: ATLAS_ATTENTION_MMA).
 constexpr long long ATT_SPLIT_TARGET = 256;
 constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
@@ -344,15 +344,19 @@ template <int D> __device__ __forceinline__ int att_part_col(int prow, int col) 
 // 2c + 1 | 2c + 8, 2c + 9 of k-step kk). K's B fragments come from 16-byte row loads (lane g, c: key row g of
 // the n-tile, dims 32 p + 8 c .. + 7: k of the first k16 step is 32 p + 8 c + (0, 1 | 2, 3), of the second
 // + (4, 5 | 6, 7), Q's A fragments are built with the same permutation, as lin_mma_step's). V's B fragments
-// come from 16-byte loads of the four key rows the lane's fragment needs, dims 64 h + 8 g .. + 7 (issued with the
-// block's K loads, before any score: 250 registers on sm90, 252 on sm80 at D = 128, no spills), paired by
+// come from 16-byte loads of the four key rows the lane's fragment needs, dims 64 h + 8 g .. + 7, paired by
 // byte_perm: output column n of n-tile nt is dim 64 (nt / 8) + 8 n + nt % 8. The warp's (m, l, O) rows go to
 // mls / part as the SIMT path writes them. Numerics: q, K, V exact in fp16, float32 scores and accumulation,
 // P rounded to fp16 (the same P summed in l), as attention_fa2.
 // The lane's row g of the tile is given by the caller: qrow (its q row, nullptr past the tile's rows; 16-byte
 // loads when q_vec, else element loads along q's head-dim stride), lim_g (its last visible key, -1: no row),
 // moff_g and pos_g (its mask offset and query position), so the q tile needs no staging nor barrier.
-template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, typename KROW, typename VROW>
+// VEARLY (the caller: blocks of 8 warps, i.e. the batch <= 8 kernels): a block's V loads are issued with its K loads,
+// before any score (one memory latency per block of 32 keys instead of three; 250 registers on sm90, 252 on sm80 at
+// D = 128, no spills). Otherwise each k16 half's V is loaded after the softmax, prefetched into L2 with K when VPF:
+// in the 4-warp kernels of batches above 8 the early form was 5% faster alone but 6.6% slower in an 8-layer Llama-3-8B
+// batch-32 step at 4096 keys (graphs and programmatic launches on; docs/perf.md v36, runs 4-6).
+template <typename MT, int D, int R, bool HAS_MASK, bool KEYS, bool VEARLY, bool VPF, typename KROW, typename VROW>
 __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, const __half* qrow, bool q_vec,
                                                 int lim_g, long long moff_g, long long pos_g, float* part,
                                                 float* mls, int kb_lo, int kb_hi, int kend, int nw, float scale,
@@ -385,6 +389,7 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
   float m_run = -INFINITY, l_part = 0.f;
   for (int kb = kb_lo + warp; kb < kb_hi; kb += nw) {
     const int j0 = kb * 32;
+    if constexpr (!VEARLY && VPF) prefetch_l2<D * 2>(vrow(imin(j0 + lane, kend - 1)));
     uint4 kv[4][KP];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -392,12 +397,9 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 #pragma unroll
       for (int p = 0; p < KP; ++p) kv[nt][p] = __ldg(kp + 4 * p + c);
     }
-    // the block's V fragments too, before any score is known: one memory latency per block instead of three
-    // (K, then V twice after the softmax: docs/perf.md v36); key rows 16 kk + 2c + (0, 1 | 8, 9), past the end
-    // the last key (its p is 0)
+    // V fragments of k16 half kk: key rows 16 kk + 2c + (0, 1 | 8, 9), past the end the last key (its p is 0)
     uint4 v[2][4][VH];
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
+    auto load_v = [&](int kk) {
 #pragma unroll
       for (int q4 = 0; q4 < 4; ++q4) {
         const int j = j0 + 16 * kk + 2 * c + (q4 & 1) + 8 * (q4 >> 1);
@@ -405,6 +407,11 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 #pragma unroll
         for (int h = 0; h < VH; ++h) v[kk][q4][h] = __ldg(vp + 8 * h + g);
       }
+    };
+    if constexpr (VEARLY) {  // with the K rows, before any score: one memory latency per block instead of three
+      load_v(0);
+      load_v(1);
+    }
     // the mask's part of each score, read while the K rows are on their way (-inf: not visible): every
     // element first (all 8 reads in flight at once), then the biases
     MT mv[4][2];
@@ -463,6 +470,7 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
     }
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
+      if constexpr (!VEARLY) load_v(kk);  // after the softmax (VPF: from L2)
 #pragma unroll
       for (int h = 0; h < VH; ++h)
 #pragma unroll
@@ -668,7 +676,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       const long long moff_g =
           HAS_MASK && has_row ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
       const T* qrow = has_row ? a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] : nullptr;
-      decode_warp_mma<MT, D, R, HAS_MASK, KEYS>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
+      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, (NW >= 8), VPF>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
                                                      kb_hi, kend, NW, scale, krow, vrow);
     } else {
       for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {

@@ -66,7 +66,7 @@ FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
 FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least (perf.md v14: 64 lost)
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
-FAST_VPREFETCH = True  # VPF of attention.cu (SIMT path): V rows prefetched into L2 with the K reads (perf.md v14: won)
+FAST_VPREFETCH = True  # VPF of attention.cu: V rows prefetched into L2 with the K reads (perf.md v14: won)
 VPREFETCH_ENV = "ATLAS_ATTENTION_VPREFETCH"  # overrides FAST_VPREFETCH (0 / 1, A/B timing)
 # MMA of attention.cu: scores and values on tensor cores (float16, head dim 64 / 128, sm80+). 8B shapes: batch 32,
 # 4096 keys 252 -> 155 us, batch 1, 256 keys 10.9 -> 8.6 us (attention_lab, docs/perf.md v15)
@@ -318,9 +318,9 @@ def fast_warps(head_dim: int, batch_above: int, mma: bool = False) -> int:
 
 
 def v_prefetch() -> bool:
-    """ATLAS_ATTENTION_VPREFETCH (default FAST_VPREFETCH, on): 1 has attention_decode's SIMT path prefetch each
-    key's V row into L2 before it reads the K row, 0 not (the MMA path loads a block's V with its K rows either way);
-    CodegenError unless 0 or 1."""
+    """ATLAS_ATTENTION_VPREFETCH (default FAST_VPREFETCH, on): 1 has attention_decode prefetch each key's V row
+    into L2 before it reads the K row, 0 not (the MMA path in 8-warp blocks loads a block's V with its K rows either
+    way); CodegenError unless 0 or 1."""
     return env_switch(VPREFETCH_ENV, FAST_VPREFETCH, CodegenError)
 
 
