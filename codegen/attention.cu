@@ -609,7 +609,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const long long P = HAS_PAST ? a.past : 0;
   const long long Skv = P + S_new;
   bool ok = Hk > 0 && Hq % Hk == 0 && a.q.shape[3] == D && a.k.shape[3] == D && a.v.shape[3] == D &&
-            rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30) && B * Hk * Hq * Sq < (1LL << 26);
+            rows_vec_ok(a.k, VEC) && rows_vec_ok(a.v, VEC) && Skv < (1LL << 30) && B * Hq * Sq < (1LL << 26);
   if constexpr (HAS_PAST) ok = ok && rows_vec_ok(a.pk, VEC) && rows_vec_ok(a.pv, VEC);
   if (!ok) {  // uniform over the launch
     attention_rows<T, MT, ACC, HAS_PAST, HAS_MASK, CAUSAL, 0, -1, KEYS>(a);
