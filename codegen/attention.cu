@@ -504,7 +504,8 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 template <int SPLIT, int MIN_KEYS>
 __device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
   if constexpr (SPLIT > 1) {
-    const long long want = (unsigned)(ATT_SPLIT_TARGET + items - 1) / (unsigned)items;  // items < 2^31: 32-bit
+    // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint)
+    const long long want = (unsigned)(ATT_SPLIT_TARGET + items - 1) / (unsigned)items;
     const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
     const long long splits = want < by_len ? want : by_len;
     return splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
@@ -676,8 +677,8 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       const long long moff_g =
           HAS_MASK && has_row ? b * a.mask.stride[0] + h * a.mask.stride[1] + i * a.mask.stride[2] : 0;
       const T* qrow = has_row ? a.q.p + b * a.q.stride[0] + h * a.q.stride[1] + i * a.q.stride[2] : nullptr;
-      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, (NW >= 8), VPF>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part, mls, kb_lo,
-                                                     kb_hi, kend, NW, scale, krow, vrow);
+      decode_warp_mma<MT, D, R, HAS_MASK, KEYS, (NW >= 8), VPF>(a, qrow, q_vec, lim_g, moff_g, Skv - Sq + i, part,
+                                                                 mls, kb_lo, kb_hi, kend, NW, scale, krow, vrow);
     } else {
       for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
         const int r = idx / D, dd = idx % D;
