@@ -638,9 +638,9 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int kk = lane / LPR, vi = lane % LPR;
 
-  // the unit's coordinates in 32-bit arithmetic (units < 2^31: items < 2^26 by the check above, splits <= 32); a
-  // 64-bit division is a branch and ~70 instructions, and the five of them sat on every block's way to its first
-  // K load (ncu source counters, docs/perf.md v36)
+  // the unit's coordinates in 32-bit arithmetic (units < 2^31: items < 2^26 by the check above, splits <= 32): a
+  // 64-bit division tests the high words and branches even when it then runs the ~20-instruction 32-bit sequence,
+  // and four of them sat on every block's way to its first K load (ncu source counters, docs/perf.md v36)
   const unsigned u_splits = (unsigned)splits, u_tiles = (unsigned)tiles, u_hk = (unsigned)Hk;
   for (unsigned unit = blockIdx.x; unit < (unsigned)(items * splits); unit += gridDim.x) {
     const unsigned u_item = unit / u_splits, u_th = u_item / u_tiles;
