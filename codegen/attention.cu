@@ -295,6 +295,16 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 constexpr long long ATT_SPLIT_TARGET = 256;
 constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
 
+// a warp merges up to 32 softmax states, one per lane (m: its max, l: its sum of exp(s - m); a lane without one
+// passes -inf, 0): M = the states' max, L = their sum relative to M, and the lane's weight exp(m - M), 0 for a
+// lane whose state saw no key or when none did (M = -inf)
+__device__ __forceinline__ float att_merge_lanes(float m, float l, float& M, float& L) {
+  M = warp_max(m);
+  const float f = M == -INFINITY ? 0.f : expf(m - M);
+  L = warp_sum(l * f);
+  return f;
+}
+
 // prefetch the bytes [p, p + n) into L2, one request per 128-byte line
 template <int N> __device__ __forceinline__ void prefetch_l2(const void* p) {
   const char* c = reinterpret_cast<const char*>(p);
@@ -829,10 +839,9 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
     static_assert(NW <= 32, "a lane per warp");
     for (int r = warp; r < R; r += NW) {
       const bool wl = lane < NW;
-      const float m_w = wl ? mls[(lane * R + r) * 2] : -INFINITY;
-      const float M = warp_max(m_w);
-      const float f = M == -INFINITY ? 0.f : expf(m_w - M);  // 0: a warp with no visible key, or no warp
-      const float L = warp_sum(wl ? mls[(lane * R + r) * 2 + 1] * f : 0.f);
+      float M, L;
+      const float f = att_merge_lanes(wl ? mls[(lane * R + r) * 2] : -INFINITY, wl ? mls[(lane * R + r) * 2 + 1] : 0.f,
+                                      M, L);
       if (splits == 1) {
         if (wl) fac[lane * R + r] = (M == -INFINITY || L == 0.f) ? 0.f : f / L;
       } else {  // this run's unnormalized output relative to its max M, with M and L for the merge
@@ -861,13 +870,18 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       store(a.y.p + b * a.y.stride[0] + h * a.y.stride[1] + i * a.y.stride[2] + dd * a.y.stride[3], o);
     }
     if (splits == 1) continue;
-    // the last run of this item to finish merges every run's rows
-    __threadfence();
+    // the last run of this item to finish merges every run's rows. The barrier orders every thread's scratch
+    // writes before thread 0's fence, which (cumulative) releases them with its counter update, and in the last
+    // run acquires the other runs' writes before the barrier lets the block read them: cooperative groups' grid
+    // sync order, one fence per block instead of one per warp on each side
     __syncthreads();
-    if (threadIdx.x == 0) last_unit = atomicAdd(cnt + item, 1u) == (unsigned int)(splits - 1);
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last_unit = atomicAdd(cnt + item, 1u) == (unsigned int)(splits - 1);
+      if (last_unit) __threadfence();
+    }
     __syncthreads();
     if (!last_unit) continue;
-    __threadfence();
     // each run's weight exp(m_s - M) / L per row, once (into `part`: free after the loop above)
     float* wgt = part;  // [R][SPLIT]
     constexpr long long RUN = (long long)R * (D + 2);  // floats between one row's slots of two runs
@@ -876,11 +890,9 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
       for (int r = warp; r < R; r += NW) {
         const float* run0 = ws + (item * SPLIT * R + r) * (D + 2);
         const bool run = lane < splits;
-        const float m_s = run ? __ldcg(run0 + lane * RUN + D) : -INFINITY;
-        const float l_s = run ? __ldcg(run0 + lane * RUN + D + 1) : 0.f;
-        const float M = warp_max(m_s);
-        const float f = M == -INFINITY ? 0.f : expf(m_s - M);  // 0: a run with no key, or no run
-        const float L = warp_sum(l_s * f);
+        float M, L;
+        const float f = att_merge_lanes(run ? __ldcg(run0 + lane * RUN + D) : -INFINITY,
+                                        run ? __ldcg(run0 + lane * RUN + D + 1) : 0.f, M, L);
         if (run) wgt[r * SPLIT + lane] = L == 0.f ? 0.f : f / L;
       }
     } else if (threadIdx.x < R) {
