@@ -56,19 +56,28 @@ PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each 
 # At 8 rows the cap wins (int4 8B gate/up 45.11 against 58.13 us uncapped).
 FLOAT_MAX_GRID_ONE_ROW = 2 * PROLOGUE_MAX_GRID
 GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"  # =N: the cap for every kernel and row count (A/B timing)
+# =N: the one-row cap of the kernels with int8 x alone (A/B timing in a decode step, where GRID_ENV would also cap
+# the one-row float-x kernels). H200 lab (docs/perf.md v37 run 6), us at 264 / 396 (3 per SM, what their 80
+# registers allow): 8B gate/up + SwiGLU int4 24.7 / 23.1, int8 34.9 / 33.4; 8B LM head int4 76.0 / 78.7, int8 130.0 /
+# 124.1. Not timed in a step yet, so the default stays PROLOGUE_MAX_GRID.
+ACT8_GRID_ENV = "ATLAS_PROLOGUE_ACT8_GRID"
 
 
 def grid_cap(m_upper: int, weights: str = "quantized") -> int:
     """The fused kernel's block cap for at most m_upper rows and its kind of weights ("quantized" with
     float x, "float", "act8": int8 x): ATLAS_PROLOGUE_MAX_GRID when set, else PROLOGUE_MAX_GRID except at
-    one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW); CodegenError unless a positive integer."""
+    one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW, act8: ATLAS_PROLOGUE_ACT8_GRID when set);
+    CodegenError for a set value that is not a positive integer."""
+    env = GRID_ENV
     value = os.environ.get(GRID_ENV, "")
+    if not value and m_upper == 1 and weights == "act8":
+        env, value = ACT8_GRID_ENV, os.environ.get(ACT8_GRID_ENV, "")
     if not value:
         if m_upper > 1 or weights == "act8":
             return PROLOGUE_MAX_GRID
         return MAX_GRID if weights == "quantized" else FLOAT_MAX_GRID_ONE_ROW
     if not value.isdigit() or int(value) <= 0:
-        raise CodegenError(f"{GRID_ENV}={value!r} is not a block count (expected a positive integer)")
+        raise CodegenError(f"{env}={value!r} is not a block count (expected a positive integer)")
     return int(value)
 
 

@@ -295,6 +295,26 @@ def test_prologue_grid_cap_switch(monkeypatch):
             linear_prologue.grid_cap(1)
 
 
+def test_prologue_act8_grid_switch(monkeypatch):
+    """ATLAS_PROLOGUE_ACT8_GRID caps the one-row kernels with int8 x only (the float-x and multi-row caps keep
+    their defaults); ATLAS_PROLOGUE_MAX_GRID wins over it; a bad value is a CodegenError naming it."""
+    from atlasc.codegen import linear_prologue
+    from atlasc.codegen.generate import MAX_GRID, CodegenError
+
+    monkeypatch.delenv(linear_prologue.GRID_ENV, raising=False)
+    monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "396")
+    assert linear_prologue.grid_cap(1, "act8") == 396
+    assert linear_prologue.grid_cap(8, "act8") == linear_prologue.PROLOGUE_MAX_GRID
+    assert linear_prologue.grid_cap(1, "quantized") == MAX_GRID
+    assert linear_prologue.grid_cap(1, "float") == linear_prologue.FLOAT_MAX_GRID_ONE_ROW
+    monkeypatch.setenv(linear_prologue.GRID_ENV, "100")
+    assert linear_prologue.grid_cap(1, "act8") == 100
+    monkeypatch.delenv(linear_prologue.GRID_ENV)
+    monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "lots")
+    with pytest.raises(CodegenError, match=linear_prologue.ACT8_GRID_ENV):
+        linear_prologue.grid_cap(1, "act8")
+
+
 @pytest.mark.parametrize("archs,fused", [(("sm90",), True), (("sm86", "sm90"), False), (("sm80",), True),
                                          (("sm75",), False)])
 def test_staging_fits_the_smallest_arch(archs, fused):
