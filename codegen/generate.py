@@ -434,7 +434,8 @@ def _scratch_need(node: Node, code: KernelCode) -> int:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import attention, flash_attention, gemm, linear, linear_tma, quant, reduce, sampling
+    from atlasc.codegen import (attention, flash_attention, gemm, linear, linear_prologue, linear_tma, quant, reduce,
+                                sampling)
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(),
@@ -443,6 +444,7 @@ def codegen_choices() -> dict:
             "attention_path": attention.path_choice(), "attention_max_split": attention.split_max(),
             "attention_split_min_keys": attention.split_min_keys(), "attention_v_prefetch": attention.v_prefetch(),
             "attention_early_kv": attention.early_kv_setting(), "norm_vec": reduce.norm_vec_choice(),
+            "norm_loads_ahead": linear_prologue.norm_ahead_choice(),
             "attention_mma": attention.mma_setting(),
             "attention_warps": attention.warps_setting(), "attention_warp_merge": attention.warp_merge(),
             # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first

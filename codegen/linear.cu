@@ -155,15 +155,25 @@ template <typename T, bool ADD> struct XNorm {
     if constexpr (ADD) return float(T(v + float(load(b + boff[m] + k * bk))));
     return v;
   }
-  // V values of h from k (16-byte reads; only when the rows allow)
-  __device__ __forceinline__ void h_vec(int m, long long k, float* v) const {
-    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k)), v);
+  // the 16 bytes of a (and b) at k that hold V values of h (only when the rows allow)
+  __device__ __forceinline__ void h_load(int m, long long k, uint4& ra, uint4& rb) const {
+    ra = __ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k));
+    if constexpr (ADD) rb = __ldg(reinterpret_cast<const uint4*>(b + boff[m] + k));
+  }
+  // those V values of h from h_load's bytes
+  __device__ __forceinline__ void h_of(const uint4& ra, const uint4& rb, float* v) const {
+    LinVec<T>::unpack(ra, v);
     if constexpr (ADD) {
       float w[LinVec<T>::N];
-      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(b + boff[m] + k)), w);
+      LinVec<T>::unpack(rb, w);
 #pragma unroll
       for (int e = 0; e < LinVec<T>::N; ++e) v[e] = float(T(v[e] + w[e]));
     }
+  }
+  __device__ __forceinline__ void h_vec(int m, long long k, float* v) const {
+    uint4 ra, rb;
+    h_load(m, k, ra, rb);
+    h_of(ra, rb, v);
   }
 };
 
@@ -173,19 +183,48 @@ constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M 
 // and sums h^2 per row in registers (block 0 also writes h to s, the sum output, when s is given); one
 // block reduction for all rows; a second pass scales buf in place. scratch: LIN_WARPS * LIN_PRO_M + LIN_PRO_M
 // floats of shared memory. Ends with __syncthreads.
-template <typename T, bool ADD, int R>
+// AHEAD > 0 (ATLAS_NORM_LOADS_AHEAD, linear_prologue.py; 16-byte rows with K <= AHEAD * blockDim.x * V): a thread
+// issues the loads of all its chunks of a row (a, b) before it uses any, and its chunks of g with the first row's,
+// so a row costs one memory latency instead of one per chunk plus one for g; its second pass then scales the same
+// chunks. Same values in the same order per element: the staged x is bit-identical.
+template <typename T, bool ADD, int R, int AHEAD = 0>
 __device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long long M, long long K, float eps, T* buf,
                                                const View<T, R>& s, bool has_s, float* scratch, bool vec) {
   constexpr int V = LinVec<T>::N;
+  constexpr int P = AHEAD > 0 ? AHEAD : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool write_s = has_s && blockIdx.x == 0;
+  const bool ahead = AHEAD > 0 && vec && K <= (long long)P * blockDim.x * V;  // block-uniform
+  uint4 gk[P];  // (ahead) this thread's chunks of g: k = (threadIdx.x + p blockDim.x) V
   float q[LIN_PRO_M];
 #pragma unroll
   for (int m = 0; m < LIN_PRO_M; ++m) {
     q[m] = 0.f;
     if (m >= M) continue;
     T* srow = write_s ? s.p + lin_row_offset(s, m) : nullptr;
-    if (vec) {
+    if (ahead) {
+      uint4 ra[P], rb[P];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const long long k = ((long long)threadIdx.x + p * blockDim.x) * V;
+        if (k < K) {
+          src.h_load(m, k, ra[p], rb[p]);
+          if (m == 0) gk[p] = __ldg(reinterpret_cast<const uint4*>(src.g + k));
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const long long k = ((long long)threadIdx.x + p * blockDim.x) * V;
+        if (k >= K) continue;
+        float v[V];
+        src.h_of(ra[p], rb[p], v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) q[m] += v[e] * v[e];
+        const uint4 packed = LinVec<T>::pack(v);  // exact: h is a T value
+        *reinterpret_cast<uint4*>(buf + m * K + k) = packed;
+        if (srow) *reinterpret_cast<uint4*>(srow + k) = packed;
+      }
+    } else if (vec) {
       for (long long k = threadIdx.x * V; k < K; k += blockDim.x * V) {
         float v[V];
         src.h_vec(m, k, v);
@@ -217,7 +256,22 @@ __device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long lo
     inv[threadIdx.x] = 1.f / sqrtf(t / float(K) + eps);
   }
   __syncthreads();
-  if (vec) {
+  if (ahead) {  // the chunks this thread read, in every row, with its g from registers
+    for (int m = 0; m < M; ++m) {
+      const float r = inv[m];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const long long k = ((long long)threadIdx.x + p * blockDim.x) * V;
+        if (k >= K) continue;
+        float v[V], gv[V];
+        LinVec<T>::unpack(*reinterpret_cast<const uint4*>(buf + m * K + k), v);
+        LinVec<T>::unpack(gk[p], gv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[e] = v[e] * r * gv[e];
+        *reinterpret_cast<uint4*>(buf + m * K + k) = LinVec<T>::pack(v);  // rounds to T
+      }
+    }
+  } else if (vec) {
     const long long kv = K / V;
     for (long long i = threadIdx.x; i < M * kv; i += blockDim.x) {
       const long long m = i / kv, k = (i - m * kv) * V;

@@ -38,6 +38,7 @@ from atlasc.codegen.linear import (GEMV_MAX_M, THREADS, WARPS, bind_bias, decode
                                    red_floats)
 from atlasc.codegen.quant import bind_quant_weights, ofs_room, one_row_min_blocks, quant_calls
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
+from atlasc.errors import env_switch
 from atlasc.ir.graph import Node, Value
 from atlasc.ir.ops import TensorType
 from atlasc.ir.ops.fused import sliced_types, step_types
@@ -61,6 +62,29 @@ GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"  # =N: the cap for every kernel and row cou
 # registers allow): 8B gate/up + SwiGLU int4 24.7 / 23.1, int8 34.9 / 33.4; 8B LM head int4 76.0 / 78.7, int8 130.0 /
 # 124.1. Not timed in a step yet, so the default stays PROLOGUE_MAX_GRID.
 ACT8_GRID_ENV = "ATLAS_PROLOGUE_ACT8_GRID"
+
+
+NORM_AHEAD_ENV = "ATLAS_NORM_LOADS_AHEAD"
+# lin_norm_stage's AHEAD: each thread issues all its 16-byte chunks of a row of a (and b), and of g, before it uses
+# any (registers: 4 per chunk and operand), where a row is at most NORM_AHEAD_MAX chunks per thread: K <= 4096
+# float16 values at 256 threads. The loop form pays a memory latency per chunk and one more for g, each on the
+# decode step's critical path (the staging reads what the previous kernel wrote). Opt-in until timed on a GPU.
+NORM_AHEAD_MAX = 2
+
+
+def norm_ahead_choice() -> bool:
+    """ATLAS_NORM_LOADS_AHEAD (default 0); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(NORM_AHEAD_ENV, False, CodegenError)
+
+
+def norm_ahead(dtype: str, k) -> int:
+    """lin_norm_stage's AHEAD for rows of k `dtype` values: the 16-byte chunks per thread whose loads go out together,
+    or 0 (the loop form) with the switch off, k not static, or more than NORM_AHEAD_MAX chunks per thread."""
+    per_chunk = {"float16": 8, "float32": 4}.get(dtype)  # LinVec<T>::N
+    if not norm_ahead_choice() or per_chunk is None or not isinstance(k, int) or k <= 0:
+        return 0
+    chunks = -(-k // (THREADS * per_chunk))
+    return chunks if chunks <= NORM_AHEAD_MAX else 0
 
 
 def grid_cap(m_upper: int, weights: str = "quantized") -> int:
@@ -169,7 +193,9 @@ def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | No
     ]
     eps = float(node.attrs["epsilon"])
     s_arg = "s, true" if s_v is not None else "a, false"  # the sum output, or none (a: any View of the rank)
-    return f"  atlas::lin_norm_stage<{t}, {add}, {r}>(xs, M, K, {eps!r}f, lin_xbuf, {s_arg}, lin_scratch, lin_svec);"
+    ahead = norm_ahead(a_v.dtype, a_v.shape[-1])
+    targs = f"{t}, {add}, {r}" + (f", {ahead}" if ahead else "")  # (the default form's source unchanged)
+    return f"  atlas::lin_norm_stage<{targs}>(xs, M, K, {eps!r}f, lin_xbuf, {s_arg}, lin_scratch, lin_svec);"
 
 
 def _parts(node: Node) -> tuple[list, Value | None, Value | None, str]:

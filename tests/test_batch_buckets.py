@@ -136,7 +136,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_path": "table",
                  "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
-                 "attention_early_kv": False, "norm_vec": True,
+                 "attention_early_kv": False, "norm_vec": True, "norm_loads_ahead": False,
                  "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
@@ -166,13 +166,14 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_QUANT_MIN_BLOCKS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
     monkeypatch.setenv("ATLAS_NORM_VEC", "0")
+    monkeypatch.setenv("ATLAS_NORM_LOADS_AHEAD", "1")
     monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "attention_path": "rows",
                                  "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
-                                 "attention_early_kv": True, "norm_vec": False,
+                                 "attention_early_kv": True, "norm_vec": False, "norm_loads_ahead": True,
                                  "attention_mma": False, "attention_warps": "4", "attention_warp_merge": False,
                                  "pdl_wait": True,
                                  "pdl_trigger": "end", "early_weights": "1", "early_quant": True,

@@ -226,6 +226,38 @@ def test_prologue_kernels_compile(arch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", arch_params("sm90", "sm75"))
+def test_norm_loads_ahead_switch(arch, monkeypatch):
+    """ATLAS_NORM_LOADS_AHEAD=1: lin_norm_stage takes AHEAD = the 16-byte chunks per thread of a row (K 64 -> 1, 4096
+    float16 -> 2), none beyond NORM_AHEAD_MAX (float32 K 4096: 4) or off it, and the module compiles; unset, the
+    source is the default form's; another value is a CodegenError naming the switch."""
+    from atlasc.codegen import linear_prologue
+    from atlasc.codegen.generate import CodegenError
+    from atlasc.codegen.nvcc import compile_cubins
+    from test_codegen_matmul_attention import generate
+    from test_kernels_linear_prologue_gpu import build_prologue
+
+    def source(dtype, ks):
+        b = build_prologue(dtype, ks=ks)
+        return generate(b, plan_kw={b.g.name: {"transposed": {"at"}}}).source
+
+    monkeypatch.delenv(linear_prologue.NORM_AHEAD_ENV, raising=False)
+    default = source("float16", (64, 4096))
+    assert "atlas::lin_norm_stage<__half, true, 2>(" in default and ", 2, 1>(" not in default
+    monkeypatch.setenv(linear_prologue.NORM_AHEAD_ENV, "1")
+    ahead = source("float16", (64, 4096))
+    for chunks in (1, 2):  # K 64, K 4096
+        assert f"atlas::lin_norm_stage<__half, true, 2, {chunks}>(" in ahead
+    assert "atlas::lin_norm_stage<__half, true, 2>(" not in ahead
+    wide = source("float32", (4096,))
+    assert "atlas::lin_norm_stage<float, true, 2>(" in wide and "atlas::lin_norm_stage<float, true, 2, " not in wide
+    assert compile_cubins(ahead, (arch,))[arch]
+    monkeypatch.setenv(linear_prologue.NORM_AHEAD_ENV, "2")
+    with pytest.raises(CodegenError, match=linear_prologue.NORM_AHEAD_ENV):
+        source("float16", (64,))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("arch", arch_params("sm90", "sm75"))
 def test_rotary_prologue_kernels_compile(arch):
     """The GPU test's NormLinearRotary graphs (float and quantized, full / partial / no rotary; float16 and
     float32, K = 4096 and 70) compile for sm90 (sm75: the float16 K = 4096 one), their epilogue being

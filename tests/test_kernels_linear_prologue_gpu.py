@@ -95,8 +95,13 @@ def _quantized_nodes(b: Builder, dtype: str, k: int, a, r, g) -> None:
         b.node("NormLinearQ", [a, None, g, *q4, None, zero], q4_attrs | swiglu)
 
 
+@pytest.mark.parametrize("ahead", ["0", "1"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_prologue_linears_match_reference(dtype):
+def test_prologue_linears_match_reference(dtype, ahead, monkeypatch):
+    """ahead: ATLAS_NORM_LOADS_AHEAD (lin_norm_stage's loads of a row issued together)."""
+    from atlasc.codegen.linear_prologue import NORM_AHEAD_ENV
+
+    monkeypatch.setenv(NORM_AHEAD_ENV, ahead)
     builder = build_prologue(dtype)
     graph = builder.done()
     rtol, atol = TOL[dtype]
@@ -188,9 +193,14 @@ def check_with_cache(builder: Builder, dtype: str, plan_fn, kv: dict, rng, envs=
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_norm_linear_rotary_matches_reference(dtype):
+@pytest.mark.parametrize("ahead", ["0", "1"])
+def test_norm_linear_rotary_matches_reference(dtype, ahead, monkeypatch):
     """K = 4096 (float16: the tensor-core paths) and K = 70 (the scalar GEMV and quant.cu's fallback; no int4)
-    at rows 1 .. 8, past 0 and 7: q, the present views and the whole cache (new rows written, nothing else)."""
+    at rows 1 .. 8, past 0 and 7: q, the present views and the whole cache (new rows written, nothing else);
+    ahead: ATLAS_NORM_LOADS_AHEAD."""
+    from atlasc.codegen.linear_prologue import NORM_AHEAD_ENV
+
+    monkeypatch.setenv(NORM_AHEAD_ENV, ahead)
     rng = np.random.default_rng(33)
     for k in (4096, 70):
         check_with_cache(build_rotary(dtype, k), dtype, rotary_plan, ROT_KV, rng)

@@ -24,6 +24,7 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("attention_split_min_keys", 256, "ATLAS_ATTENTION_SPLIT_MIN_KEYS"),
            ("attention_v_prefetch", True, "ATLAS_ATTENTION_VPREFETCH"), ("attention_mma", True, "ATLAS_ATTENTION_MMA"),
            ("attention_early_kv", False, "ATLAS_ATTENTION_EARLY_KV"), ("norm_vec", True, "ATLAS_NORM_VEC"),
+           ("norm_loads_ahead", False, "ATLAS_NORM_LOADS_AHEAD"),
            ("attention_warps", "auto", "ATLAS_ATTENTION_WARPS"),
            ("attention_warp_merge", True, "ATLAS_ATTENTION_WARP_MERGE"), ("share_kernels", True, "ATLAS_SHARE_KERNELS"),
            ("early_weights", "2", "ATLAS_EARLY_WEIGHTS"), ("early_quant", False, "ATLAS_EARLY_QUANT"),
