@@ -155,25 +155,32 @@ template <typename T, bool ADD> struct XNorm {
     if constexpr (ADD) return float(T(v + float(load(b + boff[m] + k * bk))));
     return v;
   }
-  // the 16 bytes of a (and b) at k that hold V values of h (only when the rows allow)
+  // V values of h from k (16-byte reads; only when the rows allow)
+  __device__ __forceinline__ void h_vec(int m, long long k, float* v) const {
+    LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k)), v);
+    if constexpr (ADD) {
+      float w[LinVec<T>::N];
+      LinVec<T>::unpack(__ldg(reinterpret_cast<const uint4*>(b + boff[m] + k)), w);
+      add_b(v, w);
+    }
+  }
+  // h_vec in two halves (lin_norm_stage's AHEAD form): the 16 bytes of a (and b) at k, then their V values of h
   __device__ __forceinline__ void h_load(int m, long long k, uint4& ra, uint4& rb) const {
     ra = __ldg(reinterpret_cast<const uint4*>(a + aoff[m] + k));
     if constexpr (ADD) rb = __ldg(reinterpret_cast<const uint4*>(b + boff[m] + k));
   }
-  // those V values of h from h_load's bytes
   __device__ __forceinline__ void h_of(const uint4& ra, const uint4& rb, float* v) const {
     LinVec<T>::unpack(ra, v);
     if constexpr (ADD) {
       float w[LinVec<T>::N];
       LinVec<T>::unpack(rb, w);
-#pragma unroll
-      for (int e = 0; e < LinVec<T>::N; ++e) v[e] = float(T(v[e] + w[e]));
+      add_b(v, w);
     }
   }
-  __device__ __forceinline__ void h_vec(int m, long long k, float* v) const {
-    uint4 ra, rb;
-    h_load(m, k, ra, rb);
-    h_of(ra, rb, v);
+  // h = T(a + b), the sum AddRMSNormalization stores
+  __device__ __forceinline__ static void add_b(float* v, const float* w) {
+#pragma unroll
+    for (int e = 0; e < LinVec<T>::N; ++e) v[e] = float(T(v[e] + w[e]));
   }
 };
 
