@@ -67,8 +67,9 @@ ACT8_GRID_ENV = "ATLAS_PROLOGUE_ACT8_GRID"
 NORM_AHEAD_ENV = "ATLAS_NORM_LOADS_AHEAD"
 # lin_norm_stage's AHEAD: each thread issues all its 16-byte chunks of a row of a (and b), and of g, before it uses
 # any (registers: 4 per chunk and operand), where a row is at most NORM_AHEAD_MAX chunks per thread: K <= 4096
-# float16 values at 256 threads. The loop form pays a memory latency per chunk and one more for g, each on the
-# decode step's critical path (the staging reads what the previous kernel wrote). Opt-in until timed on a GPU.
+# float16 values at 256 threads. The loop form pays a memory latency per chunk of a / b and again per chunk of g
+# (cuobjdump: each pass issues its load just before its use), on the decode step's critical path (the staging reads
+# what the previous kernel wrote). Opt-in until timed on a GPU (docs/perf.md v37).
 NORM_AHEAD_MAX = 2
 
 
