@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import cache
 from pathlib import Path
 
@@ -122,7 +122,7 @@ def compile_chunked(chunks: list[str], archs: tuple[str, ...], *, on_done=None) 
     on its own (compile_cubins); on_done(arch) once all of an arch's chunks are built."""
     jobs = [(arch, chunk) for arch in archs for chunk in chunks]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        built = list(pool.map(lambda job: compile_cubins(job[1], (job[0],), jobs=1)[job[0]], jobs))
+        built = _map_waking(pool, lambda job: compile_cubins(job[1], (job[0],), jobs=1)[job[0]], jobs)
     result = {}
     for arch in archs:
         result[arch] = [data for (a, _), data in zip(jobs, built) if a == arch]
@@ -162,7 +162,19 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
         return arch, data
 
     with ThreadPoolExecutor(max_workers=jobs or min(len(archs), os.cpu_count() or 1)) as pool:
-        return dict(pool.map(one, archs))
+        return dict(_map_waking(pool, one, archs))
+
+
+def _map_waking(pool: ThreadPoolExecutor, fn, items) -> list:
+    """pool.map(fn, items) as a list, the caller waiting in slices of 0.1 s. CPython runs a signal's Python handler
+    (atlasc's SIGTERM handler, which stops nvcc) in the main thread only, when it next executes bytecode, and the
+    kernel may deliver the signal to a worker thread waiting on nvcc: a main thread blocked until the futures end
+    then let a terminated compile run nvcc to its end and cache the cubin (tests/test_compile_cli.py's
+    terminated-compile test failed so under load, docs/perf.md v37)."""
+    futures = [pool.submit(fn, item) for item in items]
+    while wait(futures, timeout=0.1).not_done:
+        pass
+    return [f.result() for f in futures]
 
 
 _children: set = set()  # nvcc processes running now (stop_children)
