@@ -57,10 +57,13 @@ PROLOGUE_MAX_GRID = 264  # blocks of a fused kernel (2 per SM of an H200): each 
 # At 8 rows the cap wins (int4 8B gate/up 45.11 against 58.13 us uncapped).
 FLOAT_MAX_GRID_ONE_ROW = 2 * PROLOGUE_MAX_GRID
 GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"  # =N: the cap for every kernel and row count (A/B timing)
-# =N: the one-row cap of the kernels with int8 x alone (A/B timing in a decode step, where GRID_ENV would also cap
-# the one-row float-x kernels). H200 lab (docs/perf.md v37 run 6), us at 264 / 396 (3 per SM, what their 80
-# registers allow): 8B gate/up + SwiGLU int4 24.7 / 23.1, int8 34.9 / 33.4; 8B LM head int4 76.0 / 78.7, int8 130.0 /
-# 124.1. Not timed in a step yet, so the default stays PROLOGUE_MAX_GRID.
+# The one-row cap of the gate/up + SwiGLU kernels with int8 x: 3 blocks per SM of an H200, what their ~80 registers
+# allow, all resident at once. H200 (docs/perf.md v37 run 6 lab, us at 264 / 396): 8B gate/up + SwiGLU int4 24.7 /
+# 23.1, int8 34.9 / 33.4; 8B LM head (not gated) int4 76.0 / 78.7, int8 130.0 / 124.1. The 8-layer int4 step with
+# every int8-x kernel at 396 (v38 run 1): gate/up 28.0 -> 26.5 us a layer, the LM head 75.8 -> 85.2 us.
+ACT8_GATED_GRID_ONE_ROW = 3 * 132
+# =N: the one-row cap of every kernel with int8 x (A/B timing in a decode step, where GRID_ENV would also cap the
+# one-row float-x kernels).
 ACT8_GRID_ENV = "ATLAS_PROLOGUE_ACT8_GRID"
 
 
@@ -69,7 +72,9 @@ NORM_AHEAD_ENV = "ATLAS_NORM_LOADS_AHEAD"
 # any (registers: 4 per chunk and operand), where a row is at most NORM_AHEAD_MAX chunks per thread: K <= 4096
 # float16 values at 256 threads. The loop form pays a memory latency per chunk of a / b and again per chunk of g
 # (cuobjdump: each pass issues its load just before its use), on the decode step's critical path (the staging reads
-# what the previous kernel wrote). Opt-in until timed on a GPU (docs/perf.md v37).
+# what the previous kernel wrote). Opt-in: in the 8-layer 8B steps at batch 1 (docs/perf.md v38) int4 lost 1.9%
+# (its QKV + rotary kernels 2.7 us slower a layer) and int8 gained 1.5%, both less than ACT8_GATED_GRID_ONE_ROW,
+# whose third block per SM the form's registers do not leave room for.
 NORM_AHEAD_MAX = 2
 
 
@@ -88,18 +93,21 @@ def norm_ahead(dtype: str, k) -> int:
     return chunks if chunks <= NORM_AHEAD_MAX else 0
 
 
-def grid_cap(m_upper: int, weights: str = "quantized") -> int:
-    """The fused kernel's block cap for at most m_upper rows and its kind of weights ("quantized" with
-    float x, "float", "act8": int8 x): ATLAS_PROLOGUE_MAX_GRID when set, else PROLOGUE_MAX_GRID except at
-    one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW, act8: ATLAS_PROLOGUE_ACT8_GRID when set);
-    CodegenError for a set value that is not a positive integer."""
+def grid_cap(m_upper: int, weights: str = "quantized", gated: bool = False) -> int:
+    """The fused kernel's block cap for at most m_upper rows, its kind of weights ("quantized" with float x,
+    "float", "act8": int8 x) and epilogue (gated: SwiGLU): ATLAS_PROLOGUE_MAX_GRID when set, else
+    PROLOGUE_MAX_GRID except at one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW, act8:
+    ATLAS_PROLOGUE_ACT8_GRID when set, else ACT8_GATED_GRID_ONE_ROW for gated kernels); CodegenError for a set
+    value that is not a positive integer."""
     env = GRID_ENV
     value = os.environ.get(GRID_ENV, "")
     if not value and m_upper == 1 and weights == "act8":
         env, value = ACT8_GRID_ENV, os.environ.get(ACT8_GRID_ENV, "")
     if not value:
-        if m_upper > 1 or weights == "act8":
+        if m_upper > 1:
             return PROLOGUE_MAX_GRID
+        if weights == "act8":
+            return ACT8_GATED_GRID_ONE_ROW if gated else PROLOGUE_MAX_GRID
         return MAX_GRID if weights == "quantized" else FLOAT_MAX_GRID_ONE_ROW
     if not value.isdigit() or int(value) <= 0:
         raise CodegenError(f"{env}={value!r} is not a block count (expected a positive integer)")
@@ -289,7 +297,7 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
         stages = early or [stage]
     body = ["  extern __shared__ __align__(16) unsigned char lin_dyn[];",
             f"  {t}* lin_xbuf = reinterpret_cast<{t}*>(lin_dyn);", *stages, *xv, *calls]
-    cap = grid_cap(m_upper, "act8" if act8 else "quantized")
+    cap = grid_cap(m_upper, "act8" if act8 else "quantized", gated=kind == "gated")
     grid = max(1, min(MAX_GRID, blocks, cap))
     bound = early_min_blocks(grid) if early else 0
     return KernelCode("\n".join(body), (grid, 1, 1), (THREADS, 1, 1), smem=smem,

@@ -319,6 +319,9 @@ def test_prologue_grid_cap_switch(monkeypatch):
     assert linear_prologue.grid_cap(1, "quantized") == MAX_GRID  # one row: no cap
     assert linear_prologue.grid_cap(1, "float") == linear_prologue.FLOAT_MAX_GRID_ONE_ROW
     assert linear_prologue.grid_cap(1, "act8") == linear_prologue.PROLOGUE_MAX_GRID
+    assert linear_prologue.grid_cap(1, "act8", gated=True) == linear_prologue.ACT8_GATED_GRID_ONE_ROW == 396
+    assert linear_prologue.grid_cap(8, "act8", gated=True) == linear_prologue.PROLOGUE_MAX_GRID
+    assert linear_prologue.grid_cap(1, "quantized", gated=True) == MAX_GRID
     monkeypatch.setenv(linear_prologue.GRID_ENV, "100000")
     assert linear_prologue.grid_cap(1, "act8") == linear_prologue.grid_cap(8, "float") == 100000
     for bad in ("0", "-1", "many"):
@@ -336,6 +339,9 @@ def test_prologue_act8_grid_switch(monkeypatch):
     monkeypatch.delenv(linear_prologue.GRID_ENV, raising=False)
     monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "396")
     assert linear_prologue.grid_cap(1, "act8") == 396
+    monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "264")
+    assert linear_prologue.grid_cap(1, "act8", gated=True) == 264  # the gated kernels' default replaced too
+    monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "396")
     assert linear_prologue.grid_cap(8, "act8") == linear_prologue.PROLOGUE_MAX_GRID
     assert linear_prologue.grid_cap(1, "quantized") == MAX_GRID
     assert linear_prologue.grid_cap(1, "float") == linear_prologue.FLOAT_MAX_GRID_ONE_ROW
@@ -524,3 +530,28 @@ def test_copy_engine_norm_into_qkv_rotary(head_dim, mode, fused, monkeypatch):
     assert ops == (["NormLinearRotary"] if fused else ["AddRMSNormalization", "Linear", "QKVRotary"]), stats.declined
     if fused:
         assert g.nodes[0].outputs[3] is total
+
+
+def test_one_row_int8_x_grids_follow_their_epilogue(monkeypatch):
+    """At one row on the 8B gate/up shape, the int8-x kernel with the SwiGLU epilogue launches
+    ACT8_GATED_GRID_ONE_ROW blocks and the one without (as the LM head) PROLOGUE_MAX_GRID;
+    ATLAS_PROLOGUE_ACT8_GRID replaces both."""
+    import sys
+
+    from atlasc.codegen import linear_prologue
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from quant_lab import generate as lab_generate
+
+    def grid(variant: str) -> int:
+        launches = lab_generate(4096, 28672, 1, "int4", variant, act="int8")[2].launches["run"]
+        return launches[0].grid[0]
+
+    monkeypatch.delenv(linear_prologue.GRID_ENV, raising=False)
+    monkeypatch.delenv(linear_prologue.ACT8_GRID_ENV, raising=False)
+    assert grid("gated-a8") == linear_prologue.ACT8_GATED_GRID_ONE_ROW
+    assert grid("norm-a8") == linear_prologue.PROLOGUE_MAX_GRID
+    monkeypatch.setenv(linear_prologue.ACT8_GRID_ENV, "200")
+    assert grid("gated-a8") == grid("norm-a8") == 200
