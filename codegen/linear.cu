@@ -192,8 +192,10 @@ constexpr int LIN_PRO_M = 8;  // most rows of a staged prologue (PROLOGUE_MAX_M 
 // floats of shared memory. Ends with __syncthreads.
 // AHEAD > 0 (ATLAS_NORM_LOADS_AHEAD, linear_prologue.py; 16-byte rows with K <= AHEAD * blockDim.x * V): a thread
 // issues the loads of all its chunks of a row (a, b) before it uses any, and its chunks of g with the first row's,
-// so a row costs one memory latency instead of one per chunk plus one for g; its second pass then scales the same
-// chunks. Same values in the same order per element: the staged x is bit-identical.
+// so a row costs one memory latency instead of one per chunk of a / b and again one per chunk of g (up to four at K =
+// 4096 float16 values); its second pass then scales the same chunks. Same values in the same order per element, so
+// the staged x is bit-identical by construction (the GPU tests check both forms against numpy, not against each
+// other). Opt-in: slower in the int4 step (docs/perf.md v38).
 template <typename T, bool ADD, int R, int AHEAD = 0>
 __device__ __forceinline__ void lin_norm_stage(const XNorm<T, ADD>& src, long long M, long long K, float eps, T* buf,
                                                const View<T, R>& s, bool has_s, float* scratch, bool vec) {

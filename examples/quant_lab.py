@@ -132,7 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
     ap.add_argument("--ms", default="1", help="comma-separated M values")
     ap.add_argument("--quant", default="int4,int8", help="comma-separated of int4 (g128), int8, fp8 (E4M3)")
-    ap.add_argument("--variant", default="table", help=f"comma-separated paths of {', '.join(quant.PATHS)}")
+    ap.add_argument("--variant", default="table",
+                    help=f"comma-separated paths of {', '.join(quant.PATHS)}, a8 (int8 x, M <= 8), the fused "
+                         f"{', '.join(FUSED)} (M <= 8) and their int8-x forms {', '.join(f + '-a8' for f in FUSED)}")
     ap.add_argument("--split", default="", help="comma-separated split-K ways to force (1, 2, 4, 8; default: "
                                                 "quant.split_k); each becomes a variant name path/sS")
     ap.add_argument("--u", default="", help="comma-separated 1 KB steps in flight per warp to force (1 .. 8; "

@@ -32,10 +32,12 @@ def _scales(k, spread):
     return lambda rng, shape: (rng.uniform(0.5, 1.5, shape) / np.sqrt(k) / spread).astype(np.float16)
 
 
-def build_act8(dtype: str, k: int = 1024) -> Builder:
+def build_act8(dtype: str, k: int = 1024, one_row: bool = False) -> Builder:
+    """The nodes above; one_row: batch and seq fixed at 1 (the kernels a batch-1 decode step compiles)."""
     from atlasc.ir import symbolic as S
 
-    b = Builder(f"act8_{dtype}", {"batch": (1, ROT_KV["max_batch"]), "seq": (1, 2), "past_seq": (0, 10)})
+    rows = {"batch": (1, 1), "seq": (1, 1)} if one_row else {"batch": (1, ROT_KV["max_batch"]), "seq": (1, 2)}
+    b = Builder(f"act8_{dtype}", rows | {"past_seq": (0, 10)})
     x = b.input("x", dtype, ("batch", "seq", k))
     r, g = b.input("r", dtype, ("batch", "seq", k)), b.input("g", dtype, (k,))
 
@@ -80,3 +82,15 @@ def test_act8_kernels_match_reference(monkeypatch, dtype, w8a8_early):
     its first weight loads; the default) and in the v5 form (ATLAS_W8A8_EARLY=0; float32 x always)."""
     monkeypatch.setenv("ATLAS_W8A8_EARLY", w8a8_early)
     check_with_cache(build_act8(dtype), dtype, act8_plan, ROT_KV, np.random.default_rng(41))
+
+
+@pytest.mark.parametrize("act8_grid", ["", "2"])
+def test_one_row_act8_kernels_match_reference(monkeypatch, act8_grid):
+    """The kernels of one row (batch 1, seq 1: a batch-1 decode step's), float16, against the reference, at their
+    default grids and (act8_grid 2: ATLAS_PROLOGUE_ACT8_GRID) with 2 blocks, so the fused int8-x kernels loop over
+    their items as the 8B shapes' do under their one-row caps of 264 / 396 (these shapes' grids are below both)."""
+    if act8_grid:
+        monkeypatch.setenv("ATLAS_PROLOGUE_ACT8_GRID", act8_grid)
+    envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
+    check_with_cache(build_act8("float16", one_row=True), "float16", act8_plan, ROT_KV, np.random.default_rng(43),
+                     envs=envs)
