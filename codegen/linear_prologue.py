@@ -59,8 +59,8 @@ FLOAT_MAX_GRID_ONE_ROW = 2 * PROLOGUE_MAX_GRID
 GRID_ENV = "ATLAS_PROLOGUE_MAX_GRID"  # =N: the cap for every kernel and row count (A/B timing)
 # The one-row cap of the gate/up + SwiGLU kernels with int8 x: 3 blocks per SM of an H200, what their ~80 registers
 # allow, all resident at once. H200 (docs/perf.md v37 run 6 lab, us at 264 / 396): 8B gate/up + SwiGLU int4 24.7 /
-# 23.1, int8 34.9 / 33.4; 8B LM head (not gated) int4 76.0 / 78.7, int8 130.0 / 124.1. The 8-layer int4 step with
-# every int8-x kernel at 396 (v38 run 1): gate/up 28.0 -> 26.5 us a layer, the LM head 75.8 -> 85.2 us.
+# 23.1, int8 34.9 / 33.4; 8B LM head (not gated) int4 76.0 / 78.7, int8 130.2 / 124.1. The 8-layer int4 step with
+# every int8-x kernel at 396 (v38 run 1): gate/up 27.9 -> 26.4 us a layer, the LM head 75.8 -> 85.2 us.
 ACT8_GATED_GRID_ONE_ROW = 3 * 132
 # =N: the one-row cap of every kernel with int8 x (A/B timing in a decode step, where GRID_ENV would also cap the
 # one-row float-x kernels).
