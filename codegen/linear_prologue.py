@@ -114,6 +114,13 @@ def grid_cap(m_upper: int, weights: str = "quantized", gated: bool = False) -> i
     return int(value)
 
 
+def act8_grid_choice() -> int:
+    """ATLAS_PROLOGUE_ACT8_GRID as an int (0 when unset), validated: recorded in the artifact's codegen choices."""
+    value = os.environ.get(ACT8_GRID_ENV, "")
+    if value and (not value.isdigit() or int(value) <= 0):
+        raise CodegenError(f"{ACT8_GRID_ENV}={value!r} is not a block count (expected a positive integer)")
+    return int(value) if value else 0
+
 def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:
     """Declare `y` for a kernel whose epilogue stores elsewhere (rotary): x's rows, no storage."""
     r = len(x_shape)

@@ -52,6 +52,13 @@ MMA_U: dict[tuple[int, int], int] = {(4, 1): 3, (4, 2): 2, (4, 4): 1, (8, 1): 2,
 PATH_ENV = "ATLAS_QUANT_PATH"
 SPLIT_ENV = "ATLAS_QUANT_SPLIT"
 U_ENV = "ATLAS_QUANT_U"
+# =1 .. 8: the steps in flight of the one-row int4 tensor-core kernels that read x staged in shared memory (the fused
+# NormLinearQ / NormLinearRotary with float x; at batch 1 on sm90 the merged QKV + rotary), for a decode step's A/B
+# without touching the plain or int8-x kernels as ATLAS_QUANT_U does; it wins over ATLAS_QUANT_U for those kernels.
+# H200 lab at one row (docs/perf.md v37 run 2, v38 run 6), us at U 2 / 3 (MMA_U) / 4: 8B QKV norm 8.61 / 9.55 / 8.98,
+# o norm 7.48 / 8.02 / 7.63, down norm 18.29 / 17.41 / 17.29; in v37's 8-layer step with U 2 forced everywhere the
+# QKV + rotary kernels took 0.49 us less a layer. Not timed alone in a step, so MMA_U stays the default.
+STAGED_U_ENV = "ATLAS_QUANT_STAGED_U"
 # K split across blocks (KS in quant.cu) for a plain int8 / fp8 projection at M <= 8 that S = 8 leaves with
 # less than one block per SM. ATLAS_QUANT_KSPLIT: "auto" (default, quant_ks) or a forced 1, 2, 4 or 8.
 # H200 lab (docs/perf.md v20), int8 at one row, us for KS 1 / 2 / 4: 1B down (128 blocks) 11.18 / 9.18 / 8.57;
@@ -209,14 +216,21 @@ def ks_scratch(n: int, ks: int) -> tuple[int, int]:
     return _ceil(n, 16), 4 * _ceil(n, 16) * ks * 4 * 32
 
 
-def steps_in_flight(bits: int, j: int) -> int:
-    """MMA_U[bits, j], or ATLAS_QUANT_U when set (CodegenError unless 1 .. 8)."""
-    forced = os.environ.get(U_ENV, "")
-    if forced:
-        if forced not in tuple("12345678"):
-            raise CodegenError(f"{U_ENV}={forced!r} is not a step count (expected 1 .. 8)")
-        return int(forced)
+def steps_in_flight(bits: int, j: int, staged_one_row: bool = False) -> int:
+    """MMA_U[bits, j], or ATLAS_QUANT_U when set; for an int4 kernel of one row reading x staged in shared memory
+    (staged_one_row), ATLAS_QUANT_STAGED_U first when set. CodegenError for a set value outside 1 .. 8."""
+    for env in ((STAGED_U_ENV, U_ENV) if staged_one_row and bits == 4 else (U_ENV,)):
+        forced = os.environ.get(env, "")
+        if forced:
+            if forced not in tuple("12345678"):
+                raise CodegenError(f"{env}={forced!r} is not a step count (expected 1 .. 8)")
+            return int(forced)
     return MMA_U[bits, j]
+
+
+def staged_u_choice() -> int:
+    """ATLAS_QUANT_STAGED_U as an int (0 when unset), validated: recorded in the artifact's codegen choices."""
+    return steps_in_flight(4, 1, True) if os.environ.get(STAGED_U_ENV) else 0
 
 
 def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: int, has_bias: str, k_static,
@@ -238,6 +252,7 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
     lines, blocks = [], _ceil(outs, WARPS)
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
         js = mma_variants(m_upper)
+        staged = xsmem and m_upper == 1  # ATLAS_QUANT_STAGED_U's kernels (with bits == 4)
         split = split_k(n_upper, k_static * bits // 8 // STEP_BYTES)  # gated: N / 16 blocks of 8 outputs too
         if split > 1:
             lines.append(f"  __shared__ float qlin_red[{1024 * js[-1]}];")
@@ -257,25 +272,25 @@ def quant_calls(t: str, r: int, dt: str, bits: int, f8: bool, zp: bool, group: i
             prefix = "    " if i == 0 else "    else "
             if ofs:  # m_upper 1: the only call; the arguments up to ofs spelled out (EPI, PRO and OFS deduced)
                 lines.append(f"{prefix}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, 1, {split}, "
-                             f"{steps_in_flight(bits, j)}, {has_bias}, false, {str(zp).lower()}, "
+                             f"{steps_in_flight(bits, j, staged)}, {has_bias}, false, {str(zp).lower()}, "
                              f"{str(xsmem).lower()}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, "
                              f"{zero}, {epi or 'atlas::LinNoEpi()'}, nullptr, nullptr, 1, "
                              f"{pro or 'atlas::LinNoPro()'}, atlas::QlinOfs{{qlin_ofs_x, qlin_ofs_c}});")
                 continue
             if j == 1 and ks > 1:  # plain int8 / fp8 only (quant_ks): no zero points, x in global memory
                 lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, 1, {split}, "
-                             f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, false, false, "
+                             f"{steps_in_flight(bits, j, staged)}, {has_bias}, {str(f8).lower()}, false, false, "
                              f"atlas::LinNoEpi, {ks}>({args}, nullptr, atlas::LinNoEpi(), qlin_ws, qlin_cnt"
                              f"{f', {ks}, {pro}' if pro else ''});")
                 continue
             if pro:  # the call arguments up to pro spelled out (EPI and PRO deduced from them, KS = 1)
                 lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                             f"{steps_in_flight(bits, j)}, {has_bias}, {str(f8).lower()}, {str(zp).lower()}, "
+                             f"{steps_in_flight(bits, j, staged)}, {has_bias}, {str(f8).lower()}, {str(zp).lower()}, "
                              f"{str(xsmem).lower()}>({x}, wq, wscale, bias, bias_stride, y, M, N, K, qlin_red, "
                              f"{zero}, {epi or 'atlas::LinNoEpi()'}, nullptr, nullptr, 1, {pro});")
                 continue
             lines.append(f"{prefix}{cond}atlas::linear_quant_mma<{t}, {r}, {bits}, {group}, {j}, {split}, "
-                         f"{steps_in_flight(bits, j)}, {has_bias}{flags}>({args});")
+                         f"{steps_in_flight(bits, j, staged)}, {has_bias}{flags}>({args});")
         lines += ["  } else {", f"    {fallback}", "  }"]
         fb = 8 if epi else 16
         items = _ceil(_ceil(outs, fb), WARPS // split)

@@ -134,7 +134,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                            for k in kernels.values())
     assert c == {"linear_path": "table", "linear_ft": "auto", "linear_ksplit": "auto",
                  "quant_path": "table",
-                 "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "attention_path": "fast",
+                 "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "quant_staged_u": 0,
+                 "prologue_act8_grid": 0, "attention_path": "fast",
                  "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
                  "attention_early_kv": False, "norm_vec": True, "norm_loads_ahead": False,
                  "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
@@ -164,13 +165,16 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_EARLY_QUANT", "1")
     monkeypatch.setenv("ATLAS_QUANT_OFS", "1")
     monkeypatch.setenv("ATLAS_QUANT_MIN_BLOCKS", "4")
+    monkeypatch.setenv("ATLAS_QUANT_STAGED_U", "2")
+    monkeypatch.setenv("ATLAS_PROLOGUE_ACT8_GRID", "396")
     monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
     monkeypatch.setenv("ATLAS_NORM_VEC", "0")
     monkeypatch.setenv("ATLAS_NORM_LOADS_AHEAD", "1")
     monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
-                                 "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "attention_path": "rows",
+                                 "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "quant_staged_u": 2,
+                                 "prologue_act8_grid": 396, "attention_path": "rows",
                                  "attention_max_split": 4,
                                  "attention_split_min_keys": 128, "attention_v_prefetch": False,
                                  "attention_early_kv": True, "norm_vec": False, "norm_loads_ahead": True,

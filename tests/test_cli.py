@@ -193,6 +193,9 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "quant_min_blocks": 0, "attention_early_kv": False}) == ""
     assert _opt_ins({**defaults, "quant_min_blocks": 4, "attention_early_kv": True}) == \
         "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
+    assert _opt_ins({**defaults, "quant_staged_u": 0, "prologue_act8_grid": 0}) == ""
+    assert _opt_ins({**defaults, "quant_staged_u": 4, "prologue_act8_grid": 264}) == \
+        "ATLAS_QUANT_STAGED_U=4, ATLAS_PROLOGUE_ACT8_GRID=264"
     assert _opt_ins({**defaults, "norm_vec": True}) == ""
     assert _opt_ins({**defaults, "norm_vec": False}) == "ATLAS_NORM_VEC=0"
     assert _opt_ins({**defaults, "attention_warp_merge": True}) == ""

@@ -412,6 +412,40 @@ def test_quant_mma_choices(monkeypatch):
         quant.steps_in_flight(4, 1)
 
 
+def test_staged_u_reaches_only_the_one_row_int4_kernels_with_staged_x(monkeypatch):
+    """ATLAS_QUANT_STAGED_U sets U of the one-row int4 tensor-core kernels reading x from shared memory (the fused
+    norm kernels with float x), and of no plain, multi-row or int8 kernel; it wins over ATLAS_QUANT_U there; a value
+    outside 1 .. 8 is a CodegenError naming it."""
+    import re
+    import sys
+
+    from atlasc.codegen import quant
+    from atlasc.codegen.generate import CodegenError
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from quant_lab import generate as lab_generate
+
+    def u_of(variant: str, m: int = 1, mode: str = "int4") -> set[str]:
+        source = lab_generate(4096, 6144, m, mode, variant)[2].source
+        return set(re.findall(r"linear_quant_mma<__half, \d, \d, \d+, \d, \d, (\d)", source))
+
+    monkeypatch.delenv(quant.U_ENV, raising=False)
+    monkeypatch.delenv(quant.STAGED_U_ENV, raising=False)
+    assert u_of("norm") == u_of("table") == {str(quant.MMA_U[4, 1])} and quant.staged_u_choice() == 0
+    monkeypatch.setenv(quant.STAGED_U_ENV, "4")
+    assert u_of("norm") == {"4"} and quant.staged_u_choice() == 4
+    assert u_of("table") == u_of("norm", m=8) == {str(quant.MMA_U[4, 1])}
+    assert u_of("norm", mode="int8") == {str(quant.MMA_U[8, 1])}
+    monkeypatch.setenv(quant.U_ENV, "2")  # (the lab's generate sets ATLAS_QUANT_U itself: asked directly here)
+    assert quant.steps_in_flight(4, 1, staged_one_row=True) == 4 and quant.steps_in_flight(4, 1) == 2
+    assert quant.steps_in_flight(8, 1, staged_one_row=True) == 2  # int8: ATLAS_QUANT_U only
+    monkeypatch.setenv(quant.STAGED_U_ENV, "9")
+    with pytest.raises(CodegenError, match="ATLAS_QUANT_STAGED_U='9'"):
+        quant.staged_u_choice()
+
+
 def test_quant_k_split_choice(monkeypatch):
     """quant_ks: an int8 / fp8 projection at S = 8 with fewer than KS_MAX_BLOCKS blocks of 16 rows splits K
     across blocks while each run keeps two rounds of S x U steps (1B down: 4; the GPU test's 4096 x 256: 2);

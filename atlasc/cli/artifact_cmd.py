@@ -18,7 +18,8 @@ from atlasc.artifact.writer import CUBIN_RE
 # codegen choices away from their defaults (ATLAS_* switches): inspect names the ones an artifact was built with
 OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "ATLAS_LINEAR_KSPLIT"),
            ("quant_ksplit", "auto", "ATLAS_QUANT_KSPLIT"), ("quant_ofs", "auto", "ATLAS_QUANT_OFS"),
-           ("quant_min_blocks", 0, "ATLAS_QUANT_MIN_BLOCKS"),
+           ("quant_min_blocks", 0, "ATLAS_QUANT_MIN_BLOCKS"), ("quant_staged_u", 0, "ATLAS_QUANT_STAGED_U"),
+           ("prologue_act8_grid", 0, "ATLAS_PROLOGUE_ACT8_GRID"),
            ("weight_prefetch", False, "ATLAS_PREFETCH"),
            ("linear_prefill", "auto", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"),
            ("attention_split_min_keys", 256, "ATLAS_ATTENTION_SPLIT_MIN_KEYS"),
