@@ -121,6 +121,7 @@ def act8_grid_choice() -> int:
         raise CodegenError(f"{ACT8_GRID_ENV}={value!r} is not a block count (expected a positive integer)")
     return int(value) if value else 0
 
+
 def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:
     """Declare `y` for a kernel whose epilogue stores elsewhere (rotary): x's rows, no storage."""
     r = len(x_shape)
