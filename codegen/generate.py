@@ -11,6 +11,7 @@ kernel serves every run-time size within the compile-time maxima.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from atlasc.artifact import TENSOR_MAP_BYTES, TensorMapSpec
 from atlasc.codegen.cexpr import c_dim, c_type
 from atlasc.codegen.share import Shared, share_batch1, share_choice, share_kernels
 from atlasc.ir.dtypes import itemsize
-from atlasc.errors import AtlasError
+from atlasc.errors import AtlasError, env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.archs import MAX_SMEM_PER_BLOCK
 from atlasc.ir.graph import Graph, Node, Value
@@ -38,6 +39,14 @@ STRIDE_GRID = 4096
 PREFETCH_BUDGET = 16 << 20
 PREFETCH_MIN_ROW = 1024  # a big weight prefetches this much of each of its first rows rather than less of all
 PREFETCH_ENV = "ATLAS_PREFETCH"
+# ATLAS_DIMS_EARLY=1 (opt-in, not yet timed on a GPU): a kernel reads the symbol values it uses (the dims buffer:
+# d[i]) into registers before its atlas::pdl_enter, so the first loads after the wait need no dims round trip
+# first. Safe because the dims are written only before a call's first kernel starts: by the host's copy, stream-
+# ordered before the launches, or by the staging kernel, the graph's first node, whose edge out stays plain
+# (runtime/cudagraph.py make_programmatic), and every later kernel is launched only after an earlier one has
+# started; no kernel writes them. The early-weights kernels (linear.py early_pro) already read theirs before
+# their wait, in source order.
+DIMS_EARLY_ENV = "ATLAS_DIMS_EARLY"
 # the scratch's counters, shared by every kernel (GeneratedModule): room for 16384 (an attention split's items,
 # a K-split Linear's feature blocks)
 COUNTER_BYTES = 64 << 10
@@ -460,26 +469,52 @@ def codegen_choices() -> dict:
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),
+            "dims_early": dims_early_choice(),  # ATLAS_DIMS_EARLY: the dims read before the wait (opt-in)
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 
 
+def dims_early_choice() -> bool:
+    """ATLAS_DIMS_EARLY (default 0); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(DIMS_EARLY_ENV, False, CodegenError)
+
+
+def _dims_early(ctx: KernelContext, code: KernelCode) -> list[str] | None:
+    """With ATLAS_DIMS_EARLY=1, the statements declaring `d` as a local array holding the dims this kernel reads
+    (loaded from the dims buffer before its pdl_enter); None otherwise, or when the kernel uses `d` other than as
+    d[<constant>] (the pointer form then stays)."""
+    if not dims_early_choice():
+        return None
+    text = "\n".join([*ctx.lines, code.body])
+    used = sorted({int(i) for i in re.findall(r"(?<![\w.>])d\[(\d+)\]", text)})
+    if len(re.findall(r"(?<![\w.>])d(?![\w])", text)) != len(re.findall(r"(?<![\w.>])d\[\d+\]", text)):
+        return None
+    lines = [f"  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + "
+             f"{ctx.plan.dims_offset}LL);",
+             f"  long long d[{max(used, default=0) + 1}] = {{}};  // the dims it reads, before the wait"]
+    lines += [f"  d[{i}] = dims_buf[{i}];" for i in used]
+    return [*lines, "  (void)d;"]
+
+
 def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
     sig = ", ".join(f"{v.name}: {v.dtype}{S.shape_str(v.shape)}" for v in node.outputs)
     threads = code.block[0] * code.block[1] * code.block[2]
+    early = _dims_early(ctx, code)
+    dims = early or [f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + "
+                     f"{ctx.plan.dims_offset}LL);", "  (void)d;"]
     return "\n".join([
         code.preamble,
         f"// {node.name}: {node.op} -> {sig}",
         f'extern "C" __global__ void __launch_bounds__({threads}{f", {code.min_blocks}" if code.min_blocks else ""}) '
         f'{ctx.kernel}(unsigned char* __restrict__ arena) {{',
+        *(early or []),
         *([code.prefetch] if code.prefetch else []),
         *([] if code.waits_inside else ["  atlas::pdl_enter();"]),
         *(["  atlas::pdl_leave();  // early: the next kernel may launch now (it waits for this one's end)"]
           if code.trigger_early else []),
-        f"  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + {ctx.plan.dims_offset}LL);",
-        "  (void)d;",
+        *([] if early else dims),
         *ctx.lines,
         code.body,
         "  atlas::pdl_leave();",

@@ -1,7 +1,7 @@
 """End to end on the GPU (marker `gpu`) for the opt-in kernel paths (those not on by default, and those that were
 opt-in until these tests passed): mask-as-lengths (ATLAS_MASK_LENGTHS=1), the FlashAttention-2 prefill
 (ATLAS_ATTENTION_PREFILL=fa2), early weights, early K / V (ATLAS_ATTENTION_EARLY_KV=1) and the scalar normalizations
-(ATLAS_NORM_VEC=0, the default's fallback), every
+(ATLAS_NORM_VEC=0, the default's fallback), the dims read before the wait (ATLAS_DIMS_EARLY=1), every
 decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
 (pytest-xdist, one worker per file) compiles their artifacts beside test_gpu_runtime.py's, not after them.
 """
@@ -133,6 +133,23 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
     model = GpuModel(open_artifact(path), device=device())
     assert model.manifest.report["codegen"]["attention_early_kv"] is True
     assert "atlas::attention_prefetch_kv<" in open_artifact(path).source()
+    _greedy_matches_onnxruntime(model, name)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_with_dims_early_matches_onnxruntime(name, build_dir, monkeypatch):
+    """ATLAS_DIMS_EARLY=1 (codegen/generate.py, opt-in until measured): every kernel reads its dims before it waits
+    for the previous one; greedy tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps,
+    CUDA graphs with programmatic edges (and, where the runtime stages a call's inputs by kernel, dims written by the
+    graph's first node)."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv("ATLAS_DIMS_EARLY", "1")
+    path = f"{build_dir}/{name}-dimsearly.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
+    model = GpuModel(open_artifact(path), device=device())
+    assert model.manifest.report["codegen"]["dims_early"] is True
+    assert "dims_buf" in open_artifact(path).source()
     _greedy_matches_onnxruntime(model, name)
 
 
