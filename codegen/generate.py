@@ -488,9 +488,9 @@ def _dims_early(ctx: KernelContext, code: KernelCode) -> list[str] | None:
     if not dims_early_choice():
         return None
     text = "\n".join([*ctx.lines, code.body])
-    used = sorted({int(i) for i in re.findall(r"(?<![\w.>])d\[(\d+)\]", text)})
-    if len(re.findall(r"(?<![\w.>])d(?![\w])", text)) != len(re.findall(r"(?<![\w.>])d\[\d+\]", text)):
+    if re.search(r"(?<![\w.>])d(?![\w\[])", text):  # `d` passed or used as a pointer
         return None
+    used = sorted({int(i) for i in re.findall(r"(?<![\w.>])d\[(\d+)\]", text)})
     lines = [f"  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + "
              f"{ctx.plan.dims_offset}LL);",
              f"  long long d[{max(used, default=0) + 1}] = {{}};  // the dims it reads, before the wait"]

@@ -93,33 +93,33 @@ def norm_ahead(dtype: str, k) -> int:
     return chunks if chunks <= NORM_AHEAD_MAX else 0
 
 
+def _env_blocks(env: str) -> int:
+    """The block count the variable `env` sets, 0 when unset; CodegenError unless a positive integer."""
+    value = os.environ.get(env, "")
+    if value and (not value.isdigit() or int(value) <= 0):
+        raise CodegenError(f"{env}={value!r} is not a block count (expected a positive integer)")
+    return int(value) if value else 0
+
+
 def grid_cap(m_upper: int, weights: str = "quantized", gated: bool = False) -> int:
     """The fused kernel's block cap for at most m_upper rows, its kind of weights ("quantized" with float x,
     "float", "act8": int8 x) and epilogue (gated: SwiGLU): ATLAS_PROLOGUE_MAX_GRID when set, else
     PROLOGUE_MAX_GRID except at one row (quantized: no cap, float: FLOAT_MAX_GRID_ONE_ROW, act8:
     ATLAS_PROLOGUE_ACT8_GRID when set, else ACT8_GATED_GRID_ONE_ROW for gated kernels); CodegenError for a set
     value that is not a positive integer."""
-    env = GRID_ENV
-    value = os.environ.get(GRID_ENV, "")
-    if not value and m_upper == 1 and weights == "act8":
-        env, value = ACT8_GRID_ENV, os.environ.get(ACT8_GRID_ENV, "")
-    if not value:
-        if m_upper > 1:
-            return PROLOGUE_MAX_GRID
-        if weights == "act8":
-            return ACT8_GATED_GRID_ONE_ROW if gated else PROLOGUE_MAX_GRID
-        return MAX_GRID if weights == "quantized" else FLOAT_MAX_GRID_ONE_ROW
-    if not value.isdigit() or int(value) <= 0:
-        raise CodegenError(f"{env}={value!r} is not a block count (expected a positive integer)")
-    return int(value)
+    forced = _env_blocks(GRID_ENV) or (m_upper == 1 and weights == "act8" and _env_blocks(ACT8_GRID_ENV))
+    if forced:
+        return forced
+    if m_upper > 1:
+        return PROLOGUE_MAX_GRID
+    if weights == "act8":
+        return ACT8_GATED_GRID_ONE_ROW if gated else PROLOGUE_MAX_GRID
+    return MAX_GRID if weights == "quantized" else FLOAT_MAX_GRID_ONE_ROW
 
 
 def act8_grid_choice() -> int:
     """ATLAS_PROLOGUE_ACT8_GRID as an int (0 when unset), validated: recorded in the artifact's codegen choices."""
-    value = os.environ.get(ACT8_GRID_ENV, "")
-    if value and (not value.isdigit() or int(value) <= 0):
-        raise CodegenError(f"{ACT8_GRID_ENV}={value!r} is not a block count (expected a positive integer)")
-    return int(value) if value else 0
+    return _env_blocks(ACT8_GRID_ENV)
 
 
 def _rows_only_y(ctx: KernelContext, t: str, x_shape) -> None:

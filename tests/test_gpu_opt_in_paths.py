@@ -41,6 +41,17 @@ def _greedy_matches_onnxruntime(model, name: str) -> None:
     model.close()
 
 
+def _compiled_with(name: str, env: str, value: str, tag: str, build_dir, monkeypatch, max_batch: int = 4):
+    """(GpuModel, CUDA source) of the decoder fixture `name` compiled for this GPU with env=value set."""
+    from atlasc.runtime.gpu import GpuModel
+
+    monkeypatch.setenv(env, value)
+    path = f"{build_dir}/{name}-{tag}.atlas"
+    compile_model(FIXTURES / f"{name}.onnx", path,
+                  CompileOptions(archs=(device().arch,), max_batch=max_batch, max_seq=64))
+    return GpuModel(open_artifact(path), device=device()), open_artifact(path).source()
+
+
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("batch,length", [(1, 17), (4, 17)])
 def test_greedy_with_mask_lengths_matches_onnxruntime(name, batch, length, build_dir, monkeypatch):
@@ -125,14 +136,9 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
     L2 for its K / V rows before it waits for the QKV projection (a hint, reading the dims before the wait); greedy
     tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps, CUDA graphs with
     programmatic edges."""
-    from atlasc.runtime.gpu import GpuModel
-
-    monkeypatch.setenv("ATLAS_ATTENTION_EARLY_KV", "1")
-    path = f"{build_dir}/{name}-earlykv.atlas"
-    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
-    model = GpuModel(open_artifact(path), device=device())
+    model, source = _compiled_with(name, "ATLAS_ATTENTION_EARLY_KV", "1", "earlykv", build_dir, monkeypatch)
     assert model.manifest.report["codegen"]["attention_early_kv"] is True
-    assert "atlas::attention_prefetch_kv<" in open_artifact(path).source()
+    assert "atlas::attention_prefetch_kv<" in source
     _greedy_matches_onnxruntime(model, name)
 
 
@@ -142,14 +148,8 @@ def test_greedy_with_dims_early_matches_onnxruntime(name, build_dir, monkeypatch
     for the previous one; greedy tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps,
     CUDA graphs with programmatic edges (and, where the runtime stages a call's inputs by kernel, dims written by the
     graph's first node)."""
-    from atlasc.runtime.gpu import GpuModel
-
-    monkeypatch.setenv("ATLAS_DIMS_EARLY", "1")
-    path = f"{build_dir}/{name}-dimsearly.atlas"
-    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64))
-    model = GpuModel(open_artifact(path), device=device())
-    assert model.manifest.report["codegen"]["dims_early"] is True
-    assert "dims_buf" in open_artifact(path).source()
+    model, source = _compiled_with(name, "ATLAS_DIMS_EARLY", "1", "dimsearly", build_dir, monkeypatch)
+    assert model.manifest.report["codegen"]["dims_early"] is True and "dims_buf" in source
     _greedy_matches_onnxruntime(model, name)
 
 
@@ -159,14 +159,9 @@ def test_greedy_without_norm_vec_matches_onnxruntime(name, build_dir, monkeypatc
     normalizations the compiled model keeps as kernels (prefill's and the unfused decode ones: max batch 16 leaves the
     batch-9-16 bucket's norms out of the projections) take norm_block alone; greedy tokens and logits as
     onnxruntime's at batch 1 and 4, 32 steps, CUDA graphs on."""
-    from atlasc.runtime.gpu import GpuModel
-
-    monkeypatch.setenv("ATLAS_NORM_VEC", "0")
-    path = f"{build_dir}/{name}-normblock.atlas"
-    compile_model(FIXTURES / f"{name}.onnx", path, CompileOptions(archs=(device().arch,), max_batch=16, max_seq=64))
-    model = GpuModel(open_artifact(path), device=device())
+    model, source = _compiled_with(name, "ATLAS_NORM_VEC", "0", "normblock", build_dir, monkeypatch, max_batch=16)
     assert model.manifest.report["codegen"]["norm_vec"] is False
-    assert "atlas::rd::norm_rows_vec<" not in open_artifact(path).source()
+    assert "atlas::rd::norm_rows_vec<" not in source
     _greedy_matches_onnxruntime(model, name)
 
 
