@@ -39,14 +39,16 @@ STRIDE_GRID = 4096
 PREFETCH_BUDGET = 16 << 20
 PREFETCH_MIN_ROW = 1024  # a big weight prefetches this much of each of its first rows rather than less of all
 PREFETCH_ENV = "ATLAS_PREFETCH"
-# ATLAS_DIMS_EARLY=1 (opt-in, not yet timed on a GPU): a kernel reads the symbol values it uses (the dims buffer:
-# d[i]) into registers before its atlas::pdl_enter, so the first loads after the wait need no dims round trip
-# first. Safe because the dims are written only before a call's first kernel starts: by the host's copy, stream-
-# ordered before the launches, or by the staging kernel, the graph's first node, whose edge out stays plain
-# (runtime/cudagraph.py make_programmatic), and every later kernel is launched only after an earlier one has
-# started; no kernel writes them. The early-weights kernels (linear.py early_pro) already read theirs before
-# their wait, in source order.
-DIMS_EARLY_ENV = "ATLAS_DIMS_EARLY"
+# DIMS_EARLY: a kernel reads the symbol values it uses (the dims buffer: d[i]) into registers before its
+# atlas::pdl_enter, so the first loads after the wait need no dims round trip first. Safe because the dims are
+# written only before a call's first kernel starts: by the host's copy, stream-ordered before the launches, or by
+# the staging kernel, the graph's first node, whose edge out stays plain (runtime/cudagraph.py make_programmatic),
+# and every later kernel is launched only after an earlier one has started; no kernel writes them. The
+# early-weights kernels (linear.py early_pro) already read theirs before their wait, in source order. H200, the
+# decode step replayed alone at 256 keys (docs/perf.md v39): Llama-3.2-1B fp16 batch 1 818.5 -> 811.1 us, 8 layers
+# of Llama-3-8B fp16 1252.6 -> 1247.2 (batch 1) and 1521.2 -> 1513.6 (batch 32), int4 flat (+0.07 / +0.17%).
+DIMS_EARLY = True
+DIMS_EARLY_ENV = "ATLAS_DIMS_EARLY"  # overrides DIMS_EARLY (0 / 1, A/B timing)
 # the scratch's counters, shared by every kernel (GeneratedModule): room for 16384 (an attention split's items,
 # a K-split Linear's feature blocks)
 COUNTER_BYTES = 64 << 10
@@ -469,7 +471,7 @@ def codegen_choices() -> dict:
             "weight_prefetch": prefetch_enabled(),
             "weight_prefetch_mb": prefetch_budget() >> 20,
             "share_kernels": share_choice(),
-            "dims_early": dims_early_choice(),  # ATLAS_DIMS_EARLY: the dims read before the wait (opt-in)
+            "dims_early": dims_early_choice(),  # ATLAS_DIMS_EARLY: the dims read before the wait
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
@@ -477,14 +479,14 @@ def codegen_choices() -> dict:
 
 
 def dims_early_choice() -> bool:
-    """ATLAS_DIMS_EARLY (default 0); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
-    return env_switch(DIMS_EARLY_ENV, False, CodegenError)
+    """ATLAS_DIMS_EARLY (default DIMS_EARLY); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(DIMS_EARLY_ENV, DIMS_EARLY, CodegenError)
 
 
 def _dims_early(ctx: KernelContext, code: KernelCode) -> list[str] | None:
-    """With ATLAS_DIMS_EARLY=1, the statements declaring `d` as a local array holding the dims this kernel reads
-    (loaded from the dims buffer before its pdl_enter); None otherwise, or when the kernel uses `d` other than as
-    d[<constant>] (the pointer form then stays)."""
+    """With dims early (dims_early_choice), the statements declaring `d` as a local array holding the dims this
+    kernel reads (loaded from the dims buffer before its pdl_enter); None otherwise, or when the kernel uses `d`
+    other than as d[<constant>] (the pointer form then stays)."""
     if not dims_early_choice():
         return None
     text = "\n".join([*ctx.lines, code.body])

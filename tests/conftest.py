@@ -56,6 +56,17 @@ def no_nvcc():
         yield
 
 
+# a line of the dims loads a kernel runs before its wait (codegen/generate.py _dims_early, on by default)
+DIMS_LOAD_LINE = re.compile(r"^  (const long long\* __restrict__ dims_buf = .*|long long d\[\d+\] = \{\};.*|"
+                            r"d\[\d+\] = dims_buf\[\d+\];|\(void\)d;)\n", re.M)
+
+
+def without_dims_loads(source: str) -> str:
+    """Generated source less the dims-early loads' lines (and every `(void)d;`), for tests of what else precedes a
+    kernel's wait; tests/test_dims_early.py checks the loads themselves."""
+    return DIMS_LOAD_LINE.sub("", source)
+
+
 MAIN_ARCH = "sm90"  # the GPU the kernels are measured on
 
 

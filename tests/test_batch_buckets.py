@@ -18,7 +18,7 @@ from atlasc.errors import ArtifactError
 from atlasc.ir.program import CompileOptions
 from atlasc.runtime.launches import bucket_of, entry_buckets, node_launch
 
-from conftest import FIXTURES
+from conftest import FIXTURES, without_dims_loads
 
 TMA_CONFIG = {"plain": [1, 1, 8], "gated": [2, 2, 3], "heads": [1, 2, 10], "heads_ks": 2, "pipe": 0,
               "ks_min_steps": 32}  # linear_tma.py CONFIG
@@ -141,7 +141,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
-                 "share_kernels": True, "dims_early": False, "linear_tma": True, "linear_tma_config": TMA_CONFIG,
+                 "share_kernels": True, "dims_early": True, "linear_tma": True, "linear_tma_config": TMA_CONFIG,
                  "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
@@ -171,7 +171,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_NORM_VEC", "0")
     monkeypatch.setenv("ATLAS_NORM_LOADS_AHEAD", "1")
     monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
-    monkeypatch.setenv("ATLAS_DIMS_EARLY", "1")
+    monkeypatch.setenv("ATLAS_DIMS_EARLY", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "quant_staged_u": 2,
@@ -185,17 +185,18 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "sample_split": False,
                                  "weight_prefetch": True,
                                  "weight_prefetch_mb": 16,
-                                 "share_kernels": False, "dims_early": True, "linear_tma": False,
+                                 "share_kernels": False, "dims_early": False, "linear_tma": False,
                                  "linear_tma_config": TMA_CONFIG,
                                  "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 
 
 def test_every_kernel_starts_with_the_pdl_wait(llama32):
-    """Each kernel definition's first statement is atlas::pdl_enter() (griddepcontrol.wait on sm90+), so a
-    graph whose edges are programmatic (runtime/cudagraph.py make_programmatic) never reads an input early
-    (ATLAS_PREFETCH=1 puts weight prefetches before it: tests/test_weight_prefetch.py)."""
-    lines = llama32.source().splitlines() if callable(llama32.source) else llama32.source.splitlines()
+    """Each kernel definition's first statement after its dims loads (the dims are written before a call's first
+    kernel: codegen/generate.py DIMS_EARLY) is atlas::pdl_enter() (griddepcontrol.wait on sm90+), so a graph whose
+    edges are programmatic (runtime/cudagraph.py make_programmatic) never reads an input early (ATLAS_PREFETCH=1
+    puts weight prefetches before it: tests/test_weight_prefetch.py)."""
+    lines = without_dims_loads(llama32.source() if callable(llama32.source) else llama32.source).splitlines()
     defs = [i for i, line in enumerate(lines) if line.startswith('extern "C" __global__') and line.endswith("{")]
     launched = {k.kernel for e in llama32.manifest.entries.values() for n in e.nodes if n.kernel
                 for k in (n, *n.variants)}

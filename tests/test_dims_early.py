@@ -1,7 +1,8 @@
-"""ATLAS_DIMS_EARLY (codegen/generate.py, opt-in): every generated kernel reads the dims it uses (d[i], the symbol
-values of the run-time dims buffer) before its atlas::pdl_enter, into a local array; off, the kernels read them
-through the buffer's pointer after the wait, as before. The GPU end-to-end check is
-tests/test_gpu_opt_in_paths.py::test_greedy_with_dims_early_matches_onnxruntime."""
+"""Dims early (codegen/generate.py DIMS_EARLY, on by default; ATLAS_DIMS_EARLY=0 turns it off): every generated
+kernel reads the dims it uses (d[i], the symbol values of the run-time dims buffer) before its atlas::pdl_enter, into
+a local array; off, the kernels read them through the buffer's pointer after the wait. On the GPU every decoder test
+runs the default, and tests/test_gpu_opt_in_paths.py::test_greedy_with_dims_after_the_wait_matches_onnxruntime the
+fallback."""
 
 from __future__ import annotations
 
@@ -20,19 +21,24 @@ def _llama_source(tmp_path, monkeypatch, early: str) -> str:
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
 
-    monkeypatch.setenv("ATLAS_DIMS_EARLY", early)
-    path = tmp_path / f"llama-{early}.atlas"
+    if early:
+        monkeypatch.setenv("ATLAS_DIMS_EARLY", early)
+    else:
+        monkeypatch.delenv("ATLAS_DIMS_EARLY", raising=False)
+    path = tmp_path / f"llama-{early or 'default'}.atlas"
     compile_model(FIXTURES / "llama-fp16.onnx", path, CompileOptions(archs=("sm90",), max_batch=8, max_seq=64))
     with open_artifact(path) as art:
-        assert art.manifest.report["codegen"]["dims_early"] is (early == "1")
+        assert art.manifest.report["codegen"]["dims_early"] is (early != "0")
         return art.source()
 
 
 def test_dims_are_read_before_the_wait(tmp_path, monkeypatch, no_nvcc):
-    """With the switch, each kernel loads exactly the dims it reads, each once, all before its first wait (the
-    wrapper's pdl_enter, or the one inside the early-weights kernels' lin_pro, after their declarations), and nothing
-    reads the buffer after it; without it no kernel has the local array."""
-    source = _llama_source(tmp_path, monkeypatch, "1")
+    """By default (and with ATLAS_DIMS_EARLY=1: the same source), each kernel loads exactly the dims it reads, each
+    once, all before its first wait (the wrapper's pdl_enter, or the one inside the early-weights kernels' lin_pro,
+    after their declarations), and nothing reads the buffer after it; with ATLAS_DIMS_EARLY=0 no kernel has the
+    local array."""
+    source = _llama_source(tmp_path, monkeypatch, "")
+    assert _llama_source(tmp_path, monkeypatch, "1") == source
     bodies = KERNEL.findall(source)
     assert len(bodies) > 20
     for body in bodies:

@@ -1,7 +1,7 @@
 """End to end on the GPU (marker `gpu`) for the opt-in kernel paths (those not on by default, and those that were
 opt-in until these tests passed): mask-as-lengths (ATLAS_MASK_LENGTHS=1), the FlashAttention-2 prefill
 (ATLAS_ATTENTION_PREFILL=fa2), early weights, early K / V (ATLAS_ATTENTION_EARLY_KV=1) and the scalar normalizations
-(ATLAS_NORM_VEC=0, the default's fallback), the dims read before the wait (ATLAS_DIMS_EARLY=1), every
+(ATLAS_NORM_VEC=0, the default's fallback), the dims read after the wait (ATLAS_DIMS_EARLY=0, the fallback), every
 decoder fixture's greedy tokens against onnxruntime's. A file of their own, so that examples/gpu_check.sh
 (pytest-xdist, one worker per file) compiles their artifacts beside test_gpu_runtime.py's, not after them.
 """
@@ -143,13 +143,13 @@ def test_greedy_with_early_kv_matches_onnxruntime(name, build_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("name", DECODERS)
-def test_greedy_with_dims_early_matches_onnxruntime(name, build_dir, monkeypatch):
-    """ATLAS_DIMS_EARLY=1 (codegen/generate.py, opt-in until measured): every kernel reads its dims before it waits
-    for the previous one; greedy tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps,
-    CUDA graphs with programmatic edges (and, where the runtime stages a call's inputs by kernel, dims written by the
-    graph's first node)."""
-    model, source = _compiled_with(name, "ATLAS_DIMS_EARLY", "1", "dimsearly", build_dir, monkeypatch)
-    assert model.manifest.report["codegen"]["dims_early"] is True and "dims_buf" in source
+def test_greedy_with_dims_after_the_wait_matches_onnxruntime(name, build_dir, monkeypatch):
+    """ATLAS_DIMS_EARLY=0 (codegen/generate.py; the default 1, every kernel reading its dims before it waits for the
+    previous one, is tested by every decoder test): the kernels read the dims through the buffer's pointer after
+    the wait; greedy tokens and logits as onnxruntime's at batch 1 and batch 4 (left padding), 32 steps, CUDA graphs
+    with programmatic edges."""
+    model, source = _compiled_with(name, "ATLAS_DIMS_EARLY", "0", "dimslate", build_dir, monkeypatch)
+    assert model.manifest.report["codegen"]["dims_early"] is False and "dims_buf" not in source
     _greedy_matches_onnxruntime(model, name)
 
 
