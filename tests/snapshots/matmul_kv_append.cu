@@ -2,9 +2,11 @@
 
 // matmul1: MatMul -> matmul1_out0: float16[m, 48]
 extern "C" __global__ void __launch_bounds__(256) snap_0000_MatMul(unsigned char* __restrict__ arena) {
-  atlas::pdl_enter();
-  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
+  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + 0LL);
+  long long d[1] = {};  // the dims it reads, before the wait
+  d[0] = dims_buf[0];
   (void)d;
+  atlas::pdl_enter();
   atlas::View<__half, 2> a_src;
   a_src.p = reinterpret_cast<__half*>(arena + 4352LL);
   a_src.shape[0] = (d[0]);
@@ -42,9 +44,13 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_MatMul(unsigned char
 
 // kvappend2: KVAppend -> kvappend2_out0: float16[batch, 2, past_seq + seq, 8]
 extern "C" __global__ void __launch_bounds__(256) snap_0001_KVAppend(unsigned char* __restrict__ arena) {
-  atlas::pdl_enter();
-  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
+  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + 0LL);
+  long long d[4] = {};  // the dims it reads, before the wait
+  d[1] = dims_buf[1];
+  d[2] = dims_buf[2];
+  d[3] = dims_buf[3];
   (void)d;
+  atlas::pdl_enter();
   atlas::View<__half, 4> x;
   x.p = reinterpret_cast<__half*>(arena + 11520LL);
   x.shape[0] = (d[3]);

@@ -1,8 +1,11 @@
 // ln: LayerNormalization -> ln_out0: float16[b, n], ln_out1: float32[b, 1], ln_out2: float32[b, 1]
 extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(unsigned char* __restrict__ arena) {
-  atlas::pdl_enter();
-  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
+  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + 0LL);
+  long long d[2] = {};  // the dims it reads, before the wait
+  d[0] = dims_buf[0];
+  d[1] = dims_buf[1];
   (void)d;
+  atlas::pdl_enter();
   atlas::View<__half, 2> x;
   x.p = reinterpret_cast<__half*>(arena + 256LL);
   x.shape[0] = (d[0]);
@@ -60,9 +63,12 @@ extern "C" __global__ void __launch_bounds__(256) snap_0000_LayerNormalization(u
 
 // cat: Concat -> cat_out0: float16[b, n + 16]
 extern "C" __global__ void __launch_bounds__(256) snap_0001_Concat(unsigned char* __restrict__ arena) {
-  atlas::pdl_enter();
-  const long long* __restrict__ d = reinterpret_cast<const long long*>(arena + 0LL);
+  const long long* __restrict__ dims_buf = reinterpret_cast<const long long*>(arena + 0LL);
+  long long d[2] = {};  // the dims it reads, before the wait
+  d[0] = dims_buf[0];
+  d[1] = dims_buf[1];
   (void)d;
+  atlas::pdl_enter();
   atlas::View<__half, 2> y;
   y.p = reinterpret_cast<__half*>(arena + 37888LL);
   y.shape[0] = (d[0]);
