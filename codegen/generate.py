@@ -108,6 +108,7 @@ class KernelCode:
     # what an earlier kernel wrote: the wrapper leaves its own out
     waits_inside: bool = False
     trigger_early: bool = False  # the wrapper lets the next kernel launch right after the wait (pdl_leave)
+    dims_late: bool = False  # the dims stay behind the buffer's pointer, read after the wait (DIMS_EARLY's exception)
 
 
 
@@ -485,9 +486,9 @@ def dims_early_choice() -> bool:
 
 def _dims_early(ctx: KernelContext, code: KernelCode) -> list[str] | None:
     """With dims early (dims_early_choice), the statements declaring `d` as a local array holding the dims this
-    kernel reads (loaded from the dims buffer before its pdl_enter); None otherwise, or when the kernel uses `d`
-    other than as d[<constant>] (the pointer form then stays)."""
-    if not dims_early_choice():
+    kernel reads (loaded from the dims buffer before its pdl_enter); None otherwise, for a kernel emitted with
+    dims_late, or when the kernel uses `d` other than as d[<constant>] (the pointer form then stays)."""
+    if not dims_early_choice() or code.dims_late:
         return None
     text = "\n".join([*ctx.lines, code.body])
     if re.search(r"(?<![\w.>])d(?![\w\[])", text):  # `d` passed or used as a pointer

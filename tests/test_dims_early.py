@@ -52,6 +52,16 @@ def test_dims_are_read_before_the_wait(tmp_path, monkeypatch, no_nvcc):
     assert "dims_buf" not in default and "const long long* __restrict__ d =" in default
 
 
+def test_attention_rows_kernels_keep_the_dims_after_the_wait(tmp_path, monkeypatch, no_nvcc):
+    """attention_rows kernels (ATLAS_ATTENTION_PATH=rows here) are emitted with dims_late: holding the dims from
+    before the wait spilled one (fp32 on sm80); the other kernels of the module still read theirs early."""
+    monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
+    bodies = KERNEL.findall(_llama_source(tmp_path, monkeypatch, ""))
+    rows = [body for body in bodies if "atlas::attention_rows<" in body]
+    assert rows and all("dims_buf" not in body and "const long long* __restrict__ d =" in body for body in rows)
+    assert sum("dims_buf" in body for body in bodies) == len(bodies) - len(rows)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", arch_params("sm90", "sm75"))
 def test_dims_early_kernels_compile(arch, monkeypatch):
