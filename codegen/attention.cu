@@ -286,13 +286,14 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // the counter back to 0. WMERGE (attention.py WARP_MERGE): that merge reads every run's (m, l) of a row
 // at once, a warp per row and a lane per run, and every run's value of an output element at once; otherwise
 // one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time
-// from the launch: enough units for ATT_SPLIT_TARGET blocks, each run at least MIN_KEYS keys (default
-// ATT_SPLIT_MIN_KEYS), at most SPLIT.
+// from the launch: as many runs as keep the units within TARGET blocks (default ATT_SPLIT_TARGET; attention.py
+// split_target: one wave of an H200 for the 8-warp tensor-core kernel, which fits one block per SM), each run at
+// least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT, at least 1.
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM latency
 // overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH); the MMA path in blocks of
 // 8 warps loads a block's V fragments together with its K rows instead (decode_warp_mma's VEARLY).
 // MMA: scores and values on tensor cores (decode_warp_mma; attention.py: ATLAS_ATTENTION_MMA).
-constexpr long long ATT_SPLIT_TARGET = 256;
+constexpr int ATT_SPLIT_TARGET = 256;
 constexpr int ATT_SPLIT_MIN_KEYS = 256;  // docs/perf.md v14: 64 lost up to 13 us at batch 1
 
 // a warp merges up to 32 softmax states, one per lane (m: its max, l: its sum of exp(s - m); a lane without one
@@ -511,11 +512,13 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 }
 
 // the runs attention_decode cuts each of `items` items' Skv keys into (see the sequence split above)
-template <int SPLIT, int MIN_KEYS>
+template <int SPLIT, int MIN_KEYS, int TARGET = ATT_SPLIT_TARGET>
 __device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
+  static_assert(TARGET >= 1, "a split aims for at least one block");
   if constexpr (SPLIT > 1) {
-    // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint)
-    const long long want = (unsigned)(ATT_SPLIT_TARGET + items - 1) / (unsigned)items;
+    // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint);
+    // rounded down, so that items * splits stays within TARGET (one wave: docs/perf.md v39)
+    const long long want = ((unsigned)TARGET + (unsigned)items) / (unsigned)items - 1;
     const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
     const long long splits = want < by_len ? want : by_len;
     return splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);
@@ -562,7 +565,7 @@ __device__ __forceinline__ void att_prefetch_rows(const View<T, 4>& v, long long
 constexpr long long ATT_EARLY_KV_BYTES = 65536;
 
 template <typename T, typename MT, int D, int R, bool HAS_PAST, bool CAUSAL, int SPLIT = 1,
-          int MIN_KEYS = ATT_SPLIT_MIN_KEYS>
+          int MIN_KEYS = ATT_SPLIT_MIN_KEYS, int TARGET = ATT_SPLIT_TARGET>
 __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, long long ke, long long ve,
                                                       long long pke = 0, long long pve = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -573,7 +576,7 @@ __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, 
   const long long Skv = imin(P + imax(0, imin(a.k.shape[2], 1LL << 30)), 1LL << 30);
   const long long group = Hq / Hk, rows = group * Sq;
   const long long tiles = (rows + R - 1) / R, items = B * Hk * tiles;
-  const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
+  const long long splits = att_decode_splits<SPLIT, MIN_KEYS, TARGET>(items, Skv);
   const long long unit = blockIdx.x;
   if (unit >= items * splits) return;
   const long long item = unit / splits, sp = unit % splits;
@@ -596,7 +599,7 @@ __device__ __forceinline__ void attention_prefetch_kv(const AttnArgs<T, MT>& a, 
 
 template <typename T, typename MT, int D, int EV, int R, int NW, int ACC, bool HAS_PAST, bool HAS_MASK, bool CAUSAL,
           int SPLIT = 1, bool KEYS = false, int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = true, bool MMA = false,
-          bool WMERGE = true>
+          bool WMERGE = true, int TARGET = ATT_SPLIT_TARGET>
 __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float* ws = nullptr,
                                                  unsigned int* cnt = nullptr) {
   constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte K vector
@@ -635,7 +638,7 @@ __device__ __forceinline__ void attention_decode(const AttnArgs<T, MT>& a, float
   const bool q_vec = MMA && rows_vec_ok(a.q, VEC);  // MMA: q rows read as 16-byte vectors
   const long long tiles = (rows + R - 1) / R;
   const long long items = B * Hk * tiles;
-  const long long splits = att_decode_splits<SPLIT, MIN_KEYS>(items, Skv);
+  const long long splits = att_decode_splits<SPLIT, MIN_KEYS, TARGET>(items, Skv);
   __shared__ bool last_unit;
 
   // shared memory (attention.py fast_smem: 16 * ceil(12 R / 16) + 4 * (R D + NW R D + 3 NW R) bytes)

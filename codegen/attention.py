@@ -62,7 +62,13 @@ FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to g
 FAST_MAX_HEAD_DIM = 256
 FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fewer at run time)
 FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
-FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split aims for
+FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split keeps its units within
+# ... but one wave of an H200 for the 8-warp tensor-core kernel (the batch-1..8 decode kernels): its 168 / 250
+# registers (ptxas sm90, head dim 64 / 128) fit one 256-thread block per SM, so 256 blocks took two waves. H200,
+# attention_lab at 4096 keys, Llama-3-8B shapes, us (256 blocks -> 128): batch 2 22.21 -> 17.09, batch 4 30.55 ->
+# 24.65, batch 8 46.23 -> 40.44; 1024 keys batch 8 22.94 -> 17.68 (docs/perf.md v39)
+SPLIT_WAVE_SMS = 132
+TARGET_ENV = "ATLAS_ATTENTION_SPLIT_TARGET"  # auto (split_target's rule) or a block count, for every kernel (A/B)
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
 FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least (perf.md v14: 64 lost)
 MIN_KEYS_ENV = "ATLAS_ATTENTION_SPLIT_MIN_KEYS"  # overrides FAST_SPLIT_MIN_KEYS (A/B timing of short contexts)
@@ -222,12 +228,14 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     rows_smem = 4 * (((dk_up + 3) // 4) * 4 + nw * (dv_up + 2))
     tmpl = f"{t}, {mask_t}, {d}, {ev}, {r}, {nw}, {acc}, {has_past}, {has_mask}, {causal}"
     split = fast_split(rows_up, r, items, d)
+    target = split_target(nw, mma)
     scratch = counters = 0
     if split > 1:  # counters [items], work space [items][split][r][d + 2] floats (attention.cu: sequence split)
         counters, scratch = items, 4 * items * split * r * (d + 2)
         ctx.lines.append(f"  unsigned int* att_cnt = reinterpret_cast<unsigned int*>({ctx.counters_address()});")
         ctx.lines.append(f"  float* att_ws = reinterpret_cast<float*>({ctx.scratch_address(0)});")
-        body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys, mma)}>(args, att_ws, att_cnt);"
+        body = (f"  atlas::attention_decode<{tmpl}{decode_template_tail(split, keys, mma, target)}>"
+                "(args, att_ws, att_cnt);")
     else:
         body = f"  atlas::attention_decode<{tmpl}{decode_template_tail(1, keys, mma)}>(args);"
     smem = max(fast_smem(d, r, nw), rows_smem)
@@ -244,16 +252,15 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" and not mma else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
-    # a run-time launch has at most items * ceil(FAST_SPLIT_TARGET / items) units: a grid of
-    # FAST_SPLIT_TARGET blocks (items when more) leaves none idle at the maximal batch; a smaller batch
-    # in between may loop once more over the grid
-    blocks = max(items, min(items * split, FAST_SPLIT_TARGET))
+    # a run-time launch has at most max(items, target) units (attention.cu att_decode_splits rounds down): a grid
+    # of target blocks (items when more) covers them at every batch
+    blocks = max(items, min(items * split, target))
     # ATLAS_EARLY_WEIGHTS=2 (linear.py): the next kernel, a projection, may launch right after the wait and load
     # its first weights while this one runs (at batch 1 most of this grid's blocks have no work)
     prefetch = ""
     if early_kv_setting() and ctx.upper(sq) == 1:
         prefetch = _early_kv_prefetch(ctx, node, bind, f"{t}, {mask_t}, {d}, {r}, {has_past}, {causal}, {split}, "
-                                      f"{split_min_keys()}")
+                                      f"{split_min_keys()}, {target}")
     return KernelCode(body, (max(1, min(STRIDE_GRID, blocks)), 1, 1), (threads, 1, 1), smem, preamble, scratch,
                       counters=counters, trigger_early=early_mode() == "2", prefetch=prefetch)
 
@@ -285,6 +292,25 @@ def split_max() -> int:
     if not text.isdigit() or not 1 <= int(text) <= FAST_MAX_SPLIT:
         raise CodegenError(f"{SPLIT_ENV}={text!r} is not a split count (expected 1 to {FAST_MAX_SPLIT})")
     return int(text)
+
+
+def split_target(nw: int, mma: bool) -> int:
+    """ATT_SPLIT_TARGET of an attention_decode kernel of nw warps (the most blocks its sequence split fills):
+    ATLAS_ATTENTION_SPLIT_TARGET when set (1 to 65536; "auto" as unset), else SPLIT_WAVE_SMS for the 8-warp
+    tensor-core kernel (one block per SM) and FAST_SPLIT_TARGET for the others; CodegenError otherwise."""
+    text = os.environ.get(TARGET_ENV, "") or "auto"
+    if text == "auto":
+        return SPLIT_WAVE_SMS if nw == 8 and mma else FAST_SPLIT_TARGET
+    if not text.isdigit() or not 1 <= int(text) <= 65536:
+        raise CodegenError(f"{TARGET_ENV}={text!r} is not a block count (expected auto or 1 to 65536)")
+    return int(text)
+
+
+def target_setting() -> str:
+    """ATLAS_ATTENTION_SPLIT_TARGET as recorded in the artifact's codegen choices ("auto" when unset); CodegenError
+    as split_target."""
+    split_target(8, True)
+    return os.environ.get(TARGET_ENV, "") or "auto"
 
 
 def split_min_keys() -> int:
@@ -348,15 +374,16 @@ def mma_fits(dtype: str, d: int, r: int) -> bool:
     return dtype == "float16" and d in MMA_HEAD_DIMS and r <= 8
 
 
-def decode_template_tail(split: int, keys: bool, mma: bool = False) -> str:
-    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, MMA, WMERGE, each
-    given only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS, FAST_VPREFETCH and
-    WARP_MERGE equal ATT_SPLIT_MIN_KEYS, VPF and WMERGE there: the text names only what a switch changes; WMERGE
-    only with a split)."""
+def decode_template_tail(split: int, keys: bool, mma: bool = False, target: int = FAST_SPLIT_TARGET) -> str:
+    """The template arguments of attention_decode after its flags: SPLIT, KEYS, MIN_KEYS, VPF, MMA, WMERGE, TARGET,
+    each given only up to the last one that differs from attention.cu's default (FAST_SPLIT_MIN_KEYS,
+    FAST_VPREFETCH, WARP_MERGE and FAST_SPLIT_TARGET equal ATT_SPLIT_MIN_KEYS, VPF, WMERGE and ATT_SPLIT_TARGET
+    there: the text names only what a switch changes; WMERGE and TARGET only with a split)."""
     args = [str(split), "true" if keys else "false", str(split_min_keys()), "true" if v_prefetch() else "false",
-            "true" if mma else "false", "true" if (warp_merge() if split > 1 else WARP_MERGE) else "false"]
+            "true" if mma else "false", "true" if (warp_merge() if split > 1 else WARP_MERGE) else "false",
+            str(target if split > 1 else FAST_SPLIT_TARGET)]
     defaults = ["1", "false", str(FAST_SPLIT_MIN_KEYS), "true" if FAST_VPREFETCH else "false", "false",
-                "true" if WARP_MERGE else "false"]
+                "true" if WARP_MERGE else "false", str(FAST_SPLIT_TARGET)]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(f", {a}" for a in args)

@@ -99,14 +99,16 @@ def build(model: str, ctx: int, batch: int, mask: str = "tensor"):
 # the short-context A/B variants of "fast" (not in the default set), each spelled in full so that its meaning
 # stays as measured in docs/perf.md v13 / v14: the split's runs of at least 32 / 64 / 256 keys, V rows
 # prefetched into L2 with the K reads or not, 4 or 2 warps per block (attention.py MIN_KEYS_ENV,
-# VPREFETCH_ENV, WARPS_ENV, MMA_ENV, WARP_MERGE_ENV). "fast" is the default kernel of a one-node graph (since v34:
-# runs of 256 keys, V prefetch, 8 warps, tensor cores, the split merged by a warp per row, as "mmawm"; a compiled
-# decoder's kernels for batches above 8 take 4 warps); "mma" / "w4mma" are v15-v33's defaults (the merge's first
-# form), "mk256vpf" v14's (SIMT), "v13" v13's (64 keys, no prefetch).
-def _ab(min_keys: int, vpf: bool, warps: int = 8, mma: bool = False, merge: bool = False) -> dict[str, str]:
+# VPREFETCH_ENV, WARPS_ENV, MMA_ENV, WARP_MERGE_ENV; TARGET_ENV 256, the split's target before v39, unless named).
+# "fast" is the default kernel of a one-node graph (since v39: runs of 256 keys, V prefetch, 8 warps, tensor cores,
+# the split merged by a warp per row, its units within one wave of 132 blocks; a compiled decoder's kernels for
+# batches above 8 take 4 warps and 256 blocks); "mmawm" is v34-v38's default (256 blocks), "mma" / "w4mma" v15-v33's
+# (the merge's first form), "mk256vpf" v14's (SIMT), "v13" v13's (64 keys, no prefetch).
+def _ab(min_keys: int, vpf: bool, warps: int = 8, mma: bool = False, merge: bool = False,
+        target: str = "256") -> dict[str, str]:
     return {attention.MIN_KEYS_ENV: str(min_keys), attention.VPREFETCH_ENV: str(int(vpf)),
             attention.WARPS_ENV: str(warps), attention.MMA_ENV: str(int(mma)),
-            attention.WARP_MERGE_ENV: str(int(merge))}
+            attention.WARP_MERGE_ENV: str(int(merge)), attention.TARGET_ENV: target}
 
 
 AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False), "mk256": _ab(256, False),
@@ -119,7 +121,13 @@ AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False),
             # *wm: the split's runs merged by a warp per row (ATLAS_ATTENTION_WARP_MERGE=1), runs of 256 / 128 / 64
             "mmawm": _ab(256, True, 8, True, True), "mma128wm": _ab(128, True, 8, True, True),
             "mma64wm": _ab(64, True, 8, True, True), "w4mma128wm": _ab(128, True, 4, True, True),
-            "w4mma64wm": _ab(64, True, 4, True, True)}
+            "w4mma64wm": _ab(64, True, 4, True, True),
+            # runs of at least 512 / 1024 / 2048 keys (docs/perf.md v39: fewer blocks than v38's split target of 256
+            # at batches 2-8)
+            "mma512wm": _ab(512, True, 8, True, True), "mma1024wm": _ab(1024, True, 8, True, True),
+            "mma2048wm": _ab(2048, True, 8, True, True),
+            # 4 warps, the split's units within one wave of 132 blocks (the 8-warp kernel's default since v39)
+            "w4mmawmt132": _ab(256, True, 4, True, True, "132")}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
@@ -295,7 +303,7 @@ def generate(model: str, ctx: int, batch: int, path: str, mask: str = "tensor"):
     sequence split; an AB_PATHS name: fast with that variant's switches; the others' switches cleared)."""
     env = {attention.PATH_ENV: "fast", attention.SPLIT_ENV: "1"} if path == "nosplit" else {
         attention.PATH_ENV: "fast" if path in AB_PATHS else path, attention.SPLIT_ENV: ""}
-    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.WARPS_ENV: "",
+    env |= {attention.VPREFETCH_ENV: "", attention.MIN_KEYS_ENV: "", attention.TARGET_ENV: "", attention.WARPS_ENV: "",
             attention.MMA_ENV: "", attention.WARP_MERGE_ENV: ""} | AB_PATHS.get(path, {})
     return generate_with_env(build(model, ctx, batch, mask), env)
 

@@ -136,7 +136,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_path": "table",
                  "quant_ksplit": "auto", "quant_ofs": "auto", "quant_min_blocks": 0, "quant_staged_u": 0,
                  "prologue_act8_grid": 0, "attention_path": "fast",
-                 "attention_max_split": 32, "attention_split_min_keys": 256, "attention_v_prefetch": True,
+                 "attention_max_split": 32, "attention_split_min_keys": 256, "attention_split_target": "auto",
+                 "attention_v_prefetch": True,
                  "attention_early_kv": False, "norm_vec": True, "norm_loads_ahead": False,
                  "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
@@ -153,6 +154,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_PREFILL", "off")
     monkeypatch.setenv("ATLAS_LINEAR_PREFILL", "mma")
     monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_MIN_KEYS", "128")
+    monkeypatch.setenv("ATLAS_ATTENTION_SPLIT_TARGET", "200")
     monkeypatch.setenv("ATLAS_ATTENTION_VPREFETCH", "0")
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "4")
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")
@@ -177,7 +179,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "quant_staged_u": 2,
                                  "prologue_act8_grid": 396, "attention_path": "rows",
                                  "attention_max_split": 4,
-                                 "attention_split_min_keys": 128, "attention_v_prefetch": False,
+                                 "attention_split_min_keys": 128, "attention_split_target": "200",
+                                 "attention_v_prefetch": False,
                                  "attention_early_kv": True, "norm_vec": False, "norm_loads_ahead": True,
                                  "attention_mma": False, "attention_warps": "4", "attention_warp_merge": False,
                                  "pdl_wait": True,

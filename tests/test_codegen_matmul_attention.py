@@ -632,9 +632,13 @@ def test_attention_decode_sequence_split():
     b = build_attention_decode("float16")
     graph, plan, _ = planned(b, "float16", padded=DECODE_PADDED, transposed=DECODE_TRANSPOSED)
     one = generate_module({"d": (graph, plan)}, {"d": {**DECODE_UPPER, "seq": 1}})
-    # SPLIT, then the defaults or MIN_KEYS, VPF, MMA (tensor cores at head dims 64 / 128)
-    split = re.compile(rf", {attention.FAST_MAX_SPLIT}(, \w+, \d+, \w+, \w+)?>\(args, att_ws, att_cnt\);")
-    assert len(split.findall(one.source)) == 11  # every attention_decode node (the transposed K is declined)
+    # SPLIT, then the defaults or MIN_KEYS, VPF, MMA (tensor cores at head dims 64 / 128), WMERGE and TARGET (one
+    # wave: the 8-warp tensor-core kernels)
+    split = re.compile(rf", {attention.FAST_MAX_SPLIT}(, \w+, \d+, \w+, \w+(, \w+, (\d+))?)?>"
+                       r"\(args, att_ws, att_cnt\);")
+    found = split.findall(one.source)
+    assert len(found) == 11  # every attention_decode node (the transposed K is declined)
+    assert {target for _, _, target in found} == {"", str(attention.SPLIT_WAVE_SMS)}  # SIMT / 4 warps: the default
     assert one.scratch_bytes > 0 and one.scratch_offset >= plan.arena_bytes
     assert one.arena_bytes == one.scratch_offset + one.scratch_bytes
     # every kernel's counters at the scratch's start, its partials past the counters' area: a kernel with more
@@ -647,13 +651,14 @@ def test_attention_decode_sequence_split():
         {str(one.scratch_offset + COUNTER_BYTES)}
     # the grid: the split's target (batch 5 x 2 kv heads x 32 runs would be 320), never fewer than items
     assert max(launch.grid[0] for launch in one.launches["d"]) == attention.FAST_SPLIT_TARGET == 256
+    assert attention.SPLIT_WAVE_SMS in {launch.grid[0] for launch in one.launches["d"]}
     cu = (Path(attention.__file__).parent / "attention.cu").read_text()
     assert f"ATT_SPLIT_TARGET = {attention.FAST_SPLIT_TARGET};" in cu
     # the defaults decode_template_tail leaves out are attention.cu's
     assert f"ATT_SPLIT_MIN_KEYS = {attention.FAST_SPLIT_MIN_KEYS};" in cu
     assert f"int MIN_KEYS = ATT_SPLIT_MIN_KEYS, bool VPF = {str(attention.FAST_VPREFETCH).lower()}, " in cu
     assert "bool VPF = true, bool MMA = false," in cu  # MMA spelled out where it applies
-    assert f"bool WMERGE = {str(attention.WARP_MERGE).lower()}>" in cu
+    assert f"bool WMERGE = {str(attention.WARP_MERGE).lower()}, int TARGET = ATT_SPLIT_TARGET>" in cu
     three = generate_module({"d": (graph, plan)}, {"d": DECODE_UPPER})
     assert 0 < len(split.findall(three.source)) < 11  # group 1: 3 rows fit one tile, the others do not
     # prefill-sized maxima never split (their scratch would be huge)
@@ -694,12 +699,15 @@ def test_attention_early_kv_prefetches_before_the_wait(monkeypatch, tmp_path):
         if "atlas::attention_decode<" not in kernel:
             continue
         calls += 1
-        prefetch = re.search(r"atlas::attention_prefetch_kv<__half, \w+, (\d+), (\d+), (\w+), (\w+), (\d+), (\d+)>"
-                             r"\(args, (\d+)LL, (\d+)LL, (\d+)LL, (\d+)LL\);", kernel)
+        prefetch = re.search(r"atlas::attention_prefetch_kv<__half, \w+, (\d+), (\d+), (\w+), (\w+), (\d+), (\d+), "
+                             r"(\d+)>\(args, (\d+)LL, (\d+)LL, (\d+)LL, (\d+)LL\);", kernel)
         assert prefetch, kernel[:400]
         assert prefetch.start() < kernel.index("atlas::pdl_enter();")
-        d, r, has_past, causal, split, min_keys, ke, ve, pke, pve = prefetch.groups()
+        d, r, has_past, causal, split, min_keys, target, ke, ve, pke, pve = prefetch.groups()
         assert int(split) == attention.FAST_MAX_SPLIT and int(min_keys) == attention.FAST_SPLIT_MIN_KEYS
+        # the decode call's TARGET (given only where not the default), so that both cut the same runs
+        assert kernel.count(f", {target}>(args, att_ws, att_cnt);") == 1 or (
+            target == str(attention.FAST_SPLIT_TARGET) and ", true, 132>(args" not in kernel)
         call = re.search(r"atlas::attention_decode<__half, \w+, (\d+), \d+, (\d+), \d+, \d+, (\w+), \w+, (\w+),",
                          kernel)
         assert call.groups() == (d, r, has_past, causal)
@@ -745,6 +753,8 @@ def test_attention_key_mask_compiles(monkeypatch, path):
     """key_mask=1 nodes (mask-as-lengths) generate the KEYS kernels on both paths, for prefill-sized
     maxima and for decode (seq 1: the sequence split), fp32 and fp16, and compile for sm80 and sm90.
     The attention_mask itself is the kernel's mask view: no [B, 1, S, T] tensor is read."""
+    import re
+
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", path)
     kernel = "attention_decode" if path == "fast" else "attention_rows"
     sources = []
@@ -754,8 +764,8 @@ def test_attention_key_mask_compiles(monkeypatch, path):
         for upper in (KEYS_UPPER, {**KEYS_UPPER, "seq": 1}):
             mod = generate_module({"k": (graph, plan)}, {"k": upper})
             calls = [line for line in mod.source.splitlines() if f"  atlas::{kernel}<" in line]
-            assert len(calls) == 5 and all(line.endswith(", true>(args);") or
-                                           line.endswith(", true>(args, att_ws, att_cnt);") for line in calls)
+            assert len(calls) == 5 and all(re.search(r", true(, \d+)?>\(args(, att_ws, att_cnt)?\);$", line)
+                                           for line in calls)
             assert mod.source.count("args.keys_fill = -INFINITY;") == 2
             assert mod.source.count("args.keys_window = 5LL;") == 1
             assert "atlas::View<long long, 4> mask;" in mod.source and "atlas::View<int, 4> mask;" in mod.source
@@ -856,7 +866,7 @@ def _ab_sources(monkeypatch) -> tuple[str, str, str, str, str]:
     monkeypatch.setenv(attention.MMA_ENV, "0")
     default = generate_module({"d": (graph, plan)}, upper).source
     kernels = re.findall(r"attention_decode<__half, \w+, (\d+),[^>]*>", default)
-    tails = re.findall(r"attention_decode<__half, \w+, (\d+),[^>]*?(, \d+, \w+, \d+, \w+, true)?>", mma)
+    tails = re.findall(r"attention_decode<__half, \w+, (\d+),[^>]*?(, \d+, \w+, \d+, \w+, true(?:, true, 132)?)?>", mma)
     assert len(tails) == len(kernels) == 11
     assert all(bool(tail) == (d in ("64", "128")) for d, tail in tails) and sum(bool(t) for _, t in tails) >= 6
     monkeypatch.setenv(attention.MIN_KEYS_ENV, str(attention.FAST_SPLIT_MIN_KEYS))
@@ -883,6 +893,29 @@ def _ab_sources(monkeypatch) -> tuple[str, str, str, str, str]:
     two = generate_module({"d": (graph, plan)}, upper).source
     assert "__launch_bounds__(128" in four and "__launch_bounds__(64" in two
     return v13, default, four, two, mma
+
+
+def test_split_target_is_one_wave_for_the_8_warp_tensor_core_kernel(monkeypatch):
+    """split_target: SPLIT_WAVE_SMS (132: one block per SM of an H200) for 8 warps on tensor cores, 256 (attention.cu's
+    default, left out of the template) for the others; ATLAS_ATTENTION_SPLIT_TARGET sets every kernel's, and only
+    where the split runs; a value that is not auto or 1-65536 is a CodegenError naming it."""
+    from atlasc.codegen import attention
+    from atlasc.codegen.generate import CodegenError
+
+    monkeypatch.delenv(attention.TARGET_ENV, raising=False)
+    assert attention.split_target(8, True) == attention.SPLIT_WAVE_SMS == 132
+    assert attention.split_target(4, True) == attention.split_target(8, False) == attention.FAST_SPLIT_TARGET == 256
+    assert attention.target_setting() == "auto"
+    assert attention.decode_template_tail(32, False, True, 132) == ", 32, false, 256, true, true, true, 132"
+    assert attention.decode_template_tail(32, False, True, 256) == ", 32, false, 256, true, true"
+    assert attention.decode_template_tail(1, False, True, 132) == ", 1, false, 256, true, true"
+    monkeypatch.setenv(attention.TARGET_ENV, "96")
+    assert attention.split_target(8, True) == attention.split_target(4, False) == 96
+    assert attention.target_setting() == "96"
+    for bad in ("0", "x", "70000"):
+        monkeypatch.setenv(attention.TARGET_ENV, bad)
+        with pytest.raises(CodegenError, match="ATLAS_ATTENTION_SPLIT_TARGET"):
+            attention.split_target(8, True)
 
 
 def test_attention_ab_switches_change_only_their_kernels(monkeypatch):
@@ -932,7 +965,8 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
     monkeypatch.setenv("ATLAS_ATTENTION_WARPS", "2")  # nor into any path but w2
     monkeypatch.setenv("ATLAS_ATTENTION_MMA", "0")  # nor into "fast" or the mma paths
     monkeypatch.setenv("ATLAS_ATTENTION_WARP_MERGE", "0")  # nor into "fast" or the *wm paths
-    mma = ", 32, false, 256, true, true>(args"  # the default: WMERGE left out
+    mma = ", 32, false, 256, true, true, true, 132>(args"  # the default: one wave of 8-warp blocks
+    v38 = ", 32, false, 256, true, true>(args"  # WMERGE and the target of 256 left out
     old = ", false>(args"  # the paths measured before the warp merge spell out its first form
     want = {"fast": mma, "v13": ", 32, false, 64, false, false" + old, "vpf": ", 32, false, 64, true, false" + old,
             "mk32": ", 32, false, 32, false, false" + old, "mk256": ", 32, false, 256, false, false" + old,
@@ -941,9 +975,11 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
             "w4mk256vpf": ", 32, false, 256, true, false" + old, "mma": ", 32, false, 256, true, true" + old,
             "mma64": ", 32, false, 64, true, true" + old, "mma32": ", 32, false, 32, true, true" + old,
             "w4mma": ", 32, false, 256, true, true" + old, "w4mma64": ", 32, false, 64, true, true" + old,
-            "w2mma": ", 32, false, 256, true, true" + old, "mmawm": mma,
+            "w2mma": ", 32, false, 256, true, true" + old, "mmawm": v38,
             "mma128wm": ", 32, false, 128, true, true>(args", "mma64wm": ", 32, false, 64, true, true>(args",
-            "w4mma128wm": ", 32, false, 128, true, true>(args", "w4mma64wm": ", 32, false, 64, true, true>(args"}
+            "w4mma128wm": ", 32, false, 128, true, true>(args", "w4mma64wm": ", 32, false, 64, true, true>(args",
+            "mma512wm": ", 32, false, 512, true, true>(args", "mma1024wm": ", 32, false, 1024, true, true>(args",
+            "mma2048wm": ", 32, false, 2048, true, true>(args", "w4mmawmt132": mma}
     assert set(want) == {"fast", *lab.AB_PATHS}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)
@@ -986,7 +1022,7 @@ def test_attention_lab_keys_mask_is_the_compiled_decoders_kernel(tmp_path):
         return re.search(r"atlas::attention_decode<[^>]*>", body).group(0), (launch.grid, launch.block, launch.smem)
 
     step = call(mod, "decode")
-    assert "long long" in step[0] and step[0].endswith(", true>")  # int64 attention_mask, KEYS
+    assert "long long" in step[0] and step[0].endswith(", 32, true, 256, true, true, true, 132>")  # int64 mask, KEYS
     assert call(lab.generate("8B", 256, 1, "fast", mask="keys")[2], "run") == step
     tensor = call(lab.generate("8B", 256, 1, "fast")[2], "run")
     assert tensor[1] == step[1] and tensor[0].replace("__half, __half", "__half, long long").replace(

@@ -23,6 +23,7 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("weight_prefetch", False, "ATLAS_PREFETCH"),
            ("linear_prefill", "auto", "ATLAS_LINEAR_PREFILL"), ("attention_prefill", "fa2", "ATLAS_ATTENTION_PREFILL"),
            ("attention_split_min_keys", 256, "ATLAS_ATTENTION_SPLIT_MIN_KEYS"),
+           ("attention_split_target", "auto", "ATLAS_ATTENTION_SPLIT_TARGET"),
            ("attention_v_prefetch", True, "ATLAS_ATTENTION_VPREFETCH"), ("attention_mma", True, "ATLAS_ATTENTION_MMA"),
            ("attention_early_kv", False, "ATLAS_ATTENTION_EARLY_KV"), ("norm_vec", True, "ATLAS_NORM_VEC"),
            ("norm_loads_ahead", False, "ATLAS_NORM_LOADS_AHEAD"),
