@@ -286,9 +286,10 @@ constexpr int ATT_DECODE_VC = 16;  // V loads in flight per lane
 // the counter back to 0. WMERGE (attention.py WARP_MERGE): that merge reads every run's (m, l) of a row
 // at once, a warp per row and a lane per run, and every run's value of an output element at once; otherwise
 // one thread per row walks the runs (the first form, kept for A/B timing). splits is chosen at run time
-// from the launch: as many runs as keep the units within TARGET blocks (default ATT_SPLIT_TARGET; attention.py
-// split_target: one wave of an H200 for the 8-warp tensor-core kernel, which fits one block per SM), each run at
-// least MIN_KEYS keys (default ATT_SPLIT_MIN_KEYS), at most SPLIT, at least 1.
+// from the launch: enough units for TARGET blocks (default ATT_SPLIT_TARGET, ceil(TARGET / items) runs), or, for
+// any other TARGET, as many runs as keep the units within it (attention.py split_target: one wave of an H200 for the
+// 8-warp tensor-core kernel, which fits one block per SM), each run at least MIN_KEYS keys (default
+// ATT_SPLIT_MIN_KEYS), at most SPLIT, at least 1.
 // VPF: each lane prefetches its key's V row into L2 before it reads the K row, so the values' DRAM latency
 // overlaps the scores' instead of following it (attention.py: ATLAS_ATTENTION_VPREFETCH); the MMA path in blocks of
 // 8 warps loads a block's V fragments together with its K rows instead (decode_warp_mma's VEARLY).
@@ -516,9 +517,12 @@ template <int SPLIT, int MIN_KEYS, int TARGET = ATT_SPLIT_TARGET>
 __device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
   static_assert(TARGET >= 1, "a split aims for at least one block");
   if constexpr (SPLIT > 1) {
-    // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint);
-    // rounded down, so that items * splits stays within TARGET (one wave: docs/perf.md v39)
-    const long long want = ((unsigned)TARGET + (unsigned)items) / (unsigned)items - 1;
+    // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint).
+    // TARGET = ATT_SPLIT_TARGET (the kernels without a one-wave rule) keeps v14-v38's ceil(256 / items) runs; any
+    // other TARGET is a cap, rounded down so that items * splits stays within it (the 8-warp kernels' one wave of an
+    // H200, docs/perf.md v39)
+    const unsigned t = (unsigned)TARGET, n = (unsigned)items;
+    const long long want = TARGET == ATT_SPLIT_TARGET ? (t + n - 1) / n : t / n;
     const long long by_len = (Skv + MIN_KEYS - 1) / MIN_KEYS;
     const long long splits = want < by_len ? want : by_len;
     return splits < 1 ? 1 : (splits > SPLIT ? SPLIT : splits);

@@ -62,11 +62,12 @@ FAST_MAX_ROWS = 8  # R: query rows per tile (a whole GQA group at decode up to g
 FAST_MAX_HEAD_DIM = 256
 FAST_MAX_SPLIT = 32  # SPLIT: runs of keys per item at most (the kernel picks fewer at run time)
 FAST_SPLIT_SCRATCH = 64 << 20  # bytes of split partials at most
-FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split keeps its units within
-# ... but one wave of an H200 for the 8-warp tensor-core kernel (the batch-1..8 decode kernels): its 168 / 250
+FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time split aims for (ceil(256 / items) runs)
+# ... but a cap of one wave of an H200 for the 8-warp tensor-core kernel (the batch-1..8 decode kernels): its 168 / 250
 # registers (ptxas sm90, head dim 64 / 128) fit one 256-thread block per SM, so 256 blocks took two waves. H200,
-# attention_lab at 4096 keys, Llama-3-8B shapes, us (256 blocks -> 128): batch 2 22.21 -> 17.09, batch 4 30.55 ->
-# 24.65, batch 8 46.23 -> 40.44; 1024 keys batch 8 22.94 -> 17.68 (docs/perf.md v39)
+# attention_lab at 4096 keys, Llama-3-8B shapes, us (256 blocks -> 128): batch 2 22.20 -> 17.02, batch 4 30.49 ->
+# 24.72, batch 8 45.97 -> 40.43; 1024 keys batch 8 22.92 -> 17.25 (docs/perf.md v39, run 3). An H200's SMs (also an
+# H100 SXM's): on a GPU with fewer (A100: 108) 132 blocks take a second, partial wave
 SPLIT_WAVE_SMS = 132
 TARGET_ENV = "ATLAS_ATTENTION_SPLIT_TARGET"  # auto (split_target's rule) or a block count, for every kernel (A/B)
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
@@ -252,8 +253,9 @@ def _emit_fast(ctx: KernelContext, node: Node, flags: tuple[str, ...], acc: int,
     min_blocks = 2 if split > 1 and d <= 64 and q_v.dtype == "float16" and not mma else 1
     preamble = (f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {ctx.kernel}'
                 f"(unsigned char* __restrict__ arena);")
-    # a run-time launch has at most max(items, target) units (attention.cu att_decode_splits rounds down): a grid
-    # of target blocks (items when more) covers them at every batch
+    # a grid of target blocks (items when more): a cap target (not FAST_SPLIT_TARGET) is never exceeded at run time
+    # (attention.cu att_decode_splits rounds down); with FAST_SPLIT_TARGET (ceil(256 / items) runs) the maximal batch
+    # leaves no block idle and a smaller batch in between may loop once more over the grid
     blocks = max(items, min(items * split, target))
     # ATLAS_EARLY_WEIGHTS=2 (linear.py): the next kernel, a projection, may launch right after the wait and load
     # its first weights while this one runs (at batch 1 most of this grid's blocks have no work)
@@ -295,9 +297,10 @@ def split_max() -> int:
 
 
 def split_target(nw: int, mma: bool) -> int:
-    """ATT_SPLIT_TARGET of an attention_decode kernel of nw warps (the most blocks its sequence split fills):
-    ATLAS_ATTENTION_SPLIT_TARGET when set (1 to 65536; "auto" as unset), else SPLIT_WAVE_SMS for the 8-warp
-    tensor-core kernel (one block per SM) and FAST_SPLIT_TARGET for the others; CodegenError otherwise."""
+    """TARGET of an attention_decode kernel of nw warps (attention.cu att_decode_splits: FAST_SPLIT_TARGET, the
+    blocks its sequence split aims for, or any other value, a cap): ATLAS_ATTENTION_SPLIT_TARGET when set (1 to
+    65536, every kernel's; "auto" as unset), else SPLIT_WAVE_SMS for the 8-warp tensor-core kernel (one block per
+    SM) and FAST_SPLIT_TARGET for the others; CodegenError otherwise."""
     text = os.environ.get(TARGET_ENV, "") or "auto"
     if text == "auto":
         return SPLIT_WAVE_SMS if nw == 8 and mma else FAST_SPLIT_TARGET

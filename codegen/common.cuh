@@ -16,7 +16,7 @@
 namespace atlas {
 
 // Programmatic dependent launch (sm90+). pdl_enter, the first statement of every generated kernel (after
-// its weight prefetches, if any; a batch-1 projection's with early weights runs it after its first weight loads,
+// its dims loads, generate.py DIMS_EARLY, and its weight prefetches, if any; a batch-1 projection's with early weights runs it after its first weight loads,
 // linear.cu LinPro): wait until the grids this one depends on have completed and their writes are visible. pdl_leave, its last: let the next kernel's blocks be scheduled (a block that
 // returns early counts as having done so). Leaving at the end, not next to the wait, keeps the next
 // kernel's waiting blocks off the SMs while this kernel still has blocks to run (they would hold slots

@@ -462,7 +462,8 @@ def codegen_choices() -> dict:
             "attention_mma": attention.mma_setting(),
             "attention_warps": attention.warps_setting(), "attention_warp_merge": attention.warp_merge(),
             # every kernel waits (atlas::pdl_enter, common.cuh) before it reads what an earlier kernel wrote: first
-            # (after its prefetch, if any), or with early weights after its first weight loads (linear.cu LinPro)
+            # (after its dims loads and prefetch, if any), or with early weights after its first weight loads (linear.cu
+            # LinPro)
             "pdl_wait": True,
             # ... and ends with atlas::pdl_leave (v9; before: right after the wait); with early_weights 2 the batch-1
             # projections and the decode attention also trigger earlier (linear.py)

@@ -196,6 +196,8 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "quant_staged_u": 0, "prologue_act8_grid": 0}) == ""
     assert _opt_ins({**defaults, "quant_staged_u": 4, "prologue_act8_grid": 264}) == \
         "ATLAS_QUANT_STAGED_U=4, ATLAS_PROLOGUE_ACT8_GRID=264"
+    assert _opt_ins({**defaults, "attention_split_target": "auto"}) == ""
+    assert _opt_ins({**defaults, "attention_split_target": "256"}) == "ATLAS_ATTENTION_SPLIT_TARGET=256"
     assert _opt_ins({**defaults, "dims_early": True}) == ""
     assert _opt_ins({**defaults, "dims_early": False}) == "ATLAS_DIMS_EARLY=0"
     assert _opt_ins({**defaults, "norm_vec": True}) == ""

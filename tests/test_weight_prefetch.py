@@ -1,6 +1,6 @@
 """weight_prefetch (codegen/generate.py, opt-in ATLAS_PREFETCH=1): which bytes of a projection's weights a
 kernel asks L2 to fetch before its pdl_enter, within the budget; only constants, only inside the
-weights region, nothing else before the wait."""
+weights region, nothing else before the wait but the kernel's dims loads (generate.py DIMS_EARLY)."""
 
 from __future__ import annotations
 
