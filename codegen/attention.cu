@@ -514,7 +514,7 @@ __device__ __forceinline__ void decode_warp_mma(const AttnArgs<__half, MT>& a, c
 
 // the runs attention_decode cuts each of `items` items' Skv keys into (see the sequence split above)
 template <int SPLIT, int MIN_KEYS, int TARGET = ATT_SPLIT_TARGET>
-__device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
+__host__ __device__ __forceinline__ long long att_decode_splits(long long items, long long Skv) {
   static_assert(TARGET >= 1, "a split aims for at least one block");
   if constexpr (SPLIT > 1) {
     // a 32-bit division: attention_decode checks items < 2^26 (attention_prefetch_kv's value is only a hint).

@@ -919,6 +919,42 @@ def test_split_target_is_one_wave_for_the_8_warp_tensor_core_kernel(monkeypatch)
             attention.split_target(8, True)
 
 
+def test_split_runs_on_the_host(tmp_path):
+    """attention.cu att_decode_splits (a __host__ __device__ function: this test compiles the library with nvcc and
+    runs it on the CPU): TARGET 256 (ATT_SPLIT_TARGET) aims for 256 blocks, ceil(256 / items) runs as in v14-v38; any
+    other TARGET is a cap, floor(TARGET / items) runs, so items x runs never exceeds max(items, TARGET) (the launch
+    grid, attention.py); every count within 1 .. SPLIT and no more runs than MIN_KEYS-key pieces of the context."""
+    import subprocess
+
+    from atlasc.codegen.generate import HERE, _load_families
+    from atlasc.codegen.nvcc import NvccNotFoundError, nvcc_path
+
+    try:
+        exe = nvcc_path()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    cases = [(split, keys, target, items, skv) for split, keys, target in
+             ((32, 256, 132), (32, 256, 256), (32, 128, 264), (16, 64, 132), (32, 256, 1)) for items in range(1, 301)
+             for skv in (1, 255, 256, 1000, 4096, 8192)]
+    calls = "\n".join(f"  printf(\"%lld\\n\", atlas::att_decode_splits<{s}, {k}, {t}>({i}, {n}));"
+                       for s, k, t, i, n in cases)
+    source = "\n".join([(HERE / "common.cuh").read_text(), *_load_families(),
+                        f"#include <cstdio>\nint main() {{\n{calls}\n  return 0;\n}}\n"])
+    (tmp_path / "splits.cu").write_text(source)
+    build = subprocess.run([exe, "-std=c++17", "-arch=sm_90", "splits.cu", "-o", "splits"], cwd=tmp_path,
+                           capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stderr[-3000:]
+    got = [int(line) for line in subprocess.run([str(tmp_path / "splits")], capture_output=True, text=True,
+                                                check=True).stdout.split()]
+    assert len(got) == len(cases)
+    for (split, keys, target, items, skv), runs in zip(cases, got):
+        want = -(-target // items) if target == 256 else target // items
+        assert runs == max(1, min(split, want, -(-skv // keys))), (split, keys, target, items, skv, runs)
+        if target != 256:
+            assert items * runs <= max(items, target)
+    assert got[cases.index((32, 256, 132, 8, 4096))] == 16 and got[cases.index((32, 256, 256, 96, 4096))] == 3
+
+
 def test_attention_ab_switches_change_only_their_kernels(monkeypatch):
     """ATLAS_ATTENTION_SPLIT_MIN_KEYS / ATLAS_ATTENTION_VPREFETCH reach attention_decode's MIN_KEYS / VPF
     template arguments; unset (or at their defaults: 256 keys, prefetch on) the generated text is the same
