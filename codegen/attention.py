@@ -38,7 +38,7 @@ import os
 from atlasc.codegen import flash_attention
 from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter
-from atlasc.codegen.linear import early_mode
+from atlasc.codegen.linear import EARLY_WAVE_SMS, early_mode
 from atlasc.errors import env_switch
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
@@ -67,8 +67,8 @@ FAST_SPLIT_TARGET = 256  # ATT_SPLIT_TARGET of attention.cu: blocks the run-time
 # registers (ptxas sm90, head dim 64 / 128) fit one 256-thread block per SM, so 256 blocks took two waves. H200,
 # attention_lab at 4096 keys, Llama-3-8B shapes, us (256 blocks -> 128): batch 2 22.20 -> 17.02, batch 4 30.49 ->
 # 24.72, batch 8 45.97 -> 40.43; 1024 keys batch 8 22.92 -> 17.25 (docs/perf.md v39, run 3). An H200's SMs (also an
-# H100 SXM's): on a GPU with fewer (A100: 108) 132 blocks take a second, partial wave
-SPLIT_WAVE_SMS = 132
+# H100 SXM's), as linear.py's: on a GPU with fewer (A100: 108) 132 blocks take a second, partial wave
+SPLIT_WAVE_SMS = EARLY_WAVE_SMS
 TARGET_ENV = "ATLAS_ATTENTION_SPLIT_TARGET"  # auto (split_target's rule) or a block count, for every kernel (A/B)
 SPLIT_ENV = "ATLAS_ATTENTION_SPLIT"  # overrides FAST_MAX_SPLIT at code generation (1: no split), for A/B timing
 FAST_SPLIT_MIN_KEYS = 256  # ATT_SPLIT_MIN_KEYS of attention.cu: keys per run at least (perf.md v14: 64 lost)

@@ -57,7 +57,8 @@ U_ENV = "ATLAS_QUANT_U"
 # without touching the plain or int8-x kernels as ATLAS_QUANT_U does; it wins over ATLAS_QUANT_U for those kernels.
 # H200 lab at one row (docs/perf.md v37 run 2, v38 run 6), us at U 2 / 3 (MMA_U) / 4: 8B QKV norm 8.61 / 9.55 / 8.98,
 # o norm 7.48 / 8.02 / 7.63, down norm 18.29 / 17.41 / 17.29; in v37's 8-layer step with U 2 forced everywhere the
-# QKV + rotary kernels took 0.49 us less a layer. Not timed alone in a step, so MMA_U stays the default.
+# QKV + rotary kernels took 0.49 us less a layer. Timed alone in the 8-layer int4 step (v39 run 1, replayed): U 2
+# +0.15%, U 4 +3.1%, so MMA_U stays the default.
 STAGED_U_ENV = "ATLAS_QUANT_STAGED_U"
 # K split across blocks (KS in quant.cu) for a plain int8 / fp8 projection at M <= 8 that S = 8 leaves with
 # less than one block per SM. ATLAS_QUANT_KSPLIT: "auto" (default, quant_ks) or a forced 1, 2, 4 or 8.
