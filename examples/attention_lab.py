@@ -126,8 +126,11 @@ AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False),
             # at batches 2-8)
             "mma512wm": _ab(512, True, 8, True, True), "mma1024wm": _ab(1024, True, 8, True, True),
             "mma2048wm": _ab(2048, True, 8, True, True),
-            # 4 warps, the split's units within one wave of 132 blocks (the 8-warp kernel's default since v39)
-            "w4mmawmt132": _ab(256, True, 4, True, True, "132")}
+            # 4 warps, the split's units within one wave of 132 blocks (the 8-warp kernel's default since v39), or
+            # capped at 264 / 396 blocks: one / one and a half waves of the 4-warp kernel at 2 blocks per SM (its
+            # default, ceil(256 / units) runs, takes two waves at batches 9-15 and 17-31 of Llama-3-8B)
+            "w4mmawmt132": _ab(256, True, 4, True, True, "132"), "w4mmawmt264": _ab(256, True, 4, True, True, "264"),
+            "w4mmawmt396": _ab(256, True, 4, True, True, "396")}
 LAB_PATHS = (*attention.PATHS, "nosplit")
 PREFILL_PATHS = ("fa2", "fa2w8", "fast", "rows")
 PREFILL_SEQS = (512, 2048, 4096)
