@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atlasc.errors import VerificationError
+from atlasc.errors import AtlasError, VerificationError
 from atlasc.ir.printer import format_graph
 from atlasc.ir.program import Program
 from atlasc.ir.verify import verify
@@ -124,7 +124,10 @@ def run_pipeline(program: Program, names: list[str] | str = "default", *, verify
     report = PipelineReport()
     dump = Path(dump_ir) if dump_ir else None
     if dump:
-        dump.mkdir(parents=True, exist_ok=True)
+        try:
+            dump.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise AtlasError(f"--dump-ir folder {dump} cannot be created: {e.strerror or e}") from None
         _dump(dump / "00-input.txt", program)
     for index, name in enumerate(names, start=1):
         if on_pass:
@@ -147,4 +150,7 @@ def run_pipeline(program: Program, names: list[str] | str = "default", *, verify
 
 
 def _dump(path: Path, program: Program) -> None:
-    path.write_text("\n\n".join(format_graph(g) for g in program.entries.values()) + "\n")
+    try:
+        path.write_text("\n\n".join(format_graph(g) for g in program.entries.values()) + "\n")
+    except OSError as e:
+        raise AtlasError(f"cannot write the IR dump {path}: {e.strerror or e}") from None

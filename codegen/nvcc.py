@@ -56,12 +56,20 @@ def nvcc_path() -> str:
         raise NvccNotFoundError("nvcc not found: atlasc needs the CUDA compiler to build kernels",
                                 hint="install the CUDA toolkit (or `pip install nvidia-cuda-nvcc`) and put nvcc "
                                      "on PATH, or set ATLAS_NVCC")
+    if not Path(path).is_file() or not os.access(path, os.X_OK):
+        raise NvccNotFoundError(f"nvcc at {path} is not an executable file", hint="point ATLAS_NVCC at the nvcc "
+                                "executable, or unset it to take nvcc from PATH")
     return path
 
 
 @cache
 def nvcc_version(path: str) -> str:
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
+    """nvcc's version (V13.0.48), or its last line of `--version` output; NvccNotFoundError if it cannot start."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError as e:
+        raise NvccNotFoundError(f"nvcc at {path} cannot run: {e.strerror or e}",
+                                hint="point ATLAS_NVCC at the nvcc executable, or unset it") from None
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
@@ -87,15 +95,32 @@ def flags(arch: str, source: str = "") -> list[str]:
 
 
 def cache_dir() -> Path:
+    """The cubin cache's folder (ATLAS_CACHE_DIR/cubin, default ~/.cache/atlasc/cubin); it may not exist yet."""
     root = os.environ.get("ATLAS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "atlasc")
     return Path(root) / "cubin"
+
+
+def _ready_cache_dir() -> Path:
+    """cache_dir(), created; AtlasError naming ATLAS_CACHE_DIR when it cannot be (a file, no permission)."""
+    path = cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise AtlasError(f"cannot use {path} as the cubin cache: {e.strerror or e}",
+                         hint="set ATLAS_CACHE_DIR to a writable folder") from None
+    return path
 
 
 def chunk_size() -> int:
     """Kernels per nvcc translation unit of a chunked build (ATLAS_NVCC_CHUNK, default 24).
 
     Fixed, not derived from the machine's core count, so that a build is byte-identical everywhere."""
-    return max(1, int(os.environ.get("ATLAS_NVCC_CHUNK", "24")))
+    text = os.environ.get("ATLAS_NVCC_CHUNK", "") or "24"
+    if not text.isdigit() or int(text) < 1:
+        raise AtlasError(f"ATLAS_NVCC_CHUNK={text!r} is not a kernel count (expected an integer >= 1)")
+    return int(text)
 
 
 def compile_module(module, archs: tuple[str, ...], *, on_done=None) -> dict[str, list[bytes]]:
@@ -140,12 +165,12 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
     """
     exe = nvcc_path()
     version = nvcc_version(exe)
+    folder = _ready_cache_dir()
 
     def one(arch: str) -> tuple[str, bytes]:
         args = flags(arch, source)
         key = hashlib.sha256("\0".join([source, arch, version, *args]).encode()).hexdigest()
-        cached = cache_dir() / f"{key}.cubin"
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached = folder / f"{key}.cubin"
         # one build of a given source and arch at a time across processes: the build folder's name is
         # fixed (see _run_nvcc), and the second process then finds the first one's cubin in the cache
         with open(cached.with_suffix(".lock"), "w") as lock:
@@ -258,9 +283,12 @@ def _run_nvcc_in(exe: str, source: str, arch: str, args: list[str], tmp: Path) -
         if proc.returncode != 0 or not out.exists():
             kept = Path(tempfile.gettempdir()) / f"atlasc-failed-{hashlib.sha256(source.encode()).hexdigest()[:12]}.cu"
             kept.write_text(source)
-            err = NvccError(f"nvcc failed for {arch} on {kept} (exit {proc.returncode}): "
-                            f"{_first_error(proc.stderr + proc.stdout)}",
-                            hint="this is a bug in atlasc's code generation; please report it with the .cu file")
+            said = (proc.stderr + proc.stdout).strip()
+            # nvcc that fails without a word did not get to the source: a broken toolkit, not the generated code
+            hint = ("this is a bug in atlasc's code generation; please report it with the .cu file" if said else
+                    f"nvcc ({exe}) exited without a message: check the CUDA toolkit with `{exe} --version`")
+            err = NvccError(f"nvcc failed for {arch} on {kept} (exit {proc.returncode}): {_first_error(said)}",
+                            hint=hint)
             err.log = proc.stderr + proc.stdout
             err.source_path = str(kept)
             raise err

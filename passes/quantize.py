@@ -445,6 +445,18 @@ def skipped_by(node: Node, patterns: tuple[str, ...]) -> str | None:
     return None
 
 
+def _check_skip_patterns(program: Program, patterns: tuple[str, ...]) -> None:
+    """UsageError naming the --quant-skip patterns that match no Linear's weight, node or output name (a typo
+    would otherwise quantize the layer it meant to keep, silently)."""
+    linears = [n for g in program.entries.values() for n in g.nodes if n.op == "Linear"]
+    unused = [p for p in patterns if not any(skipped_by(n, (p,)) for n in linears)]
+    if unused and linears:  # no Linear at all (--no-fusion keeps MatMul): nothing is quantized, nothing to skip
+        names = [n.name for n in linears]
+        raise UsageError(f"--quant-skip {', '.join(unused)} matches no linear layer's weight, node or output name",
+                         hint=f"{len(names)} linear layers, e.g. " + ", ".join(names[:3]) + " (the layer table of "
+                              "`atlasc inspect X.atlas` of a quantized build lists them)")
+
+
 def _gptq_hessians(program: Program, candidates: list[Node]) -> dict[int, np.ndarray]:
     """id(weight) -> calibration H of the int4 candidates (passes/gptq.py); UsageError without --calib."""
     opts = program.options
@@ -457,7 +469,8 @@ def _gptq_hessians(program: Program, candidates: list[Node]) -> dict[int, np.nda
         nodes = [n for n in candidates if any(n is m for m in graph.nodes)]
         if nodes:
             say("quantize", f"gptq: float activations of {len(nodes)} layers on {opts.calib}")
-            hessians.update(calibration_hessians(graph, nodes, load_feeds(opts.calib, graph), opts.max_batch))
+            feeds = load_feeds(opts.calib, graph, opts.max_seq)
+            hessians.update(calibration_hessians(graph, nodes, feeds, opts.max_batch))
     return hessians
 
 
@@ -497,6 +510,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
                 stats.declined[where] = f"skipped by --quant-skip {pattern}"
                 continue
             candidates.append(node)
+    _check_skip_patterns(program, opts.quant_skip)
     if mode == "int4" and candidates and all(n.inputs[1].shape[1] % group for n in candidates):
         ks = sorted({int(n.inputs[1].shape[1]) for n in candidates})
         raise UsageError(f"--group-size {group} divides no linear layer's K (K: {', '.join(map(str, ks))})",

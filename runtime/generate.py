@@ -49,6 +49,12 @@ def _roles(manifest) -> dict[str, str]:
             "past": manifest.report.get("roles", {}).get("past")}
 
 
+def _vocab(manifest, roles: dict[str, str]) -> int:
+    """The vocabulary size: the last dim of the prefill's logits output."""
+    logits = next(o for o in manifest.entries["prefill"].outputs if o.name == roles["logits"])
+    return int(logits.shape[-1])
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen, on the device (see atlasc/ir/ops/sampling.py)."""
@@ -79,6 +85,11 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
     if not prompts or any(len(p) == 0 for p in prompts):
         raise InputError("every prompt needs at least one token")
     roles = _roles(m)
+    vocab = _vocab(m, roles)
+    bad = sorted({int(t) for p in prompts for t in p if not 0 <= int(t) < vocab})
+    if bad:
+        raise InputError(f"prompt token ids {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} are "
+                         f"outside the vocabulary [0, {vocab})")
     b = len(prompts)
     s = max(len(p) for p in prompts)
     kv = m.kv_cache

@@ -293,11 +293,18 @@ def test_tampered_cubin_checksum_mismatch(artifact):
     expect_error(artifact, r"checksum mismatch in member cubin/sm90\.cubin")
 
 
-def test_tampered_magic(artifact):
+def test_tampered_magic(artifact, tmp_path):
+    p = tmp_path / "magic.atlas"
+    rewrite_zip(artifact, p, lambda n, d: (n, d.replace(b'"ATLAS"', b'"ATLAZ"') if n == "manifest.json" else d))
+    expect_error(p, "magic 'ATLAZ'")
+
+
+def test_manifest_edited_in_place(artifact):
+    """The manifest's bytes changed inside the zip (its CRC-32 not updated): refused before its fields are read."""
     data = artifact.read_bytes()
     assert data.count(b'"ATLAS"') == 1
     artifact.write_bytes(data.replace(b'"ATLAS"', b'"ATLAZ"'))
-    expect_error(artifact, "magic 'ATLAZ'")
+    expect_error(artifact, "checksum mismatch in member manifest.json")
 
 
 def test_newer_format_version(artifact, tmp_path):

@@ -3,7 +3,8 @@
 `open_artifact` checks everything before handing the artifact out, and every failure is one
 `ArtifactError` line that names the file: missing, not a zip, truncated, a member path that escapes
 the archive, a compressed or encrypted member, no or malformed manifest, wrong magic, newer format,
-a member missing, unlisted or of the wrong size, and (with verify=True) any sha256 mismatch.
+a member missing, unlisted or of the wrong size, a manifest whose zip CRC-32 does not match, and (with
+verify=True) any sha256 mismatch.
 
 Members are read straight from the file at their data offsets (they are STORED), so the weights can
 be memory-mapped in place: `Artifact.weights_array()`.
@@ -17,6 +18,7 @@ import os
 import re
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +162,7 @@ def _validate(path: Path, fp, verify: bool) -> tuple[Manifest, dict[str, tuple[i
         raise fail(f"{truncated} ({e})") from None
 
     layout: dict[str, tuple[int, int]] = {}
+    crcs: dict[str, int] = {}
     for info in infos:
         name = info.orig_filename
         why = check_member_name(name)
@@ -182,13 +185,18 @@ def _validate(path: Path, fp, verify: bool) -> tuple[Manifest, dict[str, tuple[i
         if offset + info.file_size > total:
             raise fail(f"{truncated} (member {name} ends past the end of the file)")
         layout[name] = (offset, info.file_size)
+        crcs[name] = info.CRC
 
     if MANIFEST not in layout:
         raise fail("no manifest.json (not an .atlas file)")
     offset, size = layout[MANIFEST]
     fp.seek(offset)
+    text = fp.read(size)
+    # the manifest lists every other member's sha256; its own integrity is the zip's CRC-32
+    if zlib.crc32(text) != crcs[MANIFEST]:
+        raise fail("checksum mismatch in member manifest.json: the file is corrupt or was modified")
     try:
-        data = json.loads(fp.read(size).decode("utf-8"))
+        data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise fail(f"manifest.json is not valid JSON ({e})") from None
     try:

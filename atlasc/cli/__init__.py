@@ -220,6 +220,17 @@ def _load_inputs(path: Path) -> dict[str, Any]:
     return inputs
 
 
+def write_npz(path: Path, arrays: dict) -> None:
+    """np.savez of `arrays` to `path`; UsageError (no traceback) when the file cannot be written."""
+    import numpy as np
+
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 @app.command()
 def run(
     model: Annotated[Path, typer.Argument(help="An ONNX model or a .atlas artifact.", metavar="MODEL",
@@ -250,18 +261,23 @@ def run(
     A .atlas artifact generates from --prompt-ids (decoders: greedy, prefill then decode steps) or runs
     one entry point on --inputs; --device cpu executes its schedule over a numpy arena laid out as its
     memory plan says."""
-    import numpy as np
-
     _existing_file(model, "model")
     if out is not None and not out.parent.is_dir():
         raise UsageError(f"output folder does not exist: {out.parent}")
+    if out is not None and out.is_dir():
+        raise UsageError(f"--out {out} is a folder")
     if max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     if model.suffix == ".atlas":
         from atlasc.cli.artifact_cmd import run_artifact
 
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise UsageError("--temperature must be >= 0, --top-k >= 0 and --top-p in (0, 1]")
+        if not 0 <= temperature < float("inf") or top_k < 0 or not 0 < top_p <= 1:
+            raise UsageError("--temperature must be finite and >= 0, --top-k >= 0 and --top-p in (0, 1]")
+        if not 0 <= seed < 2**63:
+            raise UsageError(f"--seed must be in [0, 2**63), not {seed}")
+        if prompt_ids is not None and (inputs is not None or out is not None):
+            raise UsageError("--prompt-ids generates tokens; --inputs and --out run one entry point: give one or "
+                             "the other")
         run_artifact(model, device=device.value, inputs=_load_inputs(inputs) if inputs is not None else None,
                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, out_path=out, entry=entry, quiet=quiet,
                      as_json=as_json, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -269,6 +285,9 @@ def run(
         return
     if device is Device.gpu:
         raise UsageError("--device gpu runs compiled artifacts", "compile first: atlasc compile MODEL -o m.atlas")
+    if prompt_ids is not None:
+        raise UsageError("--prompt-ids runs compiled decoder artifacts; an ONNX model runs on --inputs x.npz",
+                         hint="compile first: atlasc compile MODEL -o m.atlas")
 
     from atlasc.frontend import import_onnx
     from atlasc.ir import interpret
@@ -276,13 +295,15 @@ def run(
     feeds = _load_inputs(inputs) if inputs is not None else {}
     t0 = time.perf_counter()
     graph = import_onnx(model)
+    if inputs is None and graph.inputs:
+        raise UsageError("running an ONNX model needs --inputs x.npz, one array per model input",
+                         hint="inputs: " + ", ".join(v.name for v in graph.inputs))
     t1 = time.perf_counter()
     results = interpret(graph, feeds)
     t2 = time.perf_counter()
 
     if out is not None:
-        with open(out, "wb") as f:
-            np.savez(f, **results)
+        write_npz(out, results)
 
     if as_json:
         summary = {"outputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()],

@@ -6,11 +6,10 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from atlasc.cli import _bytes, _out, _quant_title
+from atlasc.cli import _bytes, _out, _quant_title, write_npz
 from atlasc.errors import UsageError
 from atlasc.artifact.writer import CUBIN_RE
 
@@ -195,7 +194,10 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
             from atlasc.runtime.generate import Sampling, generate
 
             prompts = parse_ids(prompt_ids)
-            stops = [int(s) for s in stop.split(",") if s.strip()] if stop else []
+            try:
+                stops = [int(s) for s in stop.split(",") if s.strip()] if stop else []
+            except ValueError:
+                raise UsageError(f"--stop must be comma-separated token ids: {stop}") from None
             stream = not as_json and not quiet and len(prompts) == 1
 
             def on_token(step: int, ids: list[int]) -> None:
@@ -235,8 +237,7 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
             inputs = {**Sampling().inputs(0), **inputs}
         results = model.run(entry, inputs, symbols)
         if out_path is not None:
-            with open(out_path, "wb") as f:
-                np.savez(f, **results)
+            write_npz(out_path, results)
         if as_json:
             print(json.dumps({"outputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)}
                                           for k, v in results.items()],

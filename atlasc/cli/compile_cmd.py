@@ -15,8 +15,14 @@ from rich.table import Table
 from atlasc.cli import _bytes, _err, _existing_file, _out, _quant_title, app, state
 from atlasc.errors import UsageError
 
-CONFIG_KEYS = {"arch", "dtype", "max_batch", "max_seq", "fusion", "quant", "group_size", "zero_points", "gptq",
-               "smooth", "quant_skip", "prefill_logits"}
+# build.yaml's keys and the YAML types each takes (a list of strings also for arch and quant_skip)
+CONFIG_TYPES = {"arch": str, "dtype": str, "max_batch": int, "max_seq": int, "fusion": bool, "quant": str,
+                "group_size": int, "zero_points": bool, "gptq": bool, "smooth": float, "quant_skip": str,
+                "prefill_logits": str}
+CONFIG_KEYS = set(CONFIG_TYPES)
+# the longest sequence a compile accepts: past it the KV cache of even one small layer is gigabytes, and the
+# compile's own evaluation of the mask (mask-as-lengths) would allocate max_seq-long host arrays
+MAX_SEQ_LIMIT = 1 << 20
 
 
 def _load_config(path: Path) -> dict:
@@ -34,9 +40,29 @@ def _load_config(path: Path) -> dict:
     if unknown:
         raise UsageError(f"config file {path}: unknown option(s) {', '.join(sorted(unknown))}",
                          hint=f"known: {', '.join(sorted(CONFIG_KEYS))}")
+    for key, value in data.items():
+        _check_config_type(path, key, value)
     if isinstance(data.get("arch"), list):
-        data["arch"] = ",".join(str(a) for a in data["arch"])
+        data["arch"] = ",".join(data["arch"])
     return data
+
+
+def _check_config_type(path: Path, key: str, value) -> None:
+    """UsageError unless build.yaml's `key: value` has the key's type (CONFIG_TYPES): no coercion, so that
+    `zero_points: "no"` or `max_batch: 2.5` is an error rather than the opposite or a truncated setting."""
+    want = CONFIG_TYPES[key]
+    if want is str and key in ("arch", "quant_skip") and isinstance(value, list):
+        ok = all(isinstance(v, str) for v in value)
+    elif want is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif want is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, want)
+    if not ok:
+        kind = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}[want]
+        listed = " (or a list of strings)" if key in ("arch", "quant_skip") else ""
+        raise UsageError(f"config file {path}: {key} must be {kind}{listed}, not {value!r}")
 
 
 @app.command("compile")
@@ -103,8 +129,14 @@ def compile_command(
         raise UsageError(f"output must end in .atlas: {output}")
     if not output.parent.is_dir():
         raise UsageError(f"output folder does not exist: {output.parent}")
+    if output.is_dir():
+        raise UsageError(f"output {output} is a folder")
+    if output.exists() and output.resolve() == model.resolve():
+        raise UsageError(f"output {output} is the model being compiled", hint="write the artifact elsewhere")
+    if dump_ir is not None:
+        _dump_folder(dump_ir)
     cfg = _load_config(config) if config else {}
-    arch = arch or cfg.get("arch") or "sm80,sm90"
+    arch = arch if arch is not None else cfg.get("arch", "sm80,sm90")
     dtype = (dtype or cfg.get("dtype") or "auto").lower()
     if dtype not in ("auto", "fp32", "fp16"):
         raise UsageError(f"--dtype must be auto, fp32 or fp16, not {dtype}")
@@ -112,13 +144,18 @@ def compile_command(
     max_seq = max_seq if max_seq is not None else int(cfg.get("max_seq", 2048))
     if max_batch < 1 or max_seq < 2:
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
-    fusion = bool(cfg.get("fusion", True)) and not no_fusion and os.environ.get("ATLAS_FUSION_ENABLED", "1") != "0"
+    if max_seq > MAX_SEQ_LIMIT:
+        raise UsageError(f"--max-seq must be at most {MAX_SEQ_LIMIT}, not {max_seq}")
+    fusion_env = os.environ.get("ATLAS_FUSION_ENABLED", "") or "1"
+    if fusion_env not in ("0", "1"):
+        raise UsageError(f"ATLAS_FUSION_ENABLED={fusion_env!r}: expected 0 or 1")
+    fusion = cfg.get("fusion", True) and not no_fusion and fusion_env == "1"
     quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
-    if zero_points or bool(cfg.get("zero_points", False)):
+    if zero_points or cfg.get("zero_points", False):
         if quant_opts["quant"] != "int4":
             raise UsageError(f"--zero-points applies to --quant int4, not {quant_opts['quant']}")
         quant_opts["zero_points"] = True
-    if gptq or bool(cfg.get("gptq", False)):
+    if gptq or cfg.get("gptq", False):
         if quant_opts["quant"] != "int4" or calib is None:
             raise UsageError("--gptq needs --quant int4 and --calib prompts.npz",
                              hint="the calibration prompts are what GPTQ minimizes each layer's output error on")
@@ -140,6 +177,11 @@ def compile_command(
         if quant_opts["quant"] == "none":
             raise UsageError("--calib only matters with --quant int8 or int4")
         quant_opts["calib"] = str(calib)
+    if quant_opts["quant"] != "none" and not fusion:
+        raise UsageError(f"--quant {quant_opts['quant']} needs fusion: it quantizes the linear layers that "
+                         "fuse-linear forms, and --no-fusion (or ATLAS_FUSION_ENABLED=0) leaves none")
+    if quant_opts["quant_skip"] and quant_opts["quant"] == "none":
+        raise UsageError("--quant-skip only matters with --quant int8, int4 or fp8")
     prefill_logits = (prefill_logits or cfg.get("prefill_logits") or "all").lower()
     if prefill_logits not in ("all", "last"):
         raise UsageError(f"--prefill-logits must be all or last, not {prefill_logits}")
@@ -165,6 +207,18 @@ def compile_command(
         print(json.dumps(result.summary()))
         return
     _print_report(result, time_passes)
+
+
+def _dump_folder(path: Path) -> None:
+    """UsageError before the passes run when --dump-ir's folder is a file or could not be made (its nearest
+    existing ancestor not a writable folder); nothing is created here."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--dump-ir {path} is a file, not a folder")
+    base = path.absolute()
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise UsageError(f"--dump-ir folder {path} cannot be written ({base} is not a writable folder)")
 
 
 class _ProgressLines:

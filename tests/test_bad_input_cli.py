@@ -1,0 +1,189 @@
+"""Bad command-line input found by an adversarial audit (docs/perf.md v40): each case is one `error:` line with
+exit code 2 and no traceback (test_errors.assert_one_error), and a failed compile leaves no file. Before the fixes
+these raised tracebacks (config values of the wrong type, --dump-ir onto a file, ATLAS_NVCC / ATLAS_CACHE_DIR
+unusable, out-of-vocabulary prompt ids, --stop / --seed out of range, --out unwritable) or were accepted
+silently (`zero_points: "no"` read as true, --arch '', --max-seq of 2e9, --quant-skip matching nothing, a
+compile over its own input, NaN temperature, a manifest edited in place)."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+
+import onnx
+import pytest
+from conftest import FIXTURES, empty_cubins
+from test_errors import add_model, assert_one_error
+
+LLAMA = FIXTURES / "llama.onnx"
+FLAGS = ("--arch", "sm90", "--max-batch", "2", "--max-seq", "32")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+
+
+@pytest.fixture(scope="module")
+def llama_atlas(tmp_path_factory):
+    """The llama fixture compiled (empty cubins: the CPU runtime executes the schedule with numpy)."""
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+
+    out = tmp_path_factory.mktemp("art") / "llama.atlas"
+    with empty_cubins():
+        compile_model(LLAMA, out, CompileOptions(archs=("sm90",), max_batch=2, max_seq=32))
+    return out
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('max_batch: "four"\n', "max_batch must be an integer, not 'four'"),
+    ("max_batch: 2.5\n", "max_batch must be an integer, not 2.5"),
+    ("max_seq: [1, 2]\n", "max_seq must be an integer"),
+    ('zero_points: "no"\nquant: int4\n', "zero_points must be true or false, not 'no'"),
+    ("fusion: maybe\n", "fusion must be true or false"),
+    ("arch: 90\n", "arch must be a string (or a list of strings), not 90"),
+    ("arch: [sm90, 90]\n", "arch must be a string"),
+    ("quant_skip: 5\nquant: int8\n", "quant_skip must be a string (or a list of strings), not 5"),
+    ("smooth: high\n", "smooth must be a number"),
+])
+def test_config_values_of_the_wrong_type(cli, tmp_path, text, needle):
+    cfg = tmp_path / "build.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "x.atlas"
+    assert_one_error(cli("compile", LLAMA, "-o", out, "--config", cfg), needle)
+    assert not out.exists()
+
+
+def test_config_values_of_the_right_type_still_compile(cli, tmp_path, no_nvcc):
+    cfg = tmp_path / "build.yaml"
+    cfg.write_text("arch: [sm90]\nmax_batch: 2\nmax_seq: 32\nfusion: true\ngptq: false\nquant: int8\nsmooth: 1\n"
+                   "quant_skip: [logits*]\n")
+    r = cli("compile", LLAMA, "-o", tmp_path / "x.atlas", "--config", cfg, "--calib", _calib(tmp_path))
+    assert r.code == 0, r
+
+
+def _calib(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "calib.npz"
+    np.savez(path, input_ids=np.arange(16, dtype=np.int64).reshape(2, 8))
+    return path
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--arch", ""), "no target arch given"),
+    (("--max-seq", "2000000000"), "--max-seq must be at most 1048576"),
+    (("--quant-skip", "logits*"), "--quant-skip only matters with --quant"),
+    (("--quant", "int8", "--no-fusion"), "--quant int8 needs fusion"),
+])
+def test_bad_compile_options(cli, tmp_path, flags, needle):
+    out = tmp_path / "x.atlas"
+    sizes = ("--max-batch", "2") + (() if "--max-seq" in flags else ("--max-seq", "32"))
+    assert_one_error(cli("compile", LLAMA, "-o", out, *sizes, *flags), needle)
+    assert not out.exists()
+
+
+def test_quant_skip_pattern_that_matches_nothing(cli, tmp_path, no_nvcc):
+    out = tmp_path / "x.atlas"
+    r = cli("compile", LLAMA, "-o", out, *FLAGS, "--quant", "int8", "--quant-skip", "logits*,lm_haed*")
+    assert_one_error(r, "--quant-skip lm_haed* matches no linear layer")
+    assert not out.exists()
+
+
+def test_compile_onto_its_own_input(cli, tmp_path):
+    model = tmp_path / "model.atlas"
+    shutil.copy(LLAMA, model)
+    before = model.read_bytes()
+    assert_one_error(cli("compile", model, "-o", model, *FLAGS), "is the model being compiled")
+    assert model.read_bytes() == before
+
+
+def test_dump_ir_onto_a_file(cli, tmp_path):
+    dump = tmp_path / "dump"
+    dump.write_text("not a folder")
+    assert_one_error(cli("compile", LLAMA, "-o", tmp_path / "x.atlas", *FLAGS, "--dump-ir", dump), "is a file")
+
+
+def test_fusion_switch_must_be_0_or_1(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_FUSION_ENABLED", "maybe")
+    assert_one_error(cli("compile", LLAMA, "-o", tmp_path / "x.atlas", *FLAGS), "ATLAS_FUSION_ENABLED='maybe'")
+
+
+@pytest.fixture
+def add_onnx(tmp_path):
+    path = tmp_path / "add.onnx"
+    onnx.save(add_model(), path)
+    return path
+
+
+def test_nvcc_path_is_a_folder(cli, tmp_path, monkeypatch, add_onnx):
+    monkeypatch.setenv("ATLAS_NVCC", str(tmp_path))
+    out = tmp_path / "x.atlas"
+    assert_one_error(cli("compile", add_onnx, "-o", out, "--arch", "sm90"), "is not an executable file")
+    assert not out.exists()
+
+
+def test_nvcc_that_fails_silently_is_not_called_a_codegen_bug(cli, tmp_path, monkeypatch, add_onnx):
+    monkeypatch.setenv("ATLAS_NVCC", shutil.which("false") or "/bin/false")
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("compile", add_onnx, "-o", tmp_path / "x.atlas", "--arch", "sm90")
+    assert_one_error(r, "nvcc failed for sm90")
+    assert "exited without a message" in r.stderr and "bug" not in r.stderr, r
+
+
+@needs_nvcc
+def test_cache_dir_that_is_a_file(cli, tmp_path, monkeypatch, add_onnx):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "file"))
+    assert_one_error(cli("compile", add_onnx, "-o", tmp_path / "x.atlas", "--arch", "sm90"),
+                     "as the cubin cache: Not a directory")
+
+
+@needs_nvcc
+def test_nvcc_chunk_must_be_a_count(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_NVCC_CHUNK", "x")
+    assert_one_error(cli("compile", LLAMA, "-o", tmp_path / "x.atlas", *FLAGS), "ATLAS_NVCC_CHUNK='x'")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--prompt-ids", "999"), "prompt token ids 999 are outside the vocabulary [0, 256)"),
+    (("--prompt-ids", "5,-1"), "prompt token ids -1 are outside the vocabulary"),
+    (("--prompt-ids", "99999999999999999999999"), "outside the vocabulary"),
+    (("--prompt-ids", "1,2", "--stop", "abc"), "--stop must be comma-separated token ids"),
+    (("--prompt-ids", "1,2", "--temperature", "1", "--seed", "99999999999999999999"), "--seed must be in"),
+    (("--prompt-ids", "1,2", "--temperature", "nan"), "--temperature must be finite"),
+    (("--prompt-ids", "1,2", "--temperature", "inf"), "--temperature must be finite"),
+    (("--prompt-ids", "1,2", "--out", "x.npz"), "give one or the other"),
+])
+def test_bad_generation_options(cli, llama_atlas, flags, needle):
+    assert_one_error(cli("run", llama_atlas, "--max-new-tokens", "2", *flags), needle)
+
+
+def test_generation_with_valid_ids_still_runs(cli, llama_atlas):
+    r = cli("run", llama_atlas, "--max-new-tokens", "2", "--prompt-ids", "0,255", "--stop", "3", "--json")
+    assert r.code == 0, r
+
+
+def test_onnx_run_without_inputs_names_them(cli):
+    assert_one_error(cli("run", LLAMA, "--device", "cpu"), "needs --inputs x.npz")
+    assert_one_error(cli("run", LLAMA, "--device", "cpu", "--prompt-ids", "1,2"), "--prompt-ids runs compiled")
+
+
+def test_run_out_that_cannot_be_written(cli, tmp_path):
+    case = FIXTURES / "llama.prefill.npz"
+    assert_one_error(cli("run", LLAMA, "--inputs", case, "--out", tmp_path), "is a folder")
+    assert_one_error(cli("run", LLAMA, "--inputs", case, "--out", "/proc/atlasc-test.npz"),
+                     "cannot write /proc/atlasc-test.npz")
+
+
+def test_manifest_edited_in_place_is_refused(cli, llama_atlas, tmp_path):
+    """A digit of manifest.json changed without rewriting the zip (its size and JSON stay valid): the zip's
+    CRC-32 of the manifest catches it, as every other member's sha256 catches theirs."""
+    data = bytearray(llama_atlas.read_bytes())
+    with zipfile.ZipFile(llama_atlas) as zf:
+        info = zf.getinfo("manifest.json")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    text = bytes(data[start:start + info.file_size])
+    at = text.index(b'"max_seq": 32')
+    data[start + at + len(b'"max_seq": ')] = ord("9")
+    edited = tmp_path / "edited.atlas"
+    edited.write_bytes(bytes(data))
+    assert_one_error(cli("inspect", edited), "checksum mismatch in member manifest.json")
+    assert cli("inspect", llama_atlas).code == 0
