@@ -42,6 +42,7 @@ def llama_atlas(tmp_path_factory):
     ("arch: [sm90, 90]\n", "arch must be a string"),
     ("quant_skip: 5\nquant: int8\n", "quant_skip must be a string (or a list of strings), not 5"),
     ("smooth: high\n", "smooth must be a number"),
+    ("arch: sm90\na: b: c\n", "not valid YAML: line 2, column 5: mapping values are not allowed here"),
 ])
 def test_config_values_of_the_wrong_type(cli, tmp_path, text, needle):
     cfg = tmp_path / "build.yaml"

@@ -32,7 +32,10 @@ def _load_config(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise UsageError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"config file {path} is not valid YAML: {where}{why}") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of options")
     data = {k.replace("-", "_"): v for k, v in data.items()}
