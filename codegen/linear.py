@@ -142,8 +142,12 @@ def decode_u(j: int) -> int:
 
 
 def ft_choice() -> str:
-    """ATLAS_LINEAR_FT as given ("auto" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(FT_ENV, "") or "auto"
+    """ATLAS_LINEAR_FT as given ("auto" when unset; CodegenError unless 1, 2, 4 or auto): recorded in the artifact's
+    codegen choices, so it is checked whether or not a kernel of this compile reads it."""
+    mode = os.environ.get(FT_ENV, "") or "auto"
+    if mode not in ("1", "2", "4", "auto"):
+        raise CodegenError(f"{FT_ENV}={mode!r} is not a feature-tile count (expected 1, 2, 4 or auto)")
+    return mode
 
 
 def decode_ft(j: int, n_static) -> int:
@@ -152,8 +156,6 @@ def decode_ft(j: int, n_static) -> int:
     weight bytes) and for unknown N; else 2 where that gives >= FT_AUTO_MIN_BLOCKS blocks (J = 4:
     FT_AUTO_MIN_BLOCKS_J4), else 1."""
     mode = ft_choice()
-    if mode not in ("1", "2", "4", "auto"):
-        raise CodegenError(f"{FT_ENV}={mode!r} is not a feature-tile count (expected 1, 2, 4 or auto)")
     if mode != "auto":
         return int(mode)
     if j < 2 or not isinstance(n_static, int):
@@ -162,8 +164,12 @@ def decode_ft(j: int, n_static) -> int:
 
 
 def ks_choice() -> str:
-    """ATLAS_LINEAR_KSPLIT as given ("auto" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(KS_ENV, "") or "auto"
+    """ATLAS_LINEAR_KSPLIT as given ("auto" when unset; CodegenError unless 1, 2, 4, 8 or auto): recorded in the
+    artifact's codegen choices, so it is checked whether or not a kernel of this compile reads it."""
+    mode = os.environ.get(KS_ENV, "") or "auto"
+    if mode not in ("auto", "1", "2", "4", "8"):
+        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
+    return mode
 
 
 def decode_ks(j: int, n_static, k_static, one_row: bool = False, alone: bool = False) -> int:
@@ -171,8 +177,6 @@ def decode_ks(j: int, n_static, k_static, one_row: bool = False, alone: bool = F
     weight [n_static, k_static] (`one_row`: at M = 1; `alone`: in a kernel for one row only); 1 for unknown
     shapes and where feature tiles are shared (decode_ft > 1). CodegenError for an unknown ATLAS_LINEAR_KSPLIT."""
     mode = ks_choice()
-    if mode not in ("auto", "1", "2", "4", "8"):
-        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
     if not isinstance(n_static, int) or not isinstance(k_static, int) or decode_ft(j, n_static) != 1:
         return 1
     if mode != "auto":

@@ -186,8 +186,12 @@ def split_k(n: int, steps: int) -> int:
 
 
 def ks_choice() -> str:
-    """ATLAS_QUANT_KSPLIT as given ("auto" when unset): recorded in the artifact's codegen choices."""
-    return os.environ.get(KS_ENV, "") or "auto"
+    """ATLAS_QUANT_KSPLIT as given ("auto" when unset; CodegenError unless 1, 2, 4, 8 or auto): recorded in the
+    artifact's codegen choices, so it is checked whether or not a kernel of this compile reads it."""
+    mode = os.environ.get(KS_ENV, "") or "auto"
+    if mode not in ("auto", "1", "2", "4", "8"):
+        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
+    return mode
 
 
 def quant_ks(bits: int, n: int, steps: int, split: int, u: int) -> int:
@@ -197,8 +201,6 @@ def quant_ks(bits: int, n: int, steps: int, split: int, u: int) -> int:
     S < 8 and for wider weights. ATLAS_QUANT_KSPLIT forces it (where it applies); CodegenError for an unknown
     value."""
     mode = ks_choice()
-    if mode not in ("auto", "1", "2", "4", "8"):
-        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
     if bits != 8 or split != WARPS:
         return 1
     if mode != "auto":

@@ -36,14 +36,24 @@ SIGNATURE = "(unsigned char* __restrict__ arena)"
 SHARE_ENV = "ATLAS_SHARE_KERNELS"
 
 
+def _share_setting() -> str:
+    """ATLAS_SHARE_KERNELS: "1" (also when unset), "0" or "all"; CodegenError otherwise."""
+    from atlasc.codegen.generate import CodegenError  # generate imports this module
+
+    text = os.environ.get(SHARE_ENV, "") or "1"
+    if text not in ("0", "1", "all"):
+        raise CodegenError(f"{SHARE_ENV}={text!r}: expected 0, 1 or all")
+    return text
+
+
 def share_enabled() -> bool:
     """ATLAS_SHARE_KERNELS: on unless set to 0."""
-    return os.environ.get(SHARE_ENV, "1") != "0"
+    return _share_setting() != "0"
 
 
 def share_batch1() -> bool:
     """ATLAS_SHARE_KERNELS=all: a decode step's batch-1 kernels are shared too (by default they stay per node)."""
-    return os.environ.get(SHARE_ENV, "1") == "all"
+    return _share_setting() == "all"
 
 
 def share_choice() -> bool | str:

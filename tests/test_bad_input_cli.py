@@ -188,3 +188,29 @@ def test_manifest_edited_in_place_is_refused(cli, llama_atlas, tmp_path):
     edited.write_bytes(bytes(data))
     assert_one_error(cli("inspect", edited), "checksum mismatch in member manifest.json")
     assert cli("inspect", llama_atlas).code == 0
+
+
+# kernel switches that codegen_choices does not record: each is checked where a kernel reads it (a compile that
+# generates no such kernel ignores it), or is not a kernel choice at all
+UNRECORDED = {"ATLAS_CACHE_DIR", "ATLAS_NVCC", "ATLAS_NVCC_CHUNK", "ATLAS_LINEAR_U", "ATLAS_PROLOGUE_MAX_GRID",
+              "ATLAS_QUANT_SPLIT", "ATLAS_QUANT_U", "ATLAS_W4A8_PATH", "ATLAS_W8A8_EARLY"}
+
+
+def _codegen_switches() -> list[str]:
+    import re
+
+    from conftest import REPO
+
+    text = "".join(p.read_text() for p in sorted((REPO / "codegen").glob("*.py")))
+    return sorted(set(re.findall(r'"(ATLAS_[A-Z0-9_]+)"', text)) - UNRECORDED)
+
+
+@pytest.mark.parametrize("name", _codegen_switches())
+def test_every_recorded_kernel_switch_rejects_a_bogus_value(monkeypatch, name):
+    """The artifact records these switches (codegen_choices, shown by `atlasc inspect`), so each is validated there,
+    whether or not a kernel of the compile reads it: ATLAS_LINEAR_KSPLIT=3 used to be recorded unchecked."""
+    from atlasc.codegen.generate import CodegenError, codegen_choices
+
+    monkeypatch.setenv(name, "bogus")
+    with pytest.raises(CodegenError, match=name):
+        codegen_choices()
