@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from atlasc.errors import UsageError
+from atlasc.ir.calibration import check_token_ids, read_npz
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
 from atlasc.ir.ops.linear import REF_THREADS
@@ -32,22 +33,11 @@ QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
 
 def load_calibration(path, vocab: int, max_seq: int) -> np.ndarray:
     """Token ids [prompts, length] from an .npz (key `input_ids`, or its only array); UsageError otherwise."""
-    try:
-        with np.load(path) as z:
-            key = "input_ids" if "input_ids" in z.files else (z.files[0] if len(z.files) == 1 else None)
-            if key is None:
-                raise UsageError(f"calibration file {path} needs an `input_ids` array")
-            ids = np.asarray(z[key])
-    except (OSError, ValueError) as e:
-        raise UsageError(f"calibration file {path} is not a readable .npz: {e}") from None
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.size == 0:
-        raise UsageError(f"calibration input_ids must be a non-empty 2-D integer array [prompts, length], "
-                         f"got {ids.dtype}{list(ids.shape)}")
-    if ids.shape[1] > max_seq:
-        raise UsageError(f"calibration prompts have {ids.shape[1]} tokens, more than --max-seq {max_seq}")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise UsageError(f"calibration token ids must lie in [0, {vocab}), got [{ids.min()}, {ids.max()}]")
-    return ids.astype(np.int64)
+    arrays = read_npz(path)
+    key = "input_ids" if "input_ids" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
+    if key is None:
+        raise UsageError(f"calibration file {path} needs an `input_ids` array")
+    return check_token_ids(arrays[key], vocab, max_seq)
 
 
 def random_prompts(vocab: int, prompts: int = 2, length: int = 16, seed: int = 0) -> np.ndarray:

@@ -36,6 +36,7 @@ import numpy as np
 
 from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
+from atlasc.ir.calibration import check_token_ids, embedding_rows, read_npz
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.interpreter import interpret
 
@@ -47,15 +48,13 @@ FEED_NAMES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
     """The graph's inputs for every calibration prompt, from the .npz at path (see the module docstring): a
-    decoder's past key / value inputs empty (the prompts run as whole prefills)."""
-    try:
-        with np.load(path) as z:
-            arrays = {k: np.asarray(z[k]) for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UsageError(f"calibration file {path} is not a readable .npz: {e}") from None
-    ids = arrays.get("input_ids")
-    if ids is None or ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise UsageError(f"calibration file {path} needs a non-empty 2-D integer `input_ids` array")
+    decoder's past key / value inputs empty (the prompts run as whole prefills). The token ids are checked as
+    the accuracy report's are (atlasc/ir/calibration.py), against the rows of the embedding table they index."""
+    arrays = read_npz(path)
+    if "input_ids" not in arrays:
+        raise UsageError(f"calibration file {path} needs an `input_ids` array")
+    vocab = None if graph is None else embedding_rows(graph)
+    ids = arrays["input_ids"] = check_token_ids(arrays["input_ids"], vocab)
     feeds = {}
     ids_input = next((v for v in graph.inputs if v.name == "input_ids"), None)
     env = {}  # input_ids' symbols at the prompts' shape; any other symbol (a past length) 0

@@ -8,7 +8,7 @@ import onnx
 
 from atlasc.frontend.handlers import HANDLERS
 from atlasc.frontend.importer import Importer, handler_key
-from atlasc.frontend.load import load_model, load_model_mapped
+from atlasc.frontend.load import check_input_dims, load_model, load_model_mapped
 from atlasc.frontend.simplify import cse
 from atlasc.ir.graph import Graph
 from atlasc.ir.verify import verify
@@ -38,6 +38,8 @@ def import_onnx(model: str | os.PathLike | onnx.ModelProto) -> Graph:
     mapped = {}
     if not isinstance(model, onnx.ModelProto):
         model, mapped = load_model_mapped(model)  # large external weights stay in their file (memmap)
+    else:
+        check_input_dims(model)  # what loading a file checks of the graph itself
     graph = Importer(model, mapped).run()
     graph = cse(graph)
     verify(graph)

@@ -106,9 +106,8 @@ def h_constant_of_shape(imp, node, ins):
 
 
 def h_range(imp, node, ins):
-    start, limit, delta = (imp.operand(x, node, w) for x, w in zip(ins, ("start", "limit", "delta")))
-    dtype = start.dtype
-    vals = [k.scalar() for k in (start, limit, delta)]
+    dtype = imp.operand(ins[0], node, "start").dtype
+    vals = [imp.scalar_operand(x, node, w) for x, w in zip(ins, ("start", "limit", "delta"))]
     if dtype not in ("int64", "int32"):
         if any(isinstance(v, S.Expr) for v in vals):
             raise ShapeError("Range over floats with symbolic bounds is not supported")
@@ -252,14 +251,14 @@ def h_gather(imp, node, ins):
 
 
 def h_trilu(imp, node, ins):
-    k = imp.operand(ins[1], node, "k").scalar() if len(ins) > 1 and ins[1] is not None else 0
+    k = imp.scalar_operand(ins[1], node, "k") if len(ins) > 1 and ins[1] is not None else 0
     if isinstance(k, S.Expr):
         raise ShapeError("Trilu with a symbolic k is not supported")
     imp.emit(node, "Trilu", ins[:1], {"upper": int(node.attrs.get("upper", 1)), "k": int(k)})
 
 
 def h_cumsum(imp, node, ins):
-    axis = imp.operand(ins[1], node, "axis").scalar()
+    axis = imp.scalar_operand(ins[1], node, "axis")
     imp.emit(node, "CumSum", ins[:1], {"axis": int(axis), "exclusive": int(node.attrs.get("exclusive", 0)),
                                        "reverse": int(node.attrs.get("reverse", 0))})
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from atlasc.errors import ShapeError, UnsupportedModelError
+from atlasc.errors import AtlasError, InputError, ShapeError, UnsupportedModelError
 from atlasc.frontend.signature import detect_decoder
 from atlasc.frontend.symvals import Known, Undecidable, symbolic_eval
 from atlasc.ir import symbolic as S
@@ -29,6 +29,9 @@ from atlasc.ir.dtypes import INTS, dtype_of_numpy
 from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
 from atlasc.ir.ops import DimMismatch, TensorType, get
 
+# the newest default-domain (ai.onnx) opset whose op semantics the handlers know (opset 24: Attention's
+# nonpad_kv_seqlen); a newer opset may change an op's meaning, so it is refused rather than misread
+MAX_OPSET = 24
 FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this big ...
 FOLD_GROWTH = 1  # ... or as big as its inputs together (no folding of Expand/Tile blow-ups)
 
@@ -70,12 +73,13 @@ class Importer:
     def run(self) -> Graph:
         from atlasc.frontend.handlers import HANDLERS
 
+        if self.opset > MAX_OPSET:
+            raise AtlasError(f"the model uses ai.onnx opset {self.opset}; atlasc supports opsets up to {MAX_OPSET}",
+                             hint=f"re-export the model with opset {MAX_OPSET} or older")
         self._check_supported(HANDLERS)
+        _check_acyclic(self.model.graph)
         gsg = gs.import_onnx(self.model)
-        try:
-            gsg.toposort()
-        except Exception as e:
-            raise ShapeError(f"the ONNX graph is not a DAG: {e}") from None
+        gsg.toposort()  # ONNX lists nodes in topological order; an exporter that does not is forgiven
         self._import_inputs(gsg)
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
@@ -87,10 +91,10 @@ class Importer:
             ins = [self._lookup(t) for t in node.inputs]
             try:
                 HANDLERS[handler_key(node.op, node.domain)](self, node, ins)
-            except ShapeError as e:
+            except (ShapeError, InputError) as e:  # InputError: a folded op's reference refusing its constants
                 if e.message.startswith("node "):
                     raise
-                raise ShapeError(f"node '{node.name}' ({node.op}): {e.message}", e.hint) from None
+                raise type(e)(f"node '{node.name}' ({node.op}): {e.message}", e.hint) from None
         for out in gsg.outputs:
             v = self.tensor(out.name)
             if v in self.graph.inputs or v in self.graph.outputs or v.is_constant:
@@ -229,6 +233,13 @@ class Importer:
                              f"computable from shapes and constants")
         return x
 
+    def scalar_operand(self, x, node, what: str):
+        """The one element of a compile-time scalar operand (a dim for ints); ShapeError if it is not a scalar."""
+        k = self.operand(x, node, what)
+        if k.array.size != 1:
+            raise ShapeError(f"{node.op} {what} must be a scalar, got shape {list(k.shape)}")
+        return k.scalar()
+
     def bounds(self) -> dict[str, int]:
         return self.graph.bounds()
 
@@ -343,6 +354,31 @@ class Importer:
             else:
                 result.append(Known(o.astype(object), t.dtype).normalized())
         return result
+
+
+def _check_acyclic(graph: onnx.GraphProto) -> None:
+    """ShapeError naming a node on a cycle of the graph's data flow (onnx-graphsurgeon's toposort would log it
+    to stderr first)."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    deps = [{producer[t] for t in n.input if t in producer} for n in graph.node]
+    users: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(i)
+    waiting = [len(d) for d in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    while ready:
+        for j in users.get(ready.pop(), ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    stuck = next((i for i, w in enumerate(waiting) if w), None)
+    if stuck is not None:
+        for _ in range(len(deps)):  # every stuck node waits on a stuck one: walking back ends on the cycle
+            stuck = next(j for j in deps[stuck] if waiting[j])
+        node = graph.node[stuck]
+        raise ShapeError(f"the ONNX graph has a cycle: node '{node.name or '(unnamed)'}' ({node.op_type}) depends "
+                         f"on its own output")
 
 
 def _np(dtype):

@@ -11,6 +11,7 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
 
 from atlasc.errors import ModelLoadError
+from atlasc.frontend.signature import detect_decoder
 
 
 def _external_tensors(model: onnx.ModelProto):
@@ -51,6 +52,7 @@ def _checked_proto(path: Path) -> onnx.ModelProto:
                              f"{type(e).__name__}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{path} is not a valid ONNX model: it has no graph (empty or truncated file?)")
+    check_input_dims(model)
     base = path.resolve().parent
     for tensor in _external_tensors(model):
         info = ExternalDataInfo(tensor)
@@ -67,6 +69,27 @@ def _checked_proto(path: Path) -> onnx.ModelProto:
             raise ModelLoadError(f"external data file {target.name} is truncated: tensor '{tensor.name}' needs "
                                  f"bytes {offset}..{offset + info.length}, the file has {size}")
     return model
+
+
+def check_input_dims(model: onnx.ModelProto) -> None:
+    """ModelLoadError for a graph input declared with a static dim below -1 (-1, a legacy spelling of an unknown
+    dim, gets a symbol), or a decoder's past key / value input with a static batch, head or head_dim of 0 (the KV
+    cache cannot be empty; other inputs may be empty tensors, and the past length is the cache's fill)."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers and v.type.tensor_type.HasField("shape")]
+    sig = detect_decoder([v.name for v in inputs], [o.name for o in model.graph.output])
+    kv = {name for pair in sig.past.values() for name in pair} if sig else set()
+    for v in inputs:
+        dims = v.type.tensor_type.shape.dim
+        for axis, d in enumerate(dims):
+            if not d.HasField("dim_value"):
+                continue
+            if d.dim_value < -1:
+                raise ModelLoadError(f"input '{v.name}' has dimension {d.dim_value} at axis {axis}: static dims "
+                                     f"must not be negative")
+            if d.dim_value == 0 and v.name in kv and len(dims) == 4 and axis != 2:
+                raise ModelLoadError(f"input '{v.name}' has dimension 0 at axis {axis}: a KV-cache input's static "
+                                     f"dims must be positive")
 
 
 # external initializers of at least this many bytes are mapped, not read (load_model_mapped)

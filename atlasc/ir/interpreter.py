@@ -95,12 +95,12 @@ def _eval_dims(x, env):
 def run_node(node: Node, args: list, env: Mapping[str, int], state: dict | None = None) -> list[np.ndarray]:
     """Execute one node with the reference and check its outputs' dtypes and shapes."""
     op = get(node.op)
-    if op.stateful:
-        if state is None:
-            raise InputError(f"node {node.name} ({node.op}) needs persistent state (a KV cache); none was given")
-        outs = op.reference(args, eval_attrs(node, env), state)
-    else:
-        outs = op.reference(args, eval_attrs(node, env))
+    if op.stateful and state is None:
+        raise InputError(f"node {node.name} ({node.op}) needs persistent state (a KV cache); none was given")
+    try:
+        outs = op.reference(args, eval_attrs(node, env), *((state,) if op.stateful else ()))
+    except (InputError, ShapeError) as e:  # a reference refusing its operands (an out-of-range Gather index)
+        raise type(e)(f"node {node.name} ({node.op}): {e.message}", e.hint) from None
     for out_value, arr in zip(node.outputs, outs):
         expected = tuple(S.evaluate(d, env) for d in out_value.shape)
         if arr.shape != expected or arr.dtype != to_numpy(out_value.dtype):

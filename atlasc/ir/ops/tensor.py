@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlasc.errors import ShapeError
+from atlasc.errors import InputError, ShapeError
 from atlasc.ir import symbolic as S
 from atlasc.ir.dtypes import to_numpy
 from atlasc.ir.ops.common import broadcast_shapes, norm_axis, same_dtype
@@ -234,7 +234,12 @@ def _gather_infer(ins, attrs):
 def _gather_ref(ins, attrs):
     data, idx = ins
     axis = attrs["axis"] % data.ndim
-    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    n = data.shape[axis]
+    idx = np.asarray(idx)
+    if idx.dtype != object and idx.size and (idx.min() < -n or idx.max() >= n):  # ONNX: indices in [-n, n-1]
+        bad = idx.min() if idx.min() < -n else idx.max()
+        raise InputError(f"Gather: index {bad} is out of range for axis {axis} of size {n} (valid: {-n} .. {n - 1})")
+    idx = np.where(idx < 0, idx + n, idx)
     return [np.take(data, idx, axis=axis)]
 
 
