@@ -214,3 +214,12 @@ def test_every_recorded_kernel_switch_rejects_a_bogus_value(monkeypatch, name):
     monkeypatch.setenv(name, "bogus")
     with pytest.raises(CodegenError, match=name):
         codegen_choices()
+
+
+def test_renamed_artifact_is_read_as_one(cli, llama_atlas, tmp_path):
+    """An artifact is known by its content (a zip) as well as its suffix: renamed, it is not misread as ONNX."""
+    renamed = tmp_path / "model.bin"
+    shutil.copy(llama_atlas, renamed)
+    r = cli("inspect", renamed)
+    assert r.code == 0 and "atlas format" in r.stdout, r
+    assert cli("run", renamed, "--prompt-ids", "1,2", "--max-new-tokens", "2", "--json").code == 0

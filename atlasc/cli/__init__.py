@@ -85,6 +85,18 @@ def _existing_file(path: Path, what: str) -> Path:
     return path
 
 
+def is_artifact(path: Path) -> bool:
+    """Whether `path` is to be read as an .atlas artifact: its suffix, or (renamed) its content: an artifact is a
+    zip, whose first bytes are a local header, while an ONNX protobuf starts with a field tag."""
+    if path.suffix == ".atlas":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def _shape(shape) -> str:
     if shape is None:
         return "?"
@@ -107,7 +119,7 @@ def inspect(
     from atlasc.frontend.inspect import inspect_onnx
 
     _existing_file(model, "model")
-    if model.suffix == ".atlas":
+    if is_artifact(model):
         from atlasc.cli.artifact_cmd import inspect_artifact
 
         inspect_artifact(model, as_json)
@@ -268,7 +280,7 @@ def run(
         raise UsageError(f"--out {out} is a folder")
     if max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
-    if model.suffix == ".atlas":
+    if is_artifact(model):
         from atlasc.cli.artifact_cmd import run_artifact
 
         if not 0 <= temperature < float("inf") or top_k < 0 or not 0 < top_p <= 1:

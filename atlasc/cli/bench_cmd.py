@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from atlasc.cli import _existing_file, _out, app
+from atlasc.cli import _existing_file, _out, app, is_artifact
 from atlasc.errors import UsageError
 
 
@@ -28,7 +28,7 @@ def _load(model: Path, cuda_graphs: bool = True):
     from atlasc.runtime.gpu import GpuModel
 
     _existing_file(model, "artifact")
-    if model.suffix != ".atlas":
+    if not is_artifact(model):
         raise UsageError(f"bench and profile take a compiled .atlas artifact, not {model.name}",
                          hint="compile first: atlasc compile MODEL -o m.atlas")
     art = open_artifact(model)
