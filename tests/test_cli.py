@@ -207,3 +207,17 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "share_kernels": "all"}) == "ATLAS_SHARE_KERNELS=all"
     assert _opt_ins({**defaults, "early_weights": "2"}) == ""
     assert _opt_ins({**defaults, "early_weights": "0"}) == "ATLAS_EARLY_WEIGHTS=0"
+
+
+def test_every_environment_variable_is_documented():
+    """Every ATLAS_* variable the package reads is named in docs/cli.md, and every one docs/cli.md names exists:
+    the docs follow the code."""
+    import re
+
+    from conftest import REPO
+
+    sources = [p for d in ("atlasc", "codegen", "passes", "runtime") for p in (REPO / d).rglob("*.py")]
+    in_code = {name for p in sources for name in re.findall(r'"(ATLAS_[A-Z0-9_]+)"', p.read_text())}
+    in_docs = set(re.findall(r"ATLAS_[A-Z0-9_]*[A-Z0-9]", (REPO / "docs" / "cli.md").read_text()))
+    assert in_code and not in_code - in_docs, sorted(in_code - in_docs)
+    assert not in_docs - in_code, sorted(in_docs - in_code)
