@@ -221,3 +221,18 @@ def test_every_environment_variable_is_documented():
     in_docs = set(re.findall(r"ATLAS_[A-Z0-9_]*[A-Z0-9]", (REPO / "docs" / "cli.md").read_text()))
     assert in_code and not in_code - in_docs, sorted(in_code - in_docs)
     assert not in_docs - in_code, sorted(in_docs - in_code)
+
+
+def test_every_option_is_documented():
+    """Every option of every command (`atlasc CMD --help`) is named in docs/cli.md."""
+    import typer
+
+    from atlasc.cli import app
+    from conftest import REPO
+
+    docs = (REPO / "docs" / "cli.md").read_text()
+    group = typer.main.get_command(app)
+    missing = [f"{name} {opt}" for name, command in group.commands.items() for param in command.params
+               for opt in getattr(param, "opts", []) + getattr(param, "secondary_opts", [])
+               if opt.startswith("-") and opt not in docs]
+    assert len(group.commands) >= 5 and not missing, missing
