@@ -20,8 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from atlasc.errors import UsageError
-from atlasc.ir.calibration import check_token_ids, read_npz
+from atlasc.ir.calibration import check_token_ids, read_npz, token_ids
 from atlasc.ir.graph import Graph, Node, Value, constant
 from atlasc.ir.interpreter import interpret
 from atlasc.ir.ops.linear import REF_THREADS
@@ -33,11 +32,7 @@ QUANTIZED = ("LinearQ8", "LinearQ4", "LinearF8")
 
 def load_calibration(path, vocab: int, max_seq: int) -> np.ndarray:
     """Token ids [prompts, length] from an .npz (key `input_ids`, or its only array); UsageError otherwise."""
-    arrays = read_npz(path)
-    key = "input_ids" if "input_ids" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
-    if key is None:
-        raise UsageError(f"calibration file {path} needs an `input_ids` array")
-    return check_token_ids(arrays[key], vocab, max_seq)
+    return check_token_ids(token_ids(path, read_npz(path)), vocab, max_seq)
 
 
 def random_prompts(vocab: int, prompts: int = 2, length: int = 16, seed: int = 0) -> np.ndarray:

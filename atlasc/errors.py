@@ -59,6 +59,18 @@ class ArtifactError(AtlasError):
     """An `.atlas` file cannot be written or read: not a zip, truncated, tampered, newer format, no cubin."""
 
 
+def env_choice(name: str, default: str, allowed: tuple[str, ...], what: str,
+               error: type[AtlasError] = UsageError) -> str:
+    """The setting `name` from the environment, one of `allowed` (unset or empty gives `default`); any other value
+    raises `error` naming the variable and `what` it should be (exit 2)."""
+    import os
+
+    value = os.environ.get(name, "") or default
+    if value not in allowed:
+        raise error(f"{name}={value!r} is not {what} (expected {', '.join(allowed[:-1])} or {allowed[-1]})")
+    return value
+
+
 def env_switch(name: str, default: bool, error: type[AtlasError] = UsageError) -> bool:
     """The 0 / 1 switch `name` from the environment (the ATLAS_* variables for A/B timing and opt-in paths): unset
     or empty gives `default`, "1" True, "0" False; any other value raises `error` naming the variable (exit 2)."""

@@ -37,7 +37,7 @@ from atlasc.codegen.cexpr import c_type
 from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, KernelCode, KernelContext, emitter,
                                      weight_prefetch)
 from atlasc.codegen.matmul import TILE
-from atlasc.errors import env_switch
+from atlasc.errors import env_choice, env_switch
 from atlasc.ir.archs import block_smem, blocks_per_sm, min_arch
 from atlasc.ir.graph import Node
 
@@ -144,10 +144,7 @@ def decode_u(j: int) -> int:
 def ft_choice() -> str:
     """ATLAS_LINEAR_FT as given ("auto" when unset; CodegenError unless 1, 2, 4 or auto): recorded in the artifact's
     codegen choices, so it is checked whether or not a kernel of this compile reads it."""
-    mode = os.environ.get(FT_ENV, "") or "auto"
-    if mode not in ("1", "2", "4", "auto"):
-        raise CodegenError(f"{FT_ENV}={mode!r} is not a feature-tile count (expected 1, 2, 4 or auto)")
-    return mode
+    return env_choice(FT_ENV, "auto", ("1", "2", "4", "auto"), "a feature-tile count", CodegenError)
 
 
 def decode_ft(j: int, n_static) -> int:
@@ -166,10 +163,7 @@ def decode_ft(j: int, n_static) -> int:
 def ks_choice() -> str:
     """ATLAS_LINEAR_KSPLIT as given ("auto" when unset; CodegenError unless 1, 2, 4, 8 or auto): recorded in the
     artifact's codegen choices, so it is checked whether or not a kernel of this compile reads it."""
-    mode = os.environ.get(KS_ENV, "") or "auto"
-    if mode not in ("auto", "1", "2", "4", "8"):
-        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
-    return mode
+    return env_choice(KS_ENV, "auto", ("1", "2", "4", "8", "auto"), "a K split", CodegenError)
 
 
 def decode_ks(j: int, n_static, k_static, one_row: bool = False, alone: bool = False) -> int:

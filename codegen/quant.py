@@ -32,6 +32,7 @@ from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, Kernel
                                      weight_prefetch)
 from atlasc.codegen.linear import GEMV_MAX_M, bind_bias, early_min_blocks, early_pro
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
+from atlasc.errors import env_choice
 from atlasc.ir.archs import STATIC_SMEM_RESERVE, block_smem
 from atlasc.ir.graph import Node
 from atlasc.ir.ops.quant import act_int8
@@ -188,10 +189,7 @@ def split_k(n: int, steps: int) -> int:
 def ks_choice() -> str:
     """ATLAS_QUANT_KSPLIT as given ("auto" when unset; CodegenError unless 1, 2, 4, 8 or auto): recorded in the
     artifact's codegen choices, so it is checked whether or not a kernel of this compile reads it."""
-    mode = os.environ.get(KS_ENV, "") or "auto"
-    if mode not in ("auto", "1", "2", "4", "8"):
-        raise CodegenError(f"{KS_ENV}={mode!r} is not a K split (expected 1, 2, 4, 8 or auto)")
-    return mode
+    return env_choice(KS_ENV, "auto", ("1", "2", "4", "8", "auto"), "a K split", CodegenError)
 
 
 def quant_ks(bits: int, n: int, steps: int, split: int, u: int) -> int:

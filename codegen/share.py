@@ -26,9 +26,10 @@ decode kernels too: for A/B runs.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
+
+from atlasc.errors import env_choice
 
 OFFSET = re.compile(r"arena \+ (\d+)LL")
 COMMENT_LINE = re.compile(r"^[ \t]*//[^\n]*\n?", re.M)
@@ -40,10 +41,7 @@ def _share_setting() -> str:
     """ATLAS_SHARE_KERNELS: "1" (also when unset), "0" or "all"; CodegenError otherwise."""
     from atlasc.codegen.generate import CodegenError  # generate imports this module
 
-    text = os.environ.get(SHARE_ENV, "") or "1"
-    if text not in ("0", "1", "all"):
-        raise CodegenError(f"{SHARE_ENV}={text!r}: expected 0, 1 or all")
-    return text
+    return env_choice(SHARE_ENV, "1", ("0", "1", "all"), "a sharing mode", CodegenError)
 
 
 def share_enabled() -> bool:

@@ -36,7 +36,7 @@ import numpy as np
 
 from atlasc.errors import UsageError
 from atlasc.ir import symbolic as S
-from atlasc.ir.calibration import check_token_ids, embedding_rows, read_npz
+from atlasc.ir.calibration import check_token_ids, embedding_rows, read_npz, token_ids
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.interpreter import interpret
 
@@ -46,15 +46,14 @@ BLOCK = 128  # columns per lazy update (rounded to a multiple of the group witho
 FEED_NAMES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
-def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
+def load_feeds(path: str, graph: Graph, max_seq: int | None = None) -> dict[str, np.ndarray]:
     """The graph's inputs for every calibration prompt, from the .npz at path (see the module docstring): a
     decoder's past key / value inputs empty (the prompts run as whole prefills). The token ids are checked as
-    the accuracy report's are (atlasc/ir/calibration.py), against the rows of the embedding table they index."""
+    the accuracy report's are (atlasc/ir/calibration.py), against the rows of the embedding table they index, and
+    a decoder's prompts against max_seq (what its accuracy report will refuse; an encoder's graph runs any
+    length on the reference interpreter)."""
     arrays = read_npz(path)
-    if "input_ids" not in arrays:
-        raise UsageError(f"calibration file {path} needs an `input_ids` array")
-    vocab = None if graph is None else embedding_rows(graph)
-    ids = arrays["input_ids"] = check_token_ids(arrays["input_ids"], vocab)
+    ids = arrays["input_ids"] = check_token_ids(token_ids(path, arrays), embedding_rows(graph))
     feeds = {}
     ids_input = next((v for v in graph.inputs if v.name == "input_ids"), None)
     env = {}  # input_ids' symbols at the prompts' shape; any other symbol (a past length) 0
@@ -65,8 +64,10 @@ def load_feeds(path: str, graph: Graph) -> dict[str, np.ndarray]:
     for v in graph.inputs:
         if v.name not in arrays and v.dtype in ("float16", "float32") and env:
             shape = tuple(S.evaluate(d, {name: env.get(name, 0) for name in S.symbols_of(d)}) for d in v.shape)
-            if 0 in shape:  # an empty KV cache (a past length of 0)
+            if 0 in shape:  # an empty KV cache (a past length of 0): a decoder
                 feeds[v.name] = np.zeros(shape, v.dtype)
+                if max_seq is not None:
+                    check_token_ids(ids, None, max_seq)
                 continue
         if v.name in arrays:
             feeds[v.name] = arrays[v.name].astype(np.int64)

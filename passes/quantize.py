@@ -469,7 +469,8 @@ def _gptq_hessians(program: Program, candidates: list[Node]) -> dict[int, np.nda
         nodes = [n for n in candidates if any(n is m for m in graph.nodes)]
         if nodes:
             say("quantize", f"gptq: float activations of {len(nodes)} layers on {opts.calib}")
-            hessians.update(calibration_hessians(graph, nodes, load_feeds(opts.calib, graph), opts.max_batch))
+            feeds = load_feeds(opts.calib, graph, opts.max_seq)
+            hessians.update(calibration_hessians(graph, nodes, feeds, opts.max_batch))
     return hessians
 
 

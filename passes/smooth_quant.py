@@ -157,7 +157,7 @@ def smooth_quant(program: Program) -> tuple[Program, RewriteStats]:
         if not found:
             continue
         say("smooth-quant", f"activation ranges of {len(found)} inputs on {opts.calib}")
-        act = _act_max(graph, [x for x, _, _ in found], load_feeds(opts.calib, graph), opts.max_batch)
+        act = _act_max(graph, [x for x, _, _ in found], load_feeds(opts.calib, graph, opts.max_seq), opts.max_batch)
         for x, targets, users in found:
             w_max = np.max([np.abs(u.inputs[1].data).max(axis=0) for u in users], axis=0).astype(np.float64)
             s = smoothing_scales(act[id(x)], w_max, alpha)

@@ -49,10 +49,11 @@ def _roles(manifest) -> dict[str, str]:
             "past": manifest.report.get("roles", {}).get("past")}
 
 
-def _vocab(manifest, roles: dict[str, str]) -> int:
-    """The vocabulary size: the last dim of the prefill's logits output."""
-    logits = next(o for o in manifest.entries["prefill"].outputs if o.name == roles["logits"])
-    return int(logits.shape[-1])
+def _vocab(manifest, roles: dict[str, str]) -> int | None:
+    """The vocabulary size: the last dim of the prefill's logits output (None where it is not a number)."""
+    logits = next((o for o in manifest.entries["prefill"].outputs if o.name == roles["logits"]), None)
+    dim = logits.shape[-1] if logits is not None and logits.shape else None
+    return dim if isinstance(dim, int) else None
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,10 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, sa
         raise InputError("every prompt needs at least one token")
     roles = _roles(m)
     vocab = _vocab(m, roles)
-    bad = sorted({int(t) for p in prompts for t in p if not 0 <= int(t) < vocab})
+    bad = sorted({int(t) for p in prompts for t in p if not 0 <= int(t) < (vocab or 2**63)})
     if bad:
         raise InputError(f"prompt token ids {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} are "
-                         f"outside the vocabulary [0, {vocab})")
+                         f"outside the vocabulary [0, {vocab or 2**63})")
     b = len(prompts)
     s = max(len(p) for p in prompts)
     kv = m.kv_cache

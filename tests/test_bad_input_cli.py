@@ -36,8 +36,9 @@ def llama_atlas(tmp_path_factory):
     ('max_batch: "four"\n', "max_batch must be an integer, not 'four'"),
     ("max_batch: 2.5\n", "max_batch must be an integer, not 2.5"),
     ("max_seq: [1, 2]\n", "max_seq must be an integer"),
-    ('zero_points: "no"\nquant: int4\n', "zero_points must be true or false, not 'no'"),
+    ('zero_points: "no"\nquant: int4\n', "zero_points must be true or false (or 1 / 0), not 'no'"),
     ("fusion: maybe\n", "fusion must be true or false"),
+    ("gptq: 2\n", "gptq must be true or false (or 1 / 0), not 2"),
     ("arch: 90\n", "arch must be a string (or a list of strings), not 90"),
     ("arch: [sm90, 90]\n", "arch must be a string"),
     ("quant_skip: 5\nquant: int8\n", "quant_skip must be a string (or a list of strings), not 5"),
@@ -54,8 +55,8 @@ def test_config_values_of_the_wrong_type(cli, tmp_path, text, needle):
 
 def test_config_values_of_the_right_type_still_compile(cli, tmp_path, no_nvcc):
     cfg = tmp_path / "build.yaml"
-    cfg.write_text("arch: [sm90]\nmax_batch: 2\nmax_seq: 32\nfusion: true\ngptq: false\nquant: int8\nsmooth: 1\n"
-                   "quant_skip: [logits*]\n")
+    cfg.write_text("arch: [sm90]\nmax_batch: 2\nmax_seq: 32\nfusion: 1\ngptq: false\nzero_points: 0\nquant: int8\n"
+                   "smooth: 1\nquant_skip: [logits*]\ndtype:\nprefill_logits: ~\n")  # empty / ~: the default
     r = cli("compile", LLAMA, "-o", tmp_path / "x.atlas", "--config", cfg, "--calib", _calib(tmp_path))
     assert r.code == 0, r
 
@@ -151,6 +152,7 @@ def test_nvcc_chunk_must_be_a_count(cli, tmp_path, monkeypatch):
     (("--prompt-ids", "1,2", "--temperature", "1", "--seed", "99999999999999999999"), "--seed must be in"),
     (("--prompt-ids", "1,2", "--temperature", "nan"), "--temperature must be finite"),
     (("--prompt-ids", "1,2", "--temperature", "inf"), "--temperature must be finite"),
+    (("--prompt-ids", "1,2", "--temperature", "1", "--top-k", "99999999999999999999"), "--top-k in [0, 2**63)"),
     (("--prompt-ids", "1,2", "--out", "x.npz"), "give one or the other"),
 ])
 def test_bad_generation_options(cli, llama_atlas, flags, needle):

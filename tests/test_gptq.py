@@ -169,4 +169,4 @@ def test_gptq_needs_int4_and_calibration(tmp_path, cli):
             "--calib", _calib(tmp_path, np.zeros((1, 4), np.int64)))
     assert r.code == 2 and "--gptq needs --quant int4" in r.stderr + r.stdout
     with pytest.raises(UsageError, match="input_ids"):
-        load_feeds(_calib(tmp_path, np.zeros(3, np.int64)), None)
+        load_feeds(_calib(tmp_path, np.zeros(3, np.int64)), import_onnx(FIXTURE))

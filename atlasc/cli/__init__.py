@@ -283,8 +283,8 @@ def run(
     if is_artifact(model):
         from atlasc.cli.artifact_cmd import run_artifact
 
-        if not 0 <= temperature < float("inf") or top_k < 0 or not 0 < top_p <= 1:
-            raise UsageError("--temperature must be finite and >= 0, --top-k >= 0 and --top-p in (0, 1]")
+        if not 0 <= temperature < float("inf") or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
+            raise UsageError("--temperature must be finite and >= 0, --top-k in [0, 2**63) and --top-p in (0, 1]")
         if not 0 <= seed < 2**63:
             raise UsageError(f"--seed must be in [0, 2**63), not {seed}")
         if prompt_ids is not None and (inputs is not None or out is not None):

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from atlasc.cli import _bytes, _err, _existing_file, _out, _quant_title, app, state
-from atlasc.errors import UsageError
+from atlasc.errors import UsageError, env_switch
 
 # build.yaml's keys and the YAML types each takes (a list of strings also for arch and quant_skip)
 CONFIG_TYPES = {"arch": str, "dtype": str, "max_batch": int, "max_seq": int, "fusion": bool, "quant": str,
@@ -43,16 +43,20 @@ def _load_config(path: Path) -> dict:
     if unknown:
         raise UsageError(f"config file {path}: unknown option(s) {', '.join(sorted(unknown))}",
                          hint=f"known: {', '.join(sorted(CONFIG_KEYS))}")
+    data = {k: v for k, v in data.items() if v is not None}  # `key:` with no value: the default
     for key, value in data.items():
         _check_config_type(path, key, value)
+        if CONFIG_TYPES[key] is bool:
+            data[key] = bool(value)
     if isinstance(data.get("arch"), list):
         data["arch"] = ",".join(data["arch"])
     return data
 
 
 def _check_config_type(path: Path, key: str, value) -> None:
-    """UsageError unless build.yaml's `key: value` has the key's type (CONFIG_TYPES): no coercion, so that
-    `zero_points: "no"` or `max_batch: 2.5` is an error rather than the opposite or a truncated setting."""
+    """UsageError unless build.yaml's `key: value` has the key's type (CONFIG_TYPES; a switch may also be 0 or 1):
+    no other coercion, so that `zero_points: "no"` or `max_batch: 2.5` is an error rather than the opposite or a
+    truncated setting."""
     want = CONFIG_TYPES[key]
     if want is str and key in ("arch", "quant_skip") and isinstance(value, list):
         ok = all(isinstance(v, str) for v in value)
@@ -60,10 +64,12 @@ def _check_config_type(path: Path, key: str, value) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif want is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+    elif want is bool:
+        ok = isinstance(value, bool) or (type(value) is int and value in (0, 1))
     else:
         ok = isinstance(value, want)
     if not ok:
-        kind = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}[want]
+        kind = {str: "a string", int: "an integer", bool: "true or false (or 1 / 0)", float: "a number"}[want]
         listed = " (or a list of strings)" if key in ("arch", "quant_skip") else ""
         raise UsageError(f"config file {path}: {key} must be {kind}{listed}, not {value!r}")
 
@@ -149,10 +155,7 @@ def compile_command(
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
     if max_seq > MAX_SEQ_LIMIT:
         raise UsageError(f"--max-seq must be at most {MAX_SEQ_LIMIT}, not {max_seq}")
-    fusion_env = os.environ.get("ATLAS_FUSION_ENABLED", "") or "1"
-    if fusion_env not in ("0", "1"):
-        raise UsageError(f"ATLAS_FUSION_ENABLED={fusion_env!r}: expected 0 or 1")
-    fusion = cfg.get("fusion", True) and not no_fusion and fusion_env == "1"
+    fusion = cfg.get("fusion", True) and not no_fusion and env_switch("ATLAS_FUSION_ENABLED", True)
     quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
     if zero_points or cfg.get("zero_points", False):
         if quant_opts["quant"] != "int4":

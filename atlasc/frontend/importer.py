@@ -30,7 +30,8 @@ from atlasc.ir.graph import Graph, Node, SymbolInfo, Value, constant
 from atlasc.ir.ops import DimMismatch, TensorType, get
 
 # the newest default-domain (ai.onnx) opset whose op semantics the handlers know (opset 24: Attention's
-# nonpad_kv_seqlen); a newer opset may change an op's meaning, so it is refused rather than misread
+# nonpad_kv_seqlen); an op whose definition changed after it may mean something else, so it is refused rather than
+# misread (_check_opset), while ops unchanged since are taken at any opset
 MAX_OPSET = 24
 FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this big ...
 FOLD_GROWTH = 1  # ... or as big as its inputs together (no folding of Expand/Tile blow-ups)
@@ -73,9 +74,7 @@ class Importer:
     def run(self) -> Graph:
         from atlasc.frontend.handlers import HANDLERS
 
-        if self.opset > MAX_OPSET:
-            raise AtlasError(f"the model uses ai.onnx opset {self.opset}; atlasc supports opsets up to {MAX_OPSET}",
-                             hint=f"re-export the model with opset {MAX_OPSET} or older")
+        _check_opset(self.model.graph, self.opset)
         self._check_supported(HANDLERS)
         _check_acyclic(self.model.graph)
         gsg = gs.import_onnx(self.model)
@@ -94,7 +93,8 @@ class Importer:
             except (ShapeError, InputError) as e:  # InputError: a folded op's reference refusing its constants
                 if e.message.startswith("node "):
                     raise
-                raise type(e)(f"node '{node.name}' ({node.op}): {e.message}", e.hint) from None
+                cls = InputError if isinstance(e, InputError) else ShapeError  # DimMismatch takes other args
+                raise cls(f"node '{node.name}' ({node.op}): {e.message}", e.hint) from None
         for out in gsg.outputs:
             v = self.tensor(out.name)
             if v in self.graph.inputs or v in self.graph.outputs or v.is_constant:
@@ -354,6 +354,31 @@ class Importer:
             else:
                 result.append(Known(o.astype(object), t.dtype).normalized())
         return result
+
+
+def _check_opset(graph: onnx.GraphProto, opset: int) -> None:
+    """AtlasError naming the default-domain ops whose definition at the model's opset is newer than
+    MAX_OPSET (onnx's schemas say since which version an op reads as it does), or for an opset newer than the
+    installed onnx knows; unknown ops are left to the unsupported-op check."""
+    if opset <= MAX_OPSET:
+        return
+    known = onnx.defs.onnx_opset_version()
+    if opset > known:
+        raise AtlasError(f"the model uses ai.onnx opset {opset}, newer than the installed onnx knows ({known}): "
+                         "which of its ops changed cannot be told",
+                         hint=f"re-export the model with opset {MAX_OPSET} or older")
+    newer = set()
+    for node in graph.node:
+        if node.domain in ("", "ai.onnx"):
+            try:
+                if onnx.defs.get_schema(node.op_type, opset, "").since_version > MAX_OPSET:
+                    newer.add(node.op_type)
+            except onnx.defs.SchemaError:
+                pass
+    if newer:
+        raise AtlasError(f"the model uses ai.onnx opset {opset}, where {', '.join(sorted(newer))} changed after "
+                         f"opset {MAX_OPSET}, the newest atlasc knows",
+                         hint=f"re-export the model with opset {MAX_OPSET} or older")
 
 
 def _check_acyclic(graph: onnx.GraphProto) -> None:

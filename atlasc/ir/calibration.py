@@ -34,6 +34,15 @@ def read_npz(path) -> dict[str, np.ndarray]:
         raise UsageError(f"calibration file {path} is not a readable .npz: {e}") from None
 
 
+def token_ids(path, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The token-id array of a calibration .npz's arrays: `input_ids`, or the only array (np.savez(path, ids) names
+    it arr_0); UsageError otherwise."""
+    key = "input_ids" if "input_ids" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
+    if key is None:
+        raise UsageError(f"calibration file {path} needs an `input_ids` array")
+    return arrays[key]
+
+
 def check_token_ids(ids: np.ndarray, vocab: int | None, max_seq: int | None = None) -> np.ndarray:
     """The calibration token ids as int64 [prompts, length]: a non-empty 2-D integer array of ids in [0, vocab)
     (vocab None: only >= 0), at most max_seq long; UsageError otherwise."""

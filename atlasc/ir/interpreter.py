@@ -100,7 +100,8 @@ def run_node(node: Node, args: list, env: Mapping[str, int], state: dict | None 
     try:
         outs = op.reference(args, eval_attrs(node, env), *((state,) if op.stateful else ()))
     except (InputError, ShapeError) as e:  # a reference refusing its operands (an out-of-range Gather index)
-        raise type(e)(f"node {node.name} ({node.op}): {e.message}", e.hint) from None
+        cls = InputError if isinstance(e, InputError) else ShapeError  # subclasses (DimMismatch) take other args
+        raise cls(f"node {node.name} ({node.op}): {e.message}", e.hint) from None
     for out_value, arr in zip(node.outputs, outs):
         expected = tuple(S.evaluate(d, env) for d in out_value.shape)
         if arr.shape != expected or arr.dtype != to_numpy(out_value.dtype):

@@ -238,7 +238,7 @@ def _gather_ref(ins, attrs):
     idx = np.asarray(idx)
     if idx.dtype != object and idx.size and (idx.min() < -n or idx.max() >= n):  # ONNX: indices in [-n, n-1]
         bad = idx.min() if idx.min() < -n else idx.max()
-        raise InputError(f"Gather: index {bad} is out of range for axis {axis} of size {n} (valid: {-n} .. {n - 1})")
+        raise InputError(f"index {bad} is out of range for axis {axis} of size {n} (valid: {-n} .. {n - 1})")
     idx = np.where(idx < 0, idx + n, idx)
     return [np.take(data, idx, axis=axis)]
 
