@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -173,8 +174,7 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
         cached = folder / f"{key}.cubin"
         # one build of a given source and arch at a time across processes: the build folder's name is
         # fixed (see _run_nvcc), and the second process then finds the first one's cubin in the cache
-        with open(cached.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive(cached.with_suffix(".lock")):
             if cached.exists():
                 data = cached.read_bytes()
             else:
@@ -258,6 +258,27 @@ def _terminate(proc: subprocess.Popen) -> None:
         pass
 
 
+@contextmanager
+def exclusive(path: Path):
+    """Hold an exclusive lock across processes, by flock on the file `path`, removed again on release so that no
+    lock files pile up (in TMPDIR or the cache). A process that waited on a file another one then removed finds
+    that the path no longer names its file and locks the new one instead."""
+    while True:
+        f = open(path, "w")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a waiter then sees its file gone
+        f.close()
+
+
 def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
     # -lineinfo records the build folder in the cubin: a folder named by the content hash keeps
     # rebuilds byte-identical (a random temporary name would not)
@@ -265,8 +286,7 @@ def _run_nvcc(exe: str, source: str, arch: str, args: list[str]) -> bytes:
     tmp = Path(tempfile.gettempdir()) / f"atlasc-nvcc-{key}-{arch}"
     # the folder is the same for every process compiling this source (parallel builds of one model):
     # hold it exclusively, or one process's cleanup pulls the files from under another's nvcc
-    with open(tmp.with_name(tmp.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(tmp.with_name(tmp.name + ".lock")):
         return _run_nvcc_in(exe, source, arch, args, tmp)
 
 

@@ -77,3 +77,34 @@ def test_concurrent_builds_of_one_module_do_not_collide(tmp_path, monkeypatch):
         builds = list(pool.map(lambda j: nvcc.compile_chunked(chunks, ("sm80",))["sm80"], range(4)))
     assert all(len(parts) == 6 and all(c[:4] == b"\x7fELF" for c in parts) for parts in builds)
     assert all(parts == builds[0] for parts in builds)
+
+
+def _count_under_lock(args) -> None:
+    from atlasc.codegen.nvcc import exclusive
+
+    counter, lock, rounds = args
+    for _ in range(rounds):
+        with exclusive(lock):
+            counter.write_text(str(int(counter.read_text()) + 1))
+
+
+def test_build_locks_exclude_each_other_and_leave_no_files(tmp_path, monkeypatch):
+    """nvcc.exclusive, the lock around a cubin's build and its temporary folder: 6 processes adding 1 to a file 25
+    times each under it lose no update, and the lock file is gone afterwards; a real build leaves no lock file in
+    TMPDIR or the cache (they used to pile up, one per source and arch)."""
+    import multiprocessing
+    import tempfile
+
+    from atlasc.codegen.nvcc import compile_cubins
+
+    counter, lock = tmp_path / "counter", tmp_path / "build.lock"
+    counter.write_text("0")
+    with multiprocessing.get_context("fork").Pool(6) as pool:
+        pool.map(_count_under_lock, [(counter, lock, 25)] * 6)
+    assert counter.read_text() == "150" and not lock.exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    compile_cubins('extern "C" __global__ void atlasc_lock_test() {}\n', ("sm90",))
+    assert not list((tmp_path / "tmp").iterdir()), list((tmp_path / "tmp").iterdir())
+    assert [p.suffix for p in (tmp_path / "cache" / "cubin").iterdir()] == [".cubin"]
