@@ -1,6 +1,8 @@
-"""Dims as C expressions: a symbolic dim becomes code over the run-time dims buffer `d[]`."""
+"""Dims as C expressions: a symbolic dim becomes code over the run-time dims buffer `d[]`; names as comment text."""
 
 from __future__ import annotations
+
+import re
 
 from atlasc.ir import symbolic as S
 
@@ -56,3 +58,10 @@ def c_type(dtype: str) -> str:
 
 def compute_type(dtype: str) -> str:
     return COMPUTE_TYPES[dtype]
+
+
+def comment_text(text: str) -> str:
+    """`text` safe inside a `//` comment of generated CUDA: names from the ONNX file may hold a newline (which would
+    end the comment) or a backslash (which would splice the next line into it); those and any other character
+    outside printable ASCII become '?'."""
+    return re.sub(r"[^\x20-\x7e]|\\", "?", text)

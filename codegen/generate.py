@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from atlasc.artifact import TENSOR_MAP_BYTES, TensorMapSpec
-from atlasc.codegen.cexpr import c_dim, c_type
+from atlasc.codegen.cexpr import c_dim, c_type, comment_text
 from atlasc.codegen.share import Shared, share_batch1, share_choice, share_kernels
 from atlasc.ir.dtypes import itemsize
 from atlasc.errors import AtlasError, env_switch
@@ -511,7 +511,7 @@ def _wrapper(ctx: KernelContext, node: Node, code: KernelCode) -> str:
                      f"{ctx.plan.dims_offset}LL);", "  (void)d;"]
     return "\n".join([
         code.preamble,
-        f"// {node.name}: {node.op} -> {sig}",
+        "// " + comment_text(f"{node.name}: {node.op} -> {sig}"),
         f'extern "C" __global__ void __launch_bounds__({threads}{f", {code.min_blocks}" if code.min_blocks else ""}) '
         f'{ctx.kernel}(unsigned char* __restrict__ arena) {{',
         *(early or []),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from atlasc.codegen.cexpr import comment_text
 from atlasc.errors import env_choice
 
 OFFSET = re.compile(r"arena \+ (\d+)LL")
@@ -135,7 +136,7 @@ def share_kernels(kernels: list[tuple[str, str, str]], alone: frozenset[str] | s
             continue
         nodes = ", ".join(node for _, node, _, _ in members)
         shared, args = _parameterized(text, [m[3] for m in members])
-        texts.append(f"// one kernel for {len(members)} nodes: {nodes}\n" + shared)
+        texts.append(f"// one kernel for {len(members)} nodes: {comment_text(nodes)}\n" + shared)
         for (name, *_), node_args in zip(members, args):
             launch[name] = Shared(first, node_args)
     return texts, launch

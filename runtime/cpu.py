@@ -30,7 +30,11 @@ class CpuModel:
     def __init__(self, artifact: Artifact):
         m = artifact.manifest
         self.manifest = m
-        self.arena = np.zeros(m.memory.arena_bytes, np.uint8)
+        try:
+            self.arena = np.zeros(m.memory.arena_bytes, np.uint8)
+        except (MemoryError, ValueError):
+            raise InputError(f"the artifact's arena of {m.memory.arena_bytes} bytes does not fit in this machine's "
+                             f"memory", hint="recompile with a smaller --max-batch or --max-seq") from None
         w = artifact.weights_array()
         self.arena[: w.size] = w
         self.weights = {w.name: w for w in m.weights}

@@ -44,10 +44,12 @@ def llama_atlas(tmp_path_factory):
     ("quant_skip: 5\nquant: int8\n", "quant_skip must be a string (or a list of strings), not 5"),
     ("smooth: high\n", "smooth must be a number"),
     ("arch: sm90\na: b: c\n", "not valid YAML: line 2, column 5: mapping values are not allowed here"),
+    ("1: sm90\n", "option names must be strings, not 1"),
+    ("\udcff\udcfebin\n", "is not UTF-8 text"),
 ])
 def test_config_values_of_the_wrong_type(cli, tmp_path, text, needle):
     cfg = tmp_path / "build.yaml"
-    cfg.write_text(text)
+    cfg.write_bytes(text.encode("utf-8", "surrogateescape"))
     out = tmp_path / "x.atlas"
     assert_one_error(cli("compile", LLAMA, "-o", out, "--config", cfg), needle)
     assert not out.exists()
@@ -74,10 +76,13 @@ def _calib(tmp_path):
     (("--max-seq", "2000000000"), "--max-seq must be at most 1048576"),
     (("--quant-skip", "logits*"), "--quant-skip only matters with --quant"),
     (("--quant", "int8", "--no-fusion"), "--quant int8 needs fusion"),
+    (("--max-batch", "2147483648"), "--max-batch at most 16384"),
+    (("--quant", "int8", "--group-size", "32"), "--group-size applies to --quant int4, not int8"),
 ])
 def test_bad_compile_options(cli, tmp_path, flags, needle):
     out = tmp_path / "x.atlas"
-    sizes = ("--max-batch", "2") + (() if "--max-seq" in flags else ("--max-seq", "32"))
+    sizes = (() if "--max-batch" in flags else ("--max-batch", "2")) + (() if "--max-seq" in flags else
+                                                                         ("--max-seq", "32"))
     assert_one_error(cli("compile", LLAMA, "-o", out, *sizes, *flags), needle)
     assert not out.exists()
 
@@ -154,6 +159,8 @@ def test_nvcc_chunk_must_be_a_count(cli, tmp_path, monkeypatch):
     (("--prompt-ids", "1,2", "--temperature", "inf"), "--temperature must be finite"),
     (("--prompt-ids", "1,2", "--temperature", "1", "--top-k", "99999999999999999999"), "--top-k in [0, 2**63)"),
     (("--prompt-ids", "1,2", "--out", "x.npz"), "give one or the other"),
+    (("--prompt-ids", "1,2", "--entry", "decode"), "give one or the other"),
+    (("--prompt-ids", "1,2", "--temperature", "1e308"), "--temperature must be finite"),
 ])
 def test_bad_generation_options(cli, llama_atlas, flags, needle):
     assert_one_error(cli("run", llama_atlas, "--max-new-tokens", "2", *flags), needle)
@@ -225,3 +232,27 @@ def test_renamed_artifact_is_read_as_one(cli, llama_atlas, tmp_path):
     r = cli("inspect", renamed)
     assert r.code == 0 and "atlas format" in r.stdout, r
     assert cli("run", renamed, "--prompt-ids", "1,2", "--max-new-tokens", "2", "--json").code == 0
+
+
+def test_names_that_would_break_a_cuda_comment(tmp_path, no_nvcc):
+    """Tensor and node names come from the ONNX file; in the generated CUDA's comments a newline would end the
+    comment and a trailing backslash splice the next line in (a model with such names failed in nvcc)."""
+    from atlasc.artifact import open_artifact
+    from atlasc.codegen.cexpr import comment_text
+    from atlasc.compiler import compile_model
+    from atlasc.ir.program import CompileOptions
+
+    assert comment_text("a\nb\\ é */") == "a?b? ? */"
+    model = onnx.load(LLAMA)
+    weird = {o: o + ' */\u00e9\n\\' for n in model.graph.node for o in n.output
+             if o not in {v.name for v in model.graph.output}}
+    for n in model.graph.node:
+        n.input[:] = [weird.get(i, i) for i in n.input]
+        n.output[:] = [weird.get(o, o) for o in n.output]
+    path = tmp_path / "weird.onnx"
+    onnx.save(model, path)
+    compile_model(path, tmp_path / "w.atlas", CompileOptions(archs=("sm90",), max_batch=2, max_seq=32))
+    with open_artifact(tmp_path / "w.atlas") as art:
+        source = art.read_member("kernels.cu").decode()
+    assert " */?" in source  # the names are in the comments, sanitized
+    assert source.isascii() and not any(line.endswith("\\") for line in source.splitlines())

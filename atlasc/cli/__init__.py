@@ -85,6 +85,9 @@ def _existing_file(path: Path, what: str) -> Path:
     return path
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def is_artifact(path: Path) -> bool:
     """Whether `path` is to be read as an .atlas artifact: its suffix, or (renamed) its content: an artifact is a
     zip, whose first bytes are a local header, while an ONNX protobuf starts with a field tag."""
@@ -283,13 +286,14 @@ def run(
     if is_artifact(model):
         from atlasc.cli.artifact_cmd import run_artifact
 
-        if not 0 <= temperature < float("inf") or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
+        # the sampler reads the temperature as float32: finite there too
+        if not 0 <= temperature <= FLOAT32_MAX or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
             raise UsageError("--temperature must be finite and >= 0, --top-k in [0, 2**63) and --top-p in (0, 1]")
         if not 0 <= seed < 2**63:
             raise UsageError(f"--seed must be in [0, 2**63), not {seed}")
-        if prompt_ids is not None and (inputs is not None or out is not None):
-            raise UsageError("--prompt-ids generates tokens; --inputs and --out run one entry point: give one or "
-                             "the other")
+        if prompt_ids is not None and (inputs is not None or out is not None or entry is not None):
+            raise UsageError("--prompt-ids generates tokens; --inputs, --entry and --out run one entry point: give "
+                             "one or the other")
         run_artifact(model, device=device.value, inputs=_load_inputs(inputs) if inputs is not None else None,
                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, out_path=out, entry=entry, quiet=quiet,
                      as_json=as_json, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

@@ -23,6 +23,9 @@ CONFIG_KEYS = set(CONFIG_TYPES)
 # the longest sequence a compile accepts: past it the KV cache of even one small layer is gigabytes, and the
 # compile's own evaluation of the mask (mask-as-lengths) would allocate max_seq-long host arrays
 MAX_SEQ_LIMIT = 1 << 20
+# the largest batch a compile accepts: a decode kernel's scratch counters hold 16384 items (codegen/generate.py
+# COUNTER_BYTES), which larger batches overrun before any other limit
+MAX_BATCH_LIMIT = 1 << 14
 
 
 def _load_config(path: Path) -> dict:
@@ -31,6 +34,8 @@ def _load_config(path: Path) -> dict:
     _existing_file(path, "config file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise UsageError(f"config file {path} is not UTF-8 text") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -38,6 +43,9 @@ def _load_config(path: Path) -> dict:
         raise UsageError(f"config file {path} is not valid YAML: {where}{why}") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of options")
+    if not all(isinstance(k, str) for k in data):
+        raise UsageError(f"config file {path}: option names must be strings, not "
+                         f"{', '.join(repr(k) for k in data if not isinstance(k, str))}")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = set(data) - CONFIG_KEYS
     if unknown:
@@ -153,8 +161,9 @@ def compile_command(
     max_seq = max_seq if max_seq is not None else int(cfg.get("max_seq", 2048))
     if max_batch < 1 or max_seq < 2:
         raise UsageError("--max-batch must be >= 1 and --max-seq >= 2")
-    if max_seq > MAX_SEQ_LIMIT:
-        raise UsageError(f"--max-seq must be at most {MAX_SEQ_LIMIT}, not {max_seq}")
+    if max_seq > MAX_SEQ_LIMIT or max_batch > MAX_BATCH_LIMIT:
+        raise UsageError(f"--max-seq must be at most {MAX_SEQ_LIMIT} and --max-batch at most {MAX_BATCH_LIMIT} "
+                         f"(given {max_seq} and {max_batch})")
     fusion = cfg.get("fusion", True) and not no_fusion and env_switch("ATLAS_FUSION_ENABLED", True)
     quant_opts = _quant_options(quant, group_size, quant_skip, cfg)
     if zero_points or cfg.get("zero_points", False):
@@ -255,6 +264,8 @@ def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | 
         raise UsageError(f"--group-size must be an integer, not {cfg.get('group_size')}") from None
     if group < 2 or group % 2:
         raise UsageError(f"--group-size must be an even number >= 2, not {group}")
+    if (group_size is not None or "group_size" in cfg) and mode != "int4":
+        raise UsageError(f"--group-size applies to --quant int4, not {mode}")
     raw = skip if skip else cfg.get("quant_skip") or []
     if isinstance(raw, str):
         raw = [raw]
