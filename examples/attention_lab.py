@@ -129,6 +129,7 @@ AB_PATHS = {"v13": _ab(64, False), "vpf": _ab(64, True), "mk32": _ab(32, False),
             # 4 warps, the split's units within one wave of 132 blocks (the 8-warp kernel's default since v39), or
             # capped at 264 / 396 blocks: one / one and a half waves of the 4-warp kernel at 2 blocks per SM (its
             # default, ceil(256 / units) runs, takes two waves at batches 9-15 and 17-31 of Llama-3-8B)
+            "w4mmawm": _ab(256, True, 4, True, True),  # what a compiled decoder runs at batches 9-32 (v39)
             "w4mmawmt132": _ab(256, True, 4, True, True, "132"), "w4mmawmt264": _ab(256, True, 4, True, True, "264"),
             "w4mmawmt396": _ab(256, True, 4, True, True, "396")}
 LAB_PATHS = (*attention.PATHS, "nosplit")

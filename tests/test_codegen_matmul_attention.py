@@ -1017,7 +1017,7 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
             "w4mma128wm": ", 32, false, 128, true, true>(args", "w4mma64wm": ", 32, false, 64, true, true>(args",
             "mma512wm": ", 32, false, 512, true, true>(args", "mma1024wm": ", 32, false, 1024, true, true>(args",
             "mma2048wm": ", 32, false, 2048, true, true>(args", "w4mmawmt132": mma,
-            "w4mmawmt264": mma.replace("132", "264"), "w4mmawmt396": mma.replace("132", "396")}
+            "w4mmawm": v38, "w4mmawmt264": mma.replace("132", "264"), "w4mmawmt396": mma.replace("132", "396")}
     assert set(want) == {"fast", *lab.AB_PATHS}
     for path, tail in want.items():
         _, _, mod = lab.generate("8B", 256, 1, path)
