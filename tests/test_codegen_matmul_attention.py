@@ -1027,6 +1027,40 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
         assert f", 128, 4, 4, {warps}, " in calls[0] and mod.launches["run"][0].block == (32 * warps, 1, 1)
 
 
+def test_attention_lab_w4mmawm_is_the_compiled_decoders_kernel_above_batch_8(tmp_path):
+    """examples/attention_lab.py's w4mmawm path (the baseline of the split-cap A/B, docs/perf.md v40) is the
+    attention_decode call a compiled Llama-3-8B-shaped decoder makes for batches 9-32: same template, same block."""
+    import re
+    import sys
+    from dataclasses import replace
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import attention_lab as lab
+    import build_llama
+
+    from atlasc.compiler import _kv_dict, decode_buckets, narrowed_lower
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import run_pipeline
+
+    cfg = replace(build_llama.CONFIGS["llama-3-8b"], layers=1, intermediate=128, vocab=256)
+    build_llama.write(cfg, tmp_path / "m.onnx", 0)
+    program, _ = run_pipeline(Program({"main": import_onnx(tmp_path / "m.onnx")},
+                                      CompileOptions(archs=("sm90",), max_batch=32)))
+    mod = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
+                          _kv_dict(program), decode_buckets(program), ("sm90",), narrowed_lower(program))
+
+    def call(module, entry: str) -> tuple[str, tuple]:
+        launch = next(x for x in module.launches[entry] if x.op == "Attention")
+        return re.search(r"atlas::attention_decode<[^>]*>", _kernel_text(module, launch)).group(0), launch.block
+
+    step = call(mod, "decode")  # the entry of batches above 8 (decode_small serves 1-8)
+    assert step[1] == (128, 1, 1) and step[0].endswith(", 32, true, 256, true, true>")
+    assert call(lab.generate("8B", 256, 12, "w4mmawm", mask="keys")[2], "run") == step
+
+
 def test_attention_lab_keys_mask_is_the_compiled_decoders_kernel(tmp_path):
     """examples/attention_lab.py --mask keys times the attention_decode call a compiled Llama-3-8B-shaped
     decoder's step makes (head dim 128, 32 / 8 heads, mask-as-lengths' attention_mask, batch 1): the same
