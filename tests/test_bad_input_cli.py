@@ -78,6 +78,7 @@ def _calib(tmp_path):
     (("--quant", "int8", "--no-fusion"), "--quant int8 needs fusion"),
     (("--max-batch", "2147483648"), "--max-batch at most 16384"),
     (("--quant", "int8", "--group-size", "32"), "--group-size applies to --quant int4, not int8"),
+    (("--quant", "int8", "--quant-skip", "logits*, "), "--quant-skip has an empty pattern"),
 ])
 def test_bad_compile_options(cli, tmp_path, flags, needle):
     out = tmp_path / "x.atlas"
@@ -161,6 +162,7 @@ def test_nvcc_chunk_must_be_a_count(cli, tmp_path, monkeypatch):
     (("--prompt-ids", "1,2", "--out", "x.npz"), "give one or the other"),
     (("--prompt-ids", "1,2", "--entry", "decode"), "give one or the other"),
     (("--prompt-ids", "1,2", "--temperature", "1e308"), "--temperature must be finite"),
+    (("--prompt-ids", "1,2;"), "--prompt-ids has an empty prompt"),
 ])
 def test_bad_generation_options(cli, llama_atlas, flags, needle):
     assert_one_error(cli("run", llama_atlas, "--max-new-tokens", "2", *flags), needle)

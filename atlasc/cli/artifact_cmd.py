@@ -170,7 +170,7 @@ def parse_ids(text: str) -> list[list[int]]:
     for part in text.split(";"):
         part = part.strip()
         if not part:
-            continue
+            raise UsageError(f"--prompt-ids has an empty prompt (';' separates prompts): {text!r}")
         try:
             prompts.append([int(x) for x in part.split(",") if x.strip()])
         except ValueError:

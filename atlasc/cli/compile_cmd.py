@@ -269,7 +269,9 @@ def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | 
     raw = skip if skip else cfg.get("quant_skip") or []
     if isinstance(raw, str):
         raw = [raw]
-    patterns = tuple(p.strip() for item in raw for p in str(item).split(",") if p.strip())
+    patterns = tuple(p.strip() for item in raw for p in str(item).split(","))
+    if any(not p for p in patterns):
+        raise UsageError(f"--quant-skip has an empty pattern: {', '.join(map(repr, raw))}")
     return {"quant": mode, "group_size": group, "quant_skip": patterns}
 
 
