@@ -450,11 +450,10 @@ def _check_skip_patterns(program: Program, patterns: tuple[str, ...]) -> None:
     would otherwise quantize the layer it meant to keep, silently)."""
     linears = [n for g in program.entries.values() for n in g.nodes if n.op == "Linear"]
     unused = [p for p in patterns if not any(skipped_by(n, (p,)) for n in linears)]
-    if unused and linears:  # no Linear at all (--no-fusion keeps MatMul): nothing is quantized, nothing to skip
-        names = [n.name for n in linears]
+    if unused:
         raise UsageError(f"--quant-skip {', '.join(unused)} matches no linear layer's weight, node or output name",
-                         hint=f"{len(names)} linear layers, e.g. " + ", ".join(names[:3]) + " (the layer table of "
-                              "`atlasc inspect X.atlas` of a quantized build lists them)")
+                         hint=f"{len(linears)} linear layers, e.g. {', '.join(n.name for n in linears[:3])} (the "
+                              "layer table of `atlasc inspect X.atlas` of a quantized build lists them)")
 
 
 def _gptq_hessians(program: Program, candidates: list[Node]) -> dict[int, np.ndarray]:

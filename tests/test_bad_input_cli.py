@@ -106,7 +106,9 @@ def test_compile_onto_its_own_input(cli, tmp_path):
 def test_dump_ir_onto_a_file(cli, tmp_path):
     dump = tmp_path / "dump"
     dump.write_text("not a folder")
-    assert_one_error(cli("compile", LLAMA, "-o", tmp_path / "x.atlas", *FLAGS, "--dump-ir", dump), "is a file")
+    out = tmp_path / "x.atlas"
+    assert_one_error(cli("compile", LLAMA, "-o", out, *FLAGS, "--dump-ir", dump), "cannot be created: File exists")
+    assert not out.exists()
 
 
 def test_fusion_switch_must_be_0_or_1(cli, tmp_path, monkeypatch):

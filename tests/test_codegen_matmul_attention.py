@@ -1027,17 +1027,11 @@ def test_attention_lab_ab_paths_are_the_switched_kernels(monkeypatch):
         assert f", 128, 4, 4, {warps}, " in calls[0] and mod.launches["run"][0].block == (32 * warps, 1, 1)
 
 
-def test_attention_lab_w4mmawm_is_the_compiled_decoders_kernel_above_batch_8(tmp_path):
-    """examples/attention_lab.py's w4mmawm path (the baseline of the split-cap A/B, docs/perf.md v40) is the
-    attention_decode call a compiled Llama-3-8B-shaped decoder makes for batches 9-32: same template, same block."""
-    import re
-    import sys
+def _compiled_8b_attention(tmp_path, max_batch: int):
+    """generate_module of a compiled Llama-3-8B-shaped decoder: the 8B's attention shapes, one layer, a small MLP
+    and vocabulary (the attention kernel does not depend on them)."""
     from dataclasses import replace
 
-    from conftest import REPO
-
-    sys.path.insert(0, str(REPO / "examples"))
-    import attention_lab as lab
     import build_llama
 
     from atlasc.compiler import _kv_dict, decode_buckets, narrowed_lower
@@ -1048,51 +1042,49 @@ def test_attention_lab_w4mmawm_is_the_compiled_decoders_kernel_above_batch_8(tmp
     cfg = replace(build_llama.CONFIGS["llama-3-8b"], layers=1, intermediate=128, vocab=256)
     build_llama.write(cfg, tmp_path / "m.onnx", 0)
     program, _ = run_pipeline(Program({"main": import_onnx(tmp_path / "m.onnx")},
-                                      CompileOptions(archs=("sm90",), max_batch=32)))
-    mod = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                          _kv_dict(program), decode_buckets(program), ("sm90",), narrowed_lower(program))
+                                      CompileOptions(archs=("sm90",), max_batch=max_batch)))
+    return generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
+                           _kv_dict(program), decode_buckets(program), ("sm90",), narrowed_lower(program))
 
-    def call(module, entry: str) -> tuple[str, tuple]:
-        launch = next(x for x in module.launches[entry] if x.op == "Attention")
-        return re.search(r"atlas::attention_decode<[^>]*>", _kernel_text(module, launch)).group(0), launch.block
 
-    step = call(mod, "decode")  # the entry of batches above 8 (decode_small serves 1-8)
-    assert step[1] == (128, 1, 1) and step[0].endswith(", 32, true, 256, true, true>")
-    assert call(lab.generate("8B", 256, 12, "w4mmawm", mask="keys")[2], "run") == step
+def _attention_call(module, entry: str) -> tuple[str, tuple]:
+    """The attention_decode template an entry's Attention launch calls, and its (grid, block, smem)."""
+    import re
+
+    launch = next(x for x in module.launches[entry] if x.op == "Attention")
+    template = re.search(r"atlas::attention_decode<[^>]*>", _kernel_text(module, launch)).group(0)
+    return template, (launch.grid, launch.block, launch.smem)
+
+
+def _attention_lab():
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import attention_lab
+
+    return attention_lab
+
+
+def test_attention_lab_w4mmawm_is_the_compiled_decoders_kernel_above_batch_8(tmp_path):
+    """examples/attention_lab.py's w4mmawm path (the baseline of the split-cap A/B, docs/perf.md v40) is the
+    attention_decode call a compiled Llama-3-8B-shaped decoder makes for batches 9-32: same template, same block
+    (the grids differ with the batch)."""
+    lab = _attention_lab()
+    step = _attention_call(_compiled_8b_attention(tmp_path, 32), "decode")  # batches above 8 (decode_small: 1-8)
+    assert step[1][1] == (128, 1, 1) and step[0].endswith(", 32, true, 256, true, true>")
+    got = _attention_call(lab.generate("8B", 256, 12, "w4mmawm", mask="keys")[2], "run")
+    assert got[0] == step[0] and got[1][1] == step[1][1]
 
 
 def test_attention_lab_keys_mask_is_the_compiled_decoders_kernel(tmp_path):
     """examples/attention_lab.py --mask keys times the attention_decode call a compiled Llama-3-8B-shaped
     decoder's step makes (head dim 128, 32 / 8 heads, mask-as-lengths' attention_mask, batch 1): the same
     template arguments and launch geometry; --mask tensor (the additive mask) differs only in the mask."""
-    import re
-    import sys
-    from dataclasses import replace
-
-    from conftest import REPO
-
-    sys.path.insert(0, str(REPO / "examples"))
-    import attention_lab as lab
-    import build_llama
-
-    from atlasc.compiler import _kv_dict, decode_buckets, narrowed_lower
-    from atlasc.frontend import import_onnx
-    from atlasc.ir.program import CompileOptions, Program
-    from atlasc.pipeline import run_pipeline
-
-    # the 8B's attention shapes, one layer, a small MLP and vocabulary (the kernel does not depend on them)
-    cfg = replace(build_llama.CONFIGS["llama-3-8b"], layers=1, intermediate=128, vocab=256)
-    build_llama.write(cfg, tmp_path / "m.onnx", 0)
-    program, _ = run_pipeline(Program({"main": import_onnx(tmp_path / "m.onnx")},
-                                      CompileOptions(archs=("sm90",), max_batch=8)))
-    mod = generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
-                          _kv_dict(program), decode_buckets(program), ("sm90",), narrowed_lower(program))
-
-    def call(module, entry: str) -> tuple[str, tuple]:
-        launch = next(x for x in module.launches[entry] if x.op == "Attention")
-        body = _kernel_text(module, launch)
-        return re.search(r"atlas::attention_decode<[^>]*>", body).group(0), (launch.grid, launch.block, launch.smem)
-
+    lab = _attention_lab()
+    mod = _compiled_8b_attention(tmp_path, 8)
+    call = _attention_call
     step = call(mod, "decode")
     assert "long long" in step[0] and step[0].endswith(", 32, true, 256, true, true, true, 132>")  # int64 mask, KEYS
     assert call(lab.generate("8B", 256, 1, "fast", mask="keys")[2], "run") == step

@@ -85,9 +85,6 @@ def _existing_file(path: Path, what: str) -> Path:
     return path
 
 
-FLOAT32_MAX = 3.4028234663852886e38
-
-
 def is_artifact(path: Path) -> bool:
     """Whether `path` is to be read as an .atlas artifact: its suffix, or (renamed) its content: an artifact is a
     zip, whose first bytes are a local header, while an ONNX protobuf starts with a field tag."""
@@ -286,8 +283,10 @@ def run(
     if is_artifact(model):
         from atlasc.cli.artifact_cmd import run_artifact
 
+        import numpy as np
+
         # the sampler reads the temperature as float32: finite there too
-        if not 0 <= temperature <= FLOAT32_MAX or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
+        if not 0 <= temperature <= np.finfo(np.float32).max or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
             raise UsageError("--temperature must be finite and >= 0, --top-k in [0, 2**63) and --top-p in (0, 1]")
         if not 0 <= seed < 2**63:
             raise UsageError(f"--seed must be in [0, 2**63), not {seed}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +18,6 @@ from atlasc.errors import UsageError, env_switch
 CONFIG_TYPES = {"arch": str, "dtype": str, "max_batch": int, "max_seq": int, "fusion": bool, "quant": str,
                 "group_size": int, "zero_points": bool, "gptq": bool, "smooth": float, "quant_skip": str,
                 "prefill_logits": str}
-CONFIG_KEYS = set(CONFIG_TYPES)
 # the longest sequence a compile accepts: past it the KV cache of even one small layer is gigabytes, and the
 # compile's own evaluation of the mask (mask-as-lengths) would allocate max_seq-long host arrays
 MAX_SEQ_LIMIT = 1 << 20
@@ -47,10 +45,10 @@ def _load_config(path: Path) -> dict:
         raise UsageError(f"config file {path}: option names must be strings, not "
                          f"{', '.join(repr(k) for k in data if not isinstance(k, str))}")
     data = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = set(data) - CONFIG_KEYS
+    unknown = set(data) - set(CONFIG_TYPES)
     if unknown:
         raise UsageError(f"config file {path}: unknown option(s) {', '.join(sorted(unknown))}",
-                         hint=f"known: {', '.join(sorted(CONFIG_KEYS))}")
+                         hint=f"known: {', '.join(sorted(CONFIG_TYPES))}")
     data = {k: v for k, v in data.items() if v is not None}  # `key:` with no value: the default
     for key, value in data.items():
         _check_config_type(path, key, value)
@@ -150,8 +148,6 @@ def compile_command(
         raise UsageError(f"output {output} is a folder")
     if output.exists() and output.resolve() == model.resolve():
         raise UsageError(f"output {output} is the model being compiled", hint="write the artifact elsewhere")
-    if dump_ir is not None:
-        _dump_folder(dump_ir)
     cfg = _load_config(config) if config else {}
     arch = arch if arch is not None else cfg.get("arch", "sm80,sm90")
     dtype = (dtype or cfg.get("dtype") or "auto").lower()
@@ -222,18 +218,6 @@ def compile_command(
         print(json.dumps(result.summary()))
         return
     _print_report(result, time_passes)
-
-
-def _dump_folder(path: Path) -> None:
-    """UsageError before the passes run when --dump-ir's folder is a file or could not be made (its nearest
-    existing ancestor not a writable folder); nothing is created here."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--dump-ir {path} is a file, not a folder")
-    base = path.absolute()
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"--dump-ir folder {path} cannot be written ({base} is not a writable folder)")
 
 
 class _ProgressLines:

@@ -76,9 +76,12 @@ class Importer:
 
         _check_opset(self.model.graph, self.opset)
         self._check_supported(HANDLERS)
-        _check_acyclic(self.model.graph)
         gsg = gs.import_onnx(self.model)
-        gsg.toposort()  # ONNX lists nodes in topological order; an exporter that does not is forgiven
+        try:  # ONNX lists nodes in topological order; an exporter that does not is forgiven, a cycle is not
+            with gs.logger.G_LOGGER.suppress(gs.logger.G_LOGGER.CRITICAL + 1):  # gs logs the cycle before raising
+                gsg.toposort()
+        except Exception as e:
+            raise ShapeError(f"the ONNX graph is not a DAG: {e}") from None
         self._import_inputs(gsg)
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
@@ -379,31 +382,6 @@ def _check_opset(graph: onnx.GraphProto, opset: int) -> None:
         raise AtlasError(f"the model uses ai.onnx opset {opset}, where {', '.join(sorted(newer))} changed after "
                          f"opset {MAX_OPSET}, the newest atlasc knows",
                          hint=f"re-export the model with opset {MAX_OPSET} or older")
-
-
-def _check_acyclic(graph: onnx.GraphProto) -> None:
-    """ShapeError naming a node on a cycle of the graph's data flow (onnx-graphsurgeon's toposort would log it
-    to stderr first)."""
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
-    deps = [{producer[t] for t in n.input if t in producer} for n in graph.node]
-    users: dict[int, list[int]] = {}
-    for i, d in enumerate(deps):
-        for j in d:
-            users.setdefault(j, []).append(i)
-    waiting = [len(d) for d in deps]
-    ready = [i for i, w in enumerate(waiting) if w == 0]
-    while ready:
-        for j in users.get(ready.pop(), ()):
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.append(j)
-    stuck = next((i for i, w in enumerate(waiting) if w), None)
-    if stuck is not None:
-        for _ in range(len(deps)):  # every stuck node waits on a stuck one: walking back ends on the cycle
-            stuck = next(j for j in deps[stuck] if waiting[j])
-        node = graph.node[stuck]
-        raise ShapeError(f"the ONNX graph has a cycle: node '{node.name or '(unnamed)'}' ({node.op_type}) depends "
-                         f"on its own output")
 
 
 def _np(dtype):
