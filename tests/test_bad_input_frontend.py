@@ -324,3 +324,92 @@ def test_gptq_reads_the_calibration_file_as_the_report_does(tmp_path):
     with pytest.raises(UsageError, match="more than --max-seq 32"):
         load_feeds(_calib(tmp_path, np.ones((1, 33), np.int64)), graph, 32)
     load_feeds(_calib(tmp_path, np.ones((1, 33), np.int64), "encoder.npz"), import_onnx(FIXTURES / "minilm.onnx"), 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. NaN and infinite weights (compiled before: the artifact generated token 0 forever)
+
+
+def _llama_with(values: dict[str, tuple[tuple[int, ...], float]]) -> onnx.ModelProto:
+    """The llama fixture with the given initializers' elements set ({name: (index, value)})."""
+    model = onnx.load(LLAMA)
+    for init in model.graph.initializer:
+        if init.name in values:
+            data = numpy_helper.to_array(init).copy()
+            index, value = values[init.name]
+            data[index] = value
+            init.CopyFrom(numpy_helper.from_array(data, init.name))
+    return model
+
+
+def _weight_of(op: str, position: int) -> str:
+    model = onnx.load(LLAMA)
+    names = {i.name for i in model.graph.initializer}
+    return next(n.input[position] for n in model.graph.node if n.op_type == op and n.input[position] in names)
+
+
+def test_nan_and_inf_weights_are_named(cli, tmp_path):
+    """compile, run and inspect refuse, naming each initializer with its counts: a NaN in a MatMul weight and in a
+    norm scale (read by a Mul), an inf in the embedding table."""
+    matmul, embedding = _weight_of("MatMul", 1), _weight_of("Gather", 0)
+    norm = "model.model.layers.0.input_layernorm.weight"
+    path = _save(tmp_path, _llama_with({matmul: ((3, 5), np.nan), embedding: ((7, 1), -np.inf), norm: ((2,), np.nan)}))
+    with np.load(FIXTURES / "llama.prefill.npz") as z:
+        npz = _npz(tmp_path, **{k[3:]: z[k] for k in z.files if k.startswith("in.")})
+    line = assert_one_error(cli("compile", path, "-o", tmp_path / "m.atlas", *COMPILE))
+    assert line.startswith("error: initializers holding NaN or infinite weights: "), line
+    for needle in (f"'{matmul}' (1 NaN of", f"'{embedding}' (1 infinite of", f"'{norm}' (1 NaN of 64)"):
+        assert needle in line, line
+    _all_commands_refuse(cli, tmp_path, path, npz, f"'{matmul}'", f"'{embedding}'", f"'{norm}'", inspect_exits_2=False)
+
+
+def test_inf_outside_weights_is_allowed(tmp_path):
+    """A -inf mask constant (here added to x) is not a weight: the model imports and runs; a NaN there is refused."""
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.interpreter import interpret
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    mask = numpy_helper.from_array(np.array([0.0, -np.inf], np.float32), "mask")
+    graph = import_onnx(_model([helper.make_node("Add", ["x", "mask"], ["y"])], [x], [y], [mask]))
+    out = interpret(graph, {"x": np.ones(2, np.float32)})
+    np.testing.assert_array_equal(next(iter(out.values())), [1.0, -np.inf])
+    mask = numpy_helper.from_array(np.array([0.0, np.nan], np.float32), "mask")
+    with pytest.raises(ModelLoadError, match=r"'mask' \(1 NaN of 2\)"):
+        import_onnx(_model([helper.make_node("Add", ["x", "mask"], ["y"])], [x], [y], [mask]))
+
+
+def test_nan_in_a_memory_mapped_weight(tmp_path):
+    """A weight in external data over the mapping threshold is read through its memmap, across chunks."""
+    from atlasc.frontend import finite, import_onnx
+
+    w = np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float16)  # 1 MiB: mapped
+    w[1023, 511] = np.nan
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 512])
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [numpy_helper.from_array(w, "w")])
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    original = finite.CHUNK_VALUES
+    try:
+        finite.CHUNK_VALUES = 100_000  # six chunks on the thread pool
+        with pytest.raises(ModelLoadError, match=r"'w' \(1 NaN of 524288\)"):
+            import_onnx(tmp_path / "m.onnx")
+    finally:
+        finite.CHUNK_VALUES = original
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", ">f4", "bfloat16"])
+def test_non_finite_counts_every_float_type(dtype):
+    """NaN of either sign and both infinities are counted; the largest finite values, subnormals and integers not."""
+    import ml_dtypes
+
+    from atlasc.frontend.finite import non_finite_counts
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    data = np.random.default_rng(1).standard_normal(1000).astype(dt)
+    data[0], data[1] = float(ml_dtypes.finfo(dt).max), -float(ml_dtypes.finfo(dt).max)
+    data[2] = float(ml_dtypes.finfo(dt).smallest_subnormal)
+    assert non_finite_counts(data) == (0, 0)
+    data[10], data[11], data[12], data[13], data[14] = np.nan, -np.nan, np.inf, -np.inf, np.nan
+    assert non_finite_counts(data) == (3, 2)
+    assert non_finite_counts(np.arange(10)) == (0, 0)

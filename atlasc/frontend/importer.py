@@ -22,6 +22,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from atlasc.errors import AtlasError, InputError, ShapeError, UnsupportedModelError
+from atlasc.frontend.finite import check_weights_finite
 from atlasc.frontend.signature import detect_decoder
 from atlasc.frontend.symvals import Known, Undecidable, symbolic_eval
 from atlasc.ir import symbolic as S
@@ -82,6 +83,7 @@ class Importer:
                 gsg.toposort()
         except Exception as e:
             raise ShapeError(f"the ONNX graph is not a DAG: {e}") from None
+        check_weights_finite(gsg, self.mapped)
         self._import_inputs(gsg)
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
