@@ -159,6 +159,10 @@ def test_manifest_normalizes_lists_and_numpy():
     (lambda j: j["entries"]["decode"]["nodes"][0].__setitem__("args", [64, -8]), r"nodes\[0\] \(gather_f32\)\.args"),
     (lambda j: j["entries"]["decode"]["nodes"][0].__setitem__("args", [64]),
      r"nodes\[0\] \(gather_f32\)\.args: 1 offsets, but another launch of the kernel passes 0"),
+    (lambda j: j.__setitem__("archs", ["sm80", "hopper"]), r"archs: 'hopper' is not an arch name such as 'sm90'"),
+    (lambda j: j.__setitem__("archs", ["sm90", "sm90"]), r"archs: \['sm90', 'sm90'\] names an arch twice"),
+    (lambda j: j.__setitem__("members", {"cubin/sm90.cubin": {"sha256": "ab" * 32, "size": 1}}),
+     "archs: lists sm80, sm90 but the cubins are for sm90"),
 ])
 def test_manifest_bad_field_is_named(edit, field):
     j = make_manifest().to_json()
@@ -305,6 +309,20 @@ def test_manifest_edited_in_place(artifact):
     assert data.count(b'"ATLAS"') == 1
     artifact.write_bytes(data.replace(b'"ATLAS"', b'"ATLAZ"'))
     expect_error(artifact, "checksum mismatch in member manifest.json")
+
+
+def test_manifest_naming_another_arch(artifact, tmp_path):
+    """A manifest (with a valid CRC) whose archs were edited from sm80 to sm86: the sm80 cubin would be loaded as
+    another arch's code; refused on open."""
+    def edit(name, data):
+        if name == "manifest.json":
+            j = json.loads(data)
+            j["archs"] = ["sm86", "sm90"]
+            data = json.dumps(j).encode()
+        return name, data
+    p = tmp_path / "arch.atlas"
+    rewrite_zip(artifact, p, edit)
+    expect_error(p, "archs: lists sm86, sm90 but the cubins are for sm80, sm90")
 
 
 def test_newer_format_version(artifact, tmp_path):

@@ -17,6 +17,7 @@ and arrays -> Python values) so that a round trip through JSON compares equal.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
@@ -25,6 +26,8 @@ from typing import Any, Union
 from atlasc.errors import ArtifactError
 
 MAGIC = "ATLAS"
+ARCH_RE = re.compile(r"sm\d+[a-z]?")  # a target arch as the manifest names it: sm80, sm90, sm90a
+CUBIN_RE = re.compile(rf"cubin/({ARCH_RE.pattern})(?:\.([1-9]\d*))?\.cubin")  # cubin/<arch>[.<part>].cubin
 FORMAT_VERSION = 6  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
 # 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink);
 # 5: NodeSpec.args / VariantSpec.args (the arena offsets a kernel shared by several nodes takes);
@@ -469,6 +472,7 @@ class Manifest(_Spec):
         for key, entry in self.entries.items():
             if entry.name != key:
                 raise ArtifactError(f"manifest field entries.{key}.name: is {entry.name!r}, expected {key!r}")
+        self._check_archs()
         names = {s.name for s in self.symbols}
         for key, entry in self.entries.items():
             if len({n.symbol for n in entry.nodes if n.variants}) > 1:
@@ -506,6 +510,20 @@ class Manifest(_Spec):
                     raise ArtifactError(
                         f"manifest field weights[{i}] ({w.name}): bytes {w.offset}..{w.offset + w.nbytes} "
                         f"lie outside weights.bin ({wb.size} bytes)")
+
+    def _check_archs(self) -> None:
+        """Arch names are well formed and distinct, and (once members are recorded) each has its cubin and no
+        cubin is for an arch not listed: a manifest edited to name another arch would load the wrong code."""
+        for a in self.archs:
+            if not isinstance(a, str) or not ARCH_RE.fullmatch(a):
+                raise ArtifactError(f"manifest field archs: {a!r} is not an arch name such as 'sm90'")
+        if len(set(self.archs)) != len(self.archs):
+            raise ArtifactError(f"manifest field archs: {list(self.archs)} names an arch twice")
+        if self.members:
+            have = {m.group(1) for name in self.members if (m := CUBIN_RE.fullmatch(name))}
+            if have != set(self.archs):
+                raise ArtifactError(f"manifest field archs: lists {', '.join(self.archs) or 'none'} but the cubins are "
+                                    f"for {', '.join(sorted(have)) or 'none'}")
 
     def _check_args(self) -> None:
         """Every launch's offsets lie in the arena, and every launch of one kernel passes as many (its

@@ -34,7 +34,7 @@ import numpy as np
 
 from atlasc.errors import ArtifactError
 
-from .manifest import Manifest, MemberSpec
+from .manifest import CUBIN_RE, Manifest, MemberSpec
 
 WEIGHTS_ALIGNMENT = 4096
 ZIPALIGN_EXTRA_ID = 0xD935
@@ -45,7 +45,6 @@ CHUNK = 16 << 20  # bytes hashed / written per step, so an 8 GB image is never c
 MANIFEST = "manifest.json"
 SOURCE = "kernels.cu"
 WEIGHTS = "weights.bin"
-CUBIN_RE = re.compile(r"cubin/(sm\d+[a-z]?)(?:\.([1-9]\d*))?\.cubin")
 
 
 def cubin_member(arch: str, part: int = 0) -> str:
