@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -169,11 +170,15 @@ def cli(capsys):
 
     def invoke(*args: str) -> CliResult:
         capsys.readouterr()
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        with warnings.catch_warnings(record=True) as caught:  # a warning would reach the user's terminal
+            warnings.simplefilter("always")
+            try:
+                main([str(a) for a in args])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        ours = [f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in caught]
+        assert not ours, f"atlasc {' '.join(map(str, args))} warned: {ours}"
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 

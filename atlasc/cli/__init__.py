@@ -286,7 +286,7 @@ def run(
         import numpy as np
 
         # the sampler reads the temperature as float32: finite there too
-        if not 0 <= temperature <= np.finfo(np.float32).max or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
+        if not 0 <= temperature <= float(np.finfo(np.float32).max) or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
             raise UsageError("--temperature must be finite and >= 0, --top-k in [0, 2**63) and --top-p in (0, 1]")
         if not 0 <= seed < 2**63:
             raise UsageError(f"--seed must be in [0, 2**63), not {seed}")
