@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from ort_reference import ort_greedy
 from conftest import REPO
+from conftest import TOL as CPU_TOL
 
 # fp32 tolerance of issue 2 (reference interpreter vs onnxruntime); fp16 outputs get 3e-2
-TOL = {np.dtype("float32"): {"atol": 1e-4, "rtol": 1e-3}, np.dtype("float16"): {"atol": 3e-2, "rtol": 3e-2}}
+TOL = {np.dtype("float32"): CPU_TOL["fp32"], np.dtype("float16"): CPU_TOL["fp16"]}
 
 
 def _readme_commands() -> list[str]:

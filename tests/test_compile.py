@@ -25,7 +25,7 @@ from atlasc.ir.program import CompileOptions
 from atlasc.runtime.cpu import CpuModel
 from atlasc.runtime.generate import Sampling, generate
 
-from conftest import FIXTURES
+from conftest import FIXTURES, TOL
 from ort_reference import ort_greedy
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -33,7 +33,6 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 NAMES = [f["name"] for f in MANIFEST]
 DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
-TOL = {"fp32": {"atol": 1e-4, "rtol": 1e-3}, "fp16": {"atol": 3e-2, "rtol": 3e-2}}
 # sm90 only: a second arch for every fixture doubled the nvcc time (CI time, .ci/run);
 # test_compiles_for_every_supported_arch covers the others
 OPTIONS = CompileOptions(archs=("sm90",), max_batch=4, max_seq=64)

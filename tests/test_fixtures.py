@@ -17,11 +17,10 @@ import pytest
 from atlasc.frontend import import_onnx
 from atlasc.ir import interpret, symbolic as S, verify
 
-from conftest import FIXTURES
+from conftest import FIXTURES, TOL
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 CASES = [(f["name"], case) for f in MANIFEST for case in f["cases"]]
-TOL = {"fp32": dict(atol=1e-4, rtol=1e-3), "fp16": dict(atol=3e-2, rtol=3e-2)}
 
 
 @functools.cache

@@ -17,11 +17,10 @@ from atlasc.ir.program import CompileOptions, Program
 from atlasc.pipeline import run_pipeline
 from atlasc.runtime.generate import Sampling
 
-from conftest import FIXTURES
+from conftest import FIXTURES, TOL
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 DECODERS = [f["name"] for f in MANIFEST if f["kind"] == "decoder"]
-TOL = {"fp32": {"atol": 1e-4, "rtol": 1e-3}, "fp16": {"atol": 3e-2, "rtol": 3e-2}}
 # fixtures spelled as Llama's (RMSNorm, rotary); GPT-2 has LayerNorm, learned positions, split heads
 LLAMA_LIKE = [n for n in DECODERS if not n.startswith("gpt2")]
 GPT2_LIKE = [n for n in DECODERS if n.startswith("gpt2")]

@@ -1019,11 +1019,25 @@ def test_sample_greedy_and_seeded():
     g.nodes = [Node("Sample", [logits, fp, ip], [out])]
     g.outputs = [out]
     verify(g)
-    x = np.random.default_rng(11).normal(size=(3, 2, 11)).astype(np.float32)
+    x = np.random.default_rng(11).normal(size=(8, 2, 11)).astype(np.float32)
     greedy = interpret(g, {"logits": x, "fp": np.array([0, 1, 0], np.float32), "ip": np.zeros(3, np.int64)})
     np.testing.assert_array_equal(greedy["tok"], x[:, -1].argmax(-1))
-    feed = {"logits": x, "fp": np.array([1.0, 0.9, 0], np.float32), "ip": np.array([5, 3, 0], np.int64)}
-    np.testing.assert_array_equal(interpret(g, feed)["tok"], interpret(g, feed)["tok"])
+
+    def drawn(seed: int) -> np.ndarray:
+        feed = {"logits": x, "fp": np.array([1.0, 0.9, 0], np.float32), "ip": np.array([seed, 3, 0], np.int64)}
+        return interpret(g, feed)["tok"]
+
+    from atlasc.ir.ops.sampling import uniform
+
+    want = []  # the definition, in float64: the smallest most-likely set of mass >= 0.9, inverse CDF in index order
+    for row, logits_row in enumerate(x[:, -1].astype(np.float64)):
+        p = np.exp(logits_row - logits_row.max())
+        order = np.argsort(-p)
+        kept = order[: int(np.searchsorted(np.cumsum(p[order]), 0.9 * p.sum())) + 1]
+        mass = np.where(np.isin(np.arange(p.size), kept), p, 0)
+        want.append(int(np.searchsorted(np.cumsum(mass), uniform(5, 3, row) * mass.sum(), side="right")))
+    np.testing.assert_array_equal(drawn(5), want)
+    assert not np.array_equal(drawn(5), drawn(6))  # the seed is read
 
 
 @covers("KVAppend")

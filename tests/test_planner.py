@@ -405,10 +405,6 @@ def test_wrong_plan_corrupts_the_arena_executor(tmp_path, monkeypatch, no_nvcc):
     bad = compile_model(FIXTURES / "llama.onnx", tmp_path / "bad.atlas", options)
     problems = pm.check_plan(bad.program)
     assert problems and all("live together and overlap" in p for p in problems)
-    try:
-        got, want = _run_prefill(bad.path)
-    except Exception as e:  # noqa: BLE001  (clobbered indices can make an op's reference fail outright)
-        print(f"the overlapping plan made the executor fail: {type(e).__name__}: {e}")
-    else:
-        assert got.shape == want.shape
-        assert not np.allclose(got, want, atol=1e-2, rtol=1e-2, equal_nan=False)
+    got, want = _run_prefill(bad.path)  # the plan is deterministic: it runs, on clobbered buffers
+    assert got.shape == want.shape
+    assert not np.allclose(got, want, atol=1e-2, rtol=1e-2, equal_nan=False)

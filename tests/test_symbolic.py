@@ -157,6 +157,19 @@ def test_dmax_dmin_evaluate(x, y, bounds):
         assert S.evaluate(lo, env) == min(ex, ey)
 
 
+def test_lower_bound_examples():
+    """The answers the soundness property above cannot demand (it accepts None): the tightest bound where one is
+    provable, None where a negative term makes the polynomial unbounded below."""
+    a, b = S.sym("a"), S.sym("b")
+    assert S.lower_bound(7) == 7
+    assert S.lower_bound(S.add(S.mul(2, a), 3)) == 3
+    assert S.lower_bound(S.add(S.mul(2, a), 3), {"a": 4}) == 11
+    assert S.lower_bound(S.mul(a, b), {"a": 2, "b": 3}) == 6
+    assert S.lower_bound(S.floordiv(S.add(a, 9), 2), {"a": 1}) == 0  # a quotient of non-negatives: 0, not tighter
+    assert S.lower_bound(S.floordiv(S.sub(a, 9), 2)) is None
+    assert S.lower_bound(S.sub(a, b), {"a": 5}) is None
+
+
 def test_prove_examples():
     a, b = S.sym("a"), S.sym("b")
     assert S.prove_ge(S.add(a, b), a) is True
