@@ -249,6 +249,11 @@ def test_verbose_prints_passes_and_rewrites(gpt2, build):
     assert r.returncode == 0, r
     declined = [ln for ln in r.stdout.splitlines() if ": declined " in ln]
     assert declined and any(ln.strip().startswith("canonicalize: declined") for ln in declined)
+    # after the command too (was "No such option: -v"), and the counts add up: -v -v is -vv
+    for flags in (("compile", "-vv"), ("-v", "compile", "-v")):
+        r = atlasc(*flags, GPT2, "-o", build / "vv.atlas", *GPT2_FLAGS)
+        assert r.returncode == 0, r
+        assert [ln for ln in r.stdout.splitlines() if ": declined " in ln] == declined, flags
 
 
 def test_time_passes(gpt2, build):

@@ -613,3 +613,17 @@ def test_quant_kernels_no_spills():
                 print(f"{arch} {kernel}: {regs} registers")
                 assert stores == 0 and loads == 0, f"{arch} {kernel}: {stores} / {loads} bytes of spills"
     assert seen > 60
+
+
+def test_cli_compile_says_which_layers_stay_in_float(cli, tmp_path, no_nvcc):
+    """At g128 the llama fixture's 13 layers with K = 64 stay float (its two MLP down projections, K = 128, are
+    quantized): the compile's quantization line says how many and why, not only `inspect`; --quant-skip's are
+    counted apart. (Before: "2 layers, weights 64.0 KiB -> 8.2 KiB" and nothing about the other 13.)"""
+    r = cli("compile", LLAMA, "-o", tmp_path / "a.atlas", *FLAGS, "--quant", "int4")
+    assert r.code == 0, r
+    line = next(x for x in r.stdout.splitlines() if x.startswith("quantization int4 g128"))
+    assert line.endswith("; 13 layers kept in float: group size 128 does not divide K (64)"), line
+    r = cli("compile", LLAMA, "-o", tmp_path / "b.atlas", *FLAGS, "--quant", "int4", "--group-size", "32",
+            "--quant-skip", "linear_1__linear")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("quantization int4 g32"))
+    assert line.startswith("quantization int4 g32: 14 layers") and line.endswith("; 1 kept by --quant-skip"), line

@@ -84,8 +84,8 @@ def _check_config_type(path: Path, key: str, value) -> None:
 def compile_command(
     model: Annotated[Path, typer.Argument(help="The ONNX model to compile.", metavar="MODEL", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the .atlas artifact.")],
-    arch: Annotated[str | None, typer.Option("--arch", help="Target GPU archs, comma-separated "
-                                             "(sm80, sm86, sm89, sm90, sm100, sm120). Default: sm80,sm90.")] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help="Target GPU archs, comma-separated (sm75, sm80, "
+                                             "sm86, sm89, sm90, sm100, sm120). Default: sm80,sm90.")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="auto (the export's precision), or fp32 / fp16 to "
                                               "insist on it (no conversion).")] = None,
     max_batch: Annotated[int | None, typer.Option("--max-batch", help="Largest batch the artifact runs "
@@ -105,7 +105,8 @@ def compile_command(
                                               "none, int8 (per channel), int4 (per group) or fp8 (E4M3 per "
                                               "channel; sm89 and newer). Default none.")] = None,
     group_size: Annotated[int | None, typer.Option("--group-size", help="int4: weights per scale along K "
-                                                   "(must divide K). Default 128.")] = None,
+                                                   "(a layer whose K it does not divide stays float). "
+                                                   "Default 128.")] = None,
     zero_points: Annotated[bool, typer.Option("--zero-points", help="int4: asymmetric groups, each with a "
                                               "zero point (16 levels over [min, max], 0 included) instead of the "
                                               "symmetric +-max. Default symmetric.")] = False,
@@ -125,6 +126,9 @@ def compile_command(
                                                "ids [prompts, length] (key input_ids): decoders' accuracy "
                                                "report (random prompts when absent), --gptq's and --smooth's "
                                                "activations.")] = None,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="-v: the rewrites each pass applied; "
+                                         "-vv: also the candidates it declined and why (also accepted before the "
+                                         "command).")] = 0,
     prefill_logits: Annotated[str | None, typer.Option("--prefill-logits", help="Decoders: 'all' (logits of every "
                                                        "prompt position) or 'last' (only what the next token "
                                                        "needs: the LM head runs on one position). "
@@ -139,6 +143,7 @@ def compile_command(
     from atlasc.compiler import compile_model
     from atlasc.ir.program import CompileOptions
 
+    state.verbose += verbose  # `atlasc -v compile ...` and `atlasc compile -v ...` count alike
     _existing_file(model, "model")
     if output.suffix != ".atlas":
         raise UsageError(f"output must end in .atlas: {output}")
@@ -259,6 +264,22 @@ def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | 
     return {"quant": mode, "group_size": group, "quant_skip": patterns}
 
 
+def _kept_in_float(q: dict) -> str:
+    """"; 13 layers kept in float: group size 128 does not divide K (64)": the int4 layers the group size left in
+    float (a compile that quantizes some layers only says so, not just `inspect`), and those --quant-skip kept."""
+    reasons = list(q.get("declined", {}).values())
+    ks = sorted({int(why.rsplit("= ", 1)[1]) for why in reasons if " does not divide K = " in why})
+    n_group = sum(" does not divide K = " in why for why in reasons)
+    n_skip = sum(why.startswith("skipped by --quant-skip") for why in reasons)
+    parts = []
+    if n_group:
+        parts.append(f"{n_group} layer{'s' if n_group > 1 else ''} kept in float: group size {q['group_size']} does "
+                     f"not divide K ({', '.join(map(str, ks))})")
+    if n_skip:
+        parts.append(f"{n_skip} kept by --quant-skip")
+    return "".join(f"; {p}" for p in parts)
+
+
 def _print_report(result, time_passes: bool) -> None:
     out = _out()
     s = result.summary()
@@ -279,7 +300,7 @@ def _print_report(result, time_passes: bool) -> None:
     q = result.manifest.report.get("quantization")
     if q:
         out.print(f"{_quant_title(q)}: {len(q['layers'])} layers, weights {_bytes(q['bytes_before'])} -> "
-                  f"{_bytes(q['bytes_after'])}, max relative error {q['max_rel_error']:.4f}")
+                  f"{_bytes(q['bytes_after'])}, max relative error {q['max_rel_error']:.4f}{_kept_in_float(q)}")
     if state.verbose or time_passes:
         table = Table(title="passes", title_justify="left", show_edge=False)
         table.add_column("pass")
