@@ -193,17 +193,16 @@ DECODE_BATCH_BUCKETS = (1, 8)
 
 
 def decode_buckets(program: Program) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{"decode": (batch symbol, DECODE_BATCH_BUCKETS)} for decoders, else {}: see generate_module. With
-    split-decode's `decode_small` the small batches run there: it gets the buckets below its bound and
-    `decode` none (it serves only the larger batches)."""
+    """{"decode": (batch symbol, the DECODE_BATCH_BUCKETS below its --max-batch)} for decoders, else {} (or when
+    none is below): see generate_module. With split-decode's `decode_small` the small batches run there: it gets
+    the buckets below its bound and `decode` none (it serves only the larger batches)."""
     batch = program.roles.get("batch")
     if program.kind != "decoder" or "decode" not in program.entries or not batch:
         return {}
     small = next((name for name, (wide, _) in program.narrows.items() if wide == "decode"), None)
-    if small is None:
-        return {"decode": (batch, DECODE_BATCH_BUCKETS)}
-    below = tuple(b for b in DECODE_BATCH_BUCKETS if b < program.bounds[small][batch])
-    return {small: (batch, below)} if below else {}
+    entry = small or "decode"
+    below = tuple(b for b in DECODE_BATCH_BUCKETS if b < program.bounds[entry][batch])
+    return {entry: (batch, below)} if below else {}
 
 
 def decode_steps(program: Program) -> dict[str, str]:

@@ -212,3 +212,21 @@ def test_every_kernel_starts_with_the_pdl_wait(llama32):
         "  auto lin_pro_f = [&] {", i) + 1] for i in early)
     ends = [lines.index("}", i) for i in defs]  # the wrapper's closing brace: the first bare one after it
     assert all(lines[j - 1] == "  atlas::pdl_leave();" for j in ends)
+
+
+@pytest.mark.parametrize("max_batch, split, want", [(1, "0", {}), (4, "0", {"decode": ("batch", (1,))}),
+                                                    (8, "0", {"decode": ("batch", (1,))}),
+                                                    (16, "0", {"decode": ("batch", (1, 8))}),
+                                                    (32, "1", {"decode_small": ("batch", (1,))})])
+def test_buckets_stop_below_the_max_batch(max_batch, split, want, monkeypatch):
+    """Only buckets below the entry's batch bound are recorded (and reserve tensor-map slots): at --max-batch 1 the
+    artifact said `specialized kernels: decode batch <= 1, 8` with no such kernel."""
+    from atlasc.compiler import decode_buckets
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import Program
+    from atlasc.pipeline import run_pipeline
+
+    monkeypatch.setenv("ATLAS_SPLIT_DECODE", split)
+    options = CompileOptions(archs=("sm90",), max_batch=max_batch, max_seq=64)
+    program, _ = run_pipeline(Program({"main": import_onnx(FIXTURES / "llama.onnx")}, options))
+    assert decode_buckets(program) == want

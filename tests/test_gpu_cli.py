@@ -48,7 +48,7 @@ def test_gpu_run_streams_greedy_tokens_equal_to_onnxruntime(llama_artifact):
                "--max-new-tokens", "32", "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    assert result["tokens"] == want
+    assert result["tokens"] == [want]
     assert result["decode_ms_per_step"] > 0 and result["tokens_per_s"] > 0
     text = atlasc("run", llama_artifact, "--device", "gpu", "--prompt-ids", ",".join(map(str, prompt)),
                   "--max-new-tokens", "32", "--no-cuda-graphs")

@@ -285,11 +285,14 @@ def run(
 
         import numpy as np
 
-        # the sampler reads the temperature as float32: finite there too
-        if not 0 <= temperature <= float(np.finfo(np.float32).max) or not 0 <= top_k < 2**63 or not 0 < top_p <= 1:
-            raise UsageError("--temperature must be finite and >= 0, --top-k in [0, 2**63) and --top-p in (0, 1]")
-        if not 0 <= seed < 2**63:
-            raise UsageError(f"--seed must be in [0, 2**63), not {seed}")
+        float32_max = float(np.finfo(np.float32).max)  # the sampler reads the temperature as float32
+        for ok, why in ((0 <= temperature <= float32_max,
+                         f"--temperature must be a number in [0, {float32_max:.4g}] (the sampler's float32)"),
+                        (0 <= top_k < 2**63, "--top-k must be in [0, 2**63)"),
+                        (0 < top_p <= 1, "--top-p must be a number in (0, 1]"),
+                        (0 <= seed < 2**63, "--seed must be in [0, 2**63)")):
+            if not ok:  # a NaN fails every comparison
+                raise UsageError(why)
         if prompt_ids is not None and (inputs is not None or out is not None or entry is not None):
             raise UsageError("--prompt-ids generates tokens; --inputs, --entry and --out run one entry point: give "
                              "one or the other")

@@ -164,19 +164,21 @@ def _print_quantization(out, q: dict | None) -> None:
         out.print(f"  kept in float: {where} ({why})")
 
 
+def _ints(text: str, what: str) -> list[int]:
+    """'1, 2,3' -> [1, 2, 3]; UsageError for an empty item ('1,,3', '1,') or one that is not an integer."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, each given once: {text!r}") from None
+
+
 def parse_ids(text: str) -> list[list[int]]:
     """'1,2,3' -> [[1,2,3]]; '1,2;4,5,6' -> two prompts."""
     prompts = []
     for part in text.split(";"):
-        part = part.strip()
-        if not part:
+        if not part.strip():
             raise UsageError(f"--prompt-ids has an empty prompt (';' separates prompts): {text!r}")
-        try:
-            prompts.append([int(x) for x in part.split(",") if x.strip()])
-        except ValueError:
-            raise UsageError(f"--prompt-ids must be comma-separated integers (';' between prompts): {text}") from None
-    if not prompts or any(not p for p in prompts):
-        raise UsageError("--prompt-ids needs at least one token per prompt")
+        prompts.append(_ints(part, "--prompt-ids (';' between prompts)"))
     return prompts
 
 
@@ -194,10 +196,7 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
             from atlasc.runtime.generate import Sampling, generate
 
             prompts = parse_ids(prompt_ids)
-            try:
-                stops = [int(s) for s in stop.split(",") if s.strip()] if stop else []
-            except ValueError:
-                raise UsageError(f"--stop must be comma-separated token ids: {stop}") from None
+            stops = _ints(stop, "--stop (token ids)") if stop else []
             stream = not as_json and not quiet and len(prompts) == 1
 
             def on_token(step: int, ids: list[int]) -> None:
@@ -209,7 +208,7 @@ def run_artifact(path: Path, *, device: str, inputs: dict | None, prompt_ids: st
             elapsed = time.perf_counter() - t0
             timing = result.timing()
             if as_json:
-                print(json.dumps({"tokens": result.tokens if len(prompts) > 1 else result.tokens[0],
+                print(json.dumps({"tokens": result.tokens,  # one list per prompt, a single prompt too
                                   "device": device, "seconds": round(elapsed, 4), **timing}))
                 return
             if not quiet:
