@@ -320,8 +320,9 @@ def build_manifest(program: Program, module, model_path: Path, options: CompileO
         options={"archs": list(options.archs), "dtype": options.dtype, "max_batch": options.max_batch,
                  "max_seq": options.max_seq, "fusion": options.fusion,
                  **({"prefill_logits": "last"} if options.prefill_logits == "last" else {}),
-                 **({"quant": options.quant, "group_size": options.group_size, "quant_skip": list(options.quant_skip)}
+                 **({"quant": options.quant, "quant_skip": list(options.quant_skip)}
                     if options.quant != "none" else {}),
+                 **({"group_size": options.group_size} if options.quant == "int4" else {}),  # int8 / fp8: per channel
                  **({"zero_points": True} if options.quant == "int4" and options.zero_points else {})},
         archs=tuple(options.archs), symbols=symbols, memory=memory, kv_cache=kv_spec,
         weights=tuple(weight_specs.values()), entries=entries, report=compile_report,

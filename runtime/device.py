@@ -2,7 +2,7 @@
 launches of argument-less kernels (each takes only the arena base pointer).
 
 pycuda is imported lazily so that importing atlasc.runtime never needs it; a missing pycuda is a
-one-line RuntimeUnavailableError suggesting `pip install 'atlasc[gpu]'`.
+one-line RuntimeUnavailableError suggesting the `gpu` extra (`pip install -e '.[gpu]'` in the checkout).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def _pycuda():
         import pycuda.driver as cuda
     except ImportError:
         raise RuntimeUnavailableError("pycuda is not installed: the GPU runtime needs it",
-                                      hint="pip install 'atlasc[gpu]'") from None
+                                      hint="in the atlasc checkout: pip install -e '.[gpu]' (pycuda builds against the "
+                                           "CUDA toolkit: set CUDA_ROOT if it cannot find cuda.h)") from None
     return cuda
 
 

@@ -245,6 +245,18 @@ def test_renamed_artifact_is_read_as_one(cli, llama_atlas, tmp_path):
     assert cli("run", renamed, "--prompt-ids", "1,2", "--max-new-tokens", "2", "--json").code == 0
 
 
+def test_other_zip_files_are_not_artifacts(cli, llama_atlas, tmp_path):
+    """An .npz is a zip too, but its first member is not manifest.json: inspect and run do not read it as an artifact
+    (inspect said "member ... is compressed; .atlas members are stored uncompressed"), and compile says a zip is not
+    ONNX (was "not a valid ONNX model (malformed or truncated)"), for an artifact given to it too."""
+    npz = FIXTURES / "llama.greedy.npz"
+    for args in (("inspect", npz), ("run", npz, "--inputs", npz), ("compile", npz, "-o", tmp_path / "x.atlas"),
+                 ("compile", llama_atlas, "-o", tmp_path / "x.atlas")):
+        line = assert_one_error(cli(*args), "is a zip archive (an .npz or an .atlas artifact?), not an ONNX model")
+        assert "compressed" not in line, line
+    assert not (tmp_path / "x.atlas").exists()
+
+
 def test_names_that_would_break_a_cuda_comment(tmp_path, no_nvcc):
     """Tensor and node names come from the ONNX file; in the generated CUDA's comments a newline would end the
     comment and a trailing backslash splice the next line in (a model with such names failed in nvcc)."""

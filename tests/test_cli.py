@@ -222,6 +222,22 @@ def test_every_environment_variable_is_documented():
     in_docs = set(re.findall(r"ATLAS_[A-Z0-9_]*[A-Z0-9]", (REPO / "docs" / "cli.md").read_text()))
     assert in_code and not in_code - in_docs, sorted(in_code - in_docs)
     assert not in_docs - in_code, sorted(in_docs - in_code)
+    from atlasc.env_vars import KNOWN
+
+    assert in_code == KNOWN, (sorted(in_code - KNOWN), sorted(KNOWN - in_code))  # the list the CLI warns against
+
+
+def test_unknown_environment_variables_are_warned_about(cli, monkeypatch, tmp_path):
+    """A misspelt ATLAS_* name (ignored by every pass) gets a warning line naming the closest known one; the
+    command still runs. Other variables are not looked at."""
+    monkeypatch.setenv("ATLAS_SPLT_DECODE", "0")
+    monkeypatch.setenv("ATLAS_ZZZ", "1")
+    monkeypatch.setenv("NOT_ATLAS_THING", "1")
+    r = cli("inspect", REPO / "examples" / "fixtures" / "llama.onnx")
+    assert r.code == 0, r
+    assert r.stderr.splitlines() == [
+        "warning: ATLAS_SPLT_DECODE is not a variable atlasc reads (ignored); did you mean ATLAS_SPLIT_DECODE?",
+        "warning: ATLAS_ZZZ is not a variable atlasc reads (ignored)"], r.stderr
 
 
 def test_every_option_is_documented():

@@ -332,6 +332,7 @@ def test_cli_compile_int8_and_inspect(cli, tmp_path, no_nvcc):
     assert r.code == 0, r
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["quantization"]["layers"] == q["layers"] and report["options"]["quant"] == "int8"
+    assert "group_size" not in report["options"]  # per channel: no groups (the options showed group_size=128)
     r = cli("inspect", out)
     assert r.code == 0 and "quantization int8" in r.stdout and "rel error" in r.stdout, r
 

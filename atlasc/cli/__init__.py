@@ -68,8 +68,14 @@ def _global(
                                          help="More output (repeat for even more).")] = 0,
 ) -> None:
     """atlasc: ahead-of-time compiler for transformer ONNX models."""
+    import os
+
+    from atlasc.env_vars import unknown_variables
+
     state.debug = debug
     state.verbose = verbose
+    for line in unknown_variables(os.environ):  # a misspelt ATLAS_* name would be ignored silently
+        _err().print(f"warning: {line}")
 
 
 class Device(str, Enum):
@@ -87,14 +93,17 @@ def _existing_file(path: Path, what: str) -> Path:
 
 def is_artifact(path: Path) -> bool:
     """Whether `path` is to be read as an .atlas artifact: its suffix, or (renamed) its content: an artifact is a
-    zip, whose first bytes are a local header, while an ONNX protobuf starts with a field tag."""
+    zip whose first member is manifest.json (atlasc/artifact/writer.py fixes that order), while an ONNX protobuf
+    starts with a field tag and another zip (an .npz) with another member."""
     if path.suffix == ".atlas":
         return True
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
+            header = f.read(30 + len("manifest.json"))
     except OSError:
         return False
+    return header[:4] == b"PK\x03\x04" and header[26:28] == len("manifest.json").to_bytes(2, "little") and \
+        header[30:] == b"manifest.json"
 
 
 def _shape(shape) -> str:

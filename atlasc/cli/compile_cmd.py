@@ -191,7 +191,7 @@ def compile_command(
     if calib is not None:
         _existing_file(calib, "calibration file")
         if quant_opts["quant"] == "none":
-            raise UsageError("--calib only matters with --quant int8 or int4")
+            raise UsageError("--calib only matters with --quant int8, int4 or fp8")
         quant_opts["calib"] = str(calib)
     if quant_opts["quant"] != "none" and not fusion:
         raise UsageError(f"--quant {quant_opts['quant']} needs fusion: it quantizes the linear layers that "

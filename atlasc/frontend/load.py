@@ -48,6 +48,11 @@ def _checked_proto(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf raises DecodeError and friends
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":  # a zip: an .npz, a renamed .atlas, ...
+                raise ModelLoadError(f"{path} is a zip archive (an .npz or an .atlas artifact?), not an ONNX model",
+                                     hint="compile takes the .onnx export; inspect and run also take .atlas "
+                                          "artifacts") from None
         raise ModelLoadError(f"{path} is not a valid ONNX model (malformed or truncated): "
                              f"{type(e).__name__}") from None
     if not model.graph.node and not model.graph.output:
