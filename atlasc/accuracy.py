@@ -156,11 +156,13 @@ def _cache_rows(cache: np.ndarray, first: int, n: int, positions: int) -> np.nda
     return out
 
 
-def decode_act_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None) -> dict:
+def decode_act_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None,
+                      progress=None) -> dict:
     """The int8-activation decode step against the same step with float activations (see the module
     docstring); {} when no decode node has act = "int8". `caches`: accuracy_report's quantized prefill caches of
     the same ids (one per max_batch prompts), which hold every position a step reads (the step rewrites its own,
-    the last): given, no prefill runs here."""
+    the last): given, no prefill runs here. progress("accuracy", detail, (prompts done, prompts)) before each
+    step."""
     marked = [name for name in ("decode_small", "decode") if name in program.entries and
               any(n.attrs.get("act", "").startswith("int8") for n in program.entries[name].nodes)]
     if not marked or ids.shape[1] < 2:
@@ -178,16 +180,20 @@ def decode_act_report(program: Program, ids: np.ndarray, caches: list[np.ndarray
     prefill = program.entries["prefill"]
     length = ids.shape[1]
     logits_name = graph.outputs[0].name
+    say = progress or (lambda stage, detail, done=None: None)
     kl, agree, count = 0.0, 0, 0
     for start in range(0, ids.shape[0], kv.max_batch):  # one prefill per max_batch prompts
         chunk = ids[start:start + kv.max_batch]
         if caches is not None:
             state = {"kv_cache": caches[start // kv.max_batch]}
         else:
+            say("accuracy", f"{_prompts(start, len(chunk), ids)}: quantized prefill", (start, ids.shape[0]))
             state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
             interpret(prefill, _feeds(prefill, chunk[:, :-1]), state=state, symbols={past: 0})
         for first in range(0, chunk.shape[0], rows):  # then decode steps of `rows` prompts
             n = min(rows, chunk.shape[0] - first)
+            say("accuracy", f"{_prompts(start + first, n, ids)}: decode step, int8 vs float activations",
+                (start + first, ids.shape[0]))
             feeds = _feeds(graph, chunk[first:first + n, -1:], length - 1)
             outs = []
             for g in (graph, twin):
@@ -200,9 +206,18 @@ def decode_act_report(program: Program, ids: np.ndarray, caches: list[np.ndarray
     return {"entry": name, "steps": count, "kl_divergence": kl / max(count, 1), "top1_agreement": agree / max(count, 1)}
 
 
-def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None) -> dict:
+def _prompts(first: int, n: int, ids: np.ndarray) -> str:
+    """"prompts 3-4 of 8" (or "prompt 3 of 8"): which calibration prompts a step of the report runs."""
+    span = f"prompt {first + 1}" if n == 1 else f"prompts {first + 1}-{first + n}"
+    return f"{span} of {ids.shape[0]}"
+
+
+def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] | None = None,
+                    progress=None) -> dict:
     """KL, top-1 agreement and per-layer errors of the quantized prefill against its float twin. `caches`: a list
-    that receives the quantized prefill's KV cache of each max_batch prompts (for decode_act_report)."""
+    that receives the quantized prefill's KV cache of each max_batch prompts (for decode_act_report).
+    progress("accuracy", detail, (steps done, steps)) before each prefill and after each block of a layer's
+    error, naming the prompts and the layer."""
     if program.kind != "decoder" or "prefill" not in program.entries:
         return {}
     graph = program.entries["prefill"]
@@ -212,14 +227,21 @@ def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] 
     kl, agree, count = 0.0, 0, 0
     sums: dict[str, list[float]] = {}  # per layer of the quantize report (a merged node's parts apart)
     quantized_nodes = {n.name: n for n in graph.nodes if n.op in QUANTIZED}
+    say = progress or (lambda stage, detail, done=None: None)
+    # progress steps: per max_batch prompts, two prefills and one per block of the layers' errors
+    per_chunk = 2 + sum(len(_weight_blocks(program, name, quantized_nodes[name])) for name, _, _ in probes)
+    steps = -(-ids.shape[0] // kv.max_batch) * per_chunk
     for start in range(0, ids.shape[0], kv.max_batch):
         chunk = ids[start:start + kv.max_batch]
+        which, step = _prompts(start, len(chunk), ids), start // kv.max_batch * per_chunk
         symbols = {program.roles["past"]: 0}
         feeds = _feeds(graph, chunk)
+        say("accuracy", f"{which}: quantized prefill", (step, steps))
         q_state = {"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}
         q_out = interpret(graph, feeds, state=q_state, symbols=symbols)
         if caches is not None:
             caches.append(q_state["kv_cache"])
+        say("accuracy", f"{which}: float prefill", (step + 1, steps))
         f_out = interpret(twin, feeds, state={"kv_cache": np.zeros(kv.shape, np.dtype(kv.dtype))}, symbols=symbols)
         p = _softmax(f_out[logits_name].astype(np.float64))
         q = _softmax(q_out[logits_name].astype(np.float64))
@@ -238,7 +260,10 @@ def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] 
                 ys = ys - np.asarray(node.inputs[3].data, np.float32)
             jobs += [(layer, xs, ys[:, r0:r1], make) for layer, r0, r1, make in _weight_blocks(program, name, node)]
         with ThreadPoolExecutor(REF_THREADS) as pool:
-            errors = list(pool.map(lambda job: _block_error(job[1], job[2], job[3]), jobs))
+            errors = []
+            for job, error in zip(jobs, pool.map(lambda job: _block_error(job[1], job[2], job[3]), jobs)):
+                errors.append(error)
+                say("accuracy", f"{which}: error of {job[0]}", (step + 2 + len(errors), steps))
         for (layer, _, _, _), (err, ref) in zip(jobs, errors):
             acc = sums.setdefault(layer, [0.0, 0.0])
             acc[0] += err

@@ -48,7 +48,8 @@ from atlasc.ir.serialize import encode_attrs
 from atlasc.passes.plan_memory import dim_upper
 from atlasc.pipeline import PipelineReport, run_pipeline
 
-Progress = Callable[..., None]  # (stage, detail[, (done, total)])
+# (stage, detail[, (done, total) or (done, total, "bytes")]): done / total count items, or bytes with "bytes"
+Progress = Callable[..., None]
 
 
 @dataclass
@@ -151,7 +152,7 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
     if program.quantization and program.kind == "decoder":
         t = time.perf_counter()
         say("accuracy", "quantized vs float on calibration prompts")
-        program.quantization["accuracy"] = _accuracy(program, options)
+        program.quantization["accuracy"] = _accuracy(program, options, say)
         seconds["accuracy"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -163,7 +164,8 @@ def _compile_program(graph, model_path: Path, out_path: Path, options: CompileOp
 
     t = time.perf_counter()
     say("nvcc", f"{', '.join(options.archs)}: {len(module.kernels)} kernels")
-    cubins = compile_module(module, options.archs, on_done=lambda arch: say("nvcc-done", arch))
+    cubins = compile_module(module, options.archs,
+                            on_built=lambda done, total: say("nvcc", "cubins built", (done, total)))
     check_shared_memory(module, options.archs, cubins)  # now with each kernel's static arrays
     seconds["nvcc"] = time.perf_counter() - t
 
@@ -214,7 +216,7 @@ def decode_steps(program: Program) -> dict[str, str]:
     return {name: batch for name in program.decode_steps()}
 
 
-def _accuracy(program: Program, options: CompileOptions) -> dict:
+def _accuracy(program: Program, options: CompileOptions, say: Progress) -> dict:
     from atlasc.accuracy import accuracy_report, decode_act_report, default_prompts, load_calibration
 
     vocab = int(program.entries["prefill"].outputs[0].shape[-1])
@@ -223,8 +225,8 @@ def _accuracy(program: Program, options: CompileOptions) -> dict:
     else:
         ids = default_prompts(vocab, options.max_batch, options.max_seq)
     caches: list = []  # the quantized prefill's KV caches, which the decode steps start from
-    report = accuracy_report(program, ids, caches)
-    act = decode_act_report(program, ids, caches if report else None)
+    report = accuracy_report(program, ids, caches, progress=say)
+    act = decode_act_report(program, ids, caches if report else None, progress=say)
     if act:
         report["decode_act_int8"] = act
     report["calibration"] = options.calib or "random prompts (seed 0)"

@@ -124,10 +124,11 @@ def chunk_size() -> int:
     return int(text)
 
 
-def compile_module(module, archs: tuple[str, ...], *, on_done=None) -> dict[str, list[bytes]]:
+def compile_module(module, archs: tuple[str, ...], *, on_built=None) -> dict[str, list[bytes]]:
     """Compile a GeneratedModule: arch -> its cubins (the runtime loads each as one module). One nvcc per
     arch gives one cubin; a big module is split into chunks of `chunk_size()` kernels compiled in
-    parallel, one cubin per chunk.
+    parallel, one cubin per chunk. on_built(done, total): cubins ready so far, called in the caller's thread
+    whenever that count grows.
 
     nvcc compiles one translation unit on one core, and a Linear kernel with its GEMV and tensor-core
     variants takes seconds: chunks are what let a build use every core of the machine. They are not
@@ -138,28 +139,24 @@ def compile_module(module, archs: tuple[str, ...], *, on_done=None) -> dict[str,
     kernels = getattr(module, "kernels", None)
     size = chunk_size()
     if not kernels or len(kernels) <= 2 * size:
-        return {arch: [cubin] for arch, cubin in compile_cubins(module.source, archs, on_done=on_done).items()}
+        return {arch: [cubin] for arch, cubin in compile_cubins(module.source, archs, on_built=on_built).items()}
     chunks = [module.prelude + "\n" + "\n".join(kernels[i:i + size]) + "\n" for i in range(0, len(kernels), size)]
-    return compile_chunked(chunks, archs, on_done=on_done)
+    return compile_chunked(chunks, archs, on_built=on_built)
 
 
-def compile_chunked(chunks: list[str], archs: tuple[str, ...], *, on_done=None) -> dict[str, list[bytes]]:
+def compile_chunked(chunks: list[str], archs: tuple[str, ...], *, on_built=None) -> dict[str, list[bytes]]:
     """arch -> one cubin per chunk (in chunk order), every (chunk, arch) compiled in parallel and cached
-    on its own (compile_cubins); on_done(arch) once all of an arch's chunks are built."""
+    on its own (compile_cubins); on_built(done, total) as in compile_module."""
     jobs = [(arch, chunk) for arch in archs for chunk in chunks]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        built = _map_waking(pool, lambda job: compile_cubins(job[1], (job[0],), jobs=1)[job[0]], jobs)
-    result = {}
-    for arch in archs:
-        result[arch] = [data for (a, _), data in zip(jobs, built) if a == arch]
-        if on_done is not None:
-            on_done(arch)
-    return result
+        built = _map_waking(pool, lambda job: compile_cubins(job[1], (job[0],), jobs=1)[job[0]], jobs, on_built)
+    return {arch: [data for (a, _), data in zip(jobs, built) if a == arch] for arch in archs}
 
 
 def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = None,
-                   on_done=None) -> dict[str, bytes]:
-    """Compile `source` for each arch (in parallel); return arch -> cubin bytes.
+                   on_built=None) -> dict[str, bytes]:
+    """Compile `source` for each arch (in parallel); return arch -> cubin bytes. on_built(done, total) as in
+    compile_module.
 
     Guarantees: identical inputs give identical bytes (served from the cache when present).
     Raises NvccNotFoundError, or NvccError naming the rendered .cu file and carrying nvcc's log.
@@ -182,24 +179,28 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
                 tmp = cached.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_bytes(data)
                 os.replace(tmp, cached)
-        if on_done is not None:
-            on_done(arch)
         return arch, data
 
     with ThreadPoolExecutor(max_workers=jobs or min(len(archs), os.cpu_count() or 1)) as pool:
-        return dict(_map_waking(pool, one, archs))
+        return dict(_map_waking(pool, one, archs, on_built))
 
 
-def _map_waking(pool: ThreadPoolExecutor, fn, items) -> list:
-    """pool.map(fn, items) as a list, the caller waiting in slices of 0.1 s. CPython runs a signal's Python handler
-    (atlasc's SIGTERM handler, which stops nvcc) in the main thread only, when it next executes bytecode, and the
-    kernel may deliver the signal to a worker thread waiting on nvcc: a main thread blocked until the futures end
-    then let a terminated compile run nvcc to its end and cache the cubin (tests/test_compile_cli.py's
-    terminated-compile test failed so under load, docs/perf.md v37)."""
+def _map_waking(pool: ThreadPoolExecutor, fn, items, on_done=None) -> list:
+    """pool.map(fn, items) as a list, the caller waiting in slices of 0.1 s and calling on_done(done, total)
+    (in its own thread) whenever more items have ended. CPython runs a signal's Python handler (atlasc's SIGTERM
+    handler, which stops nvcc) in the main thread only, when it next executes bytecode, and the kernel may deliver
+    the signal to a worker thread waiting on nvcc: a main thread blocked until the futures end then let a
+    terminated compile run nvcc to its end and cache the cubin (tests/test_compile_cli.py's terminated-compile
+    test failed so under load, docs/perf.md v37)."""
     futures = [pool.submit(fn, item) for item in items]
-    while wait(futures, timeout=0.1).not_done:
-        pass
-    return [f.result() for f in futures]
+    reported = 0
+    while True:
+        pending = len(wait(futures, timeout=0.1).not_done)
+        if on_done is not None and len(futures) - pending > reported:
+            reported = len(futures) - pending
+            on_done(reported, len(futures))
+        if not pending:
+            return [f.result() for f in futures]
 
 
 _children: set = set()  # nvcc processes running now (stop_children)

@@ -528,8 +528,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             stats.declined[f"{rule} at {node.name}"] = f"group size {group} does not divide K = {k}"
             continue
         if id(w) not in made:
-            say("quantize", f"{mode} {w.name} ({len(made) + 1} weights, {done_bytes / 1e9:.2f} of "
-                            f"{total_bytes / 1e9:.2f} GB)", (done_bytes, total_bytes))
+            say("quantize", f"{mode} {w.name}", (done_bytes, total_bytes, "bytes"))
             wq, scale, zero, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array,
                                                    zero_points=zero_points, hessian=hessians.get(id(w)))
             done_bytes += w.data.nbytes

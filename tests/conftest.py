@@ -42,13 +42,11 @@ def empty_cubins():
     import atlasc.compiler
     from atlasc.codegen.nvcc import NvccNotFoundError, compile_cubins
 
-    def compile_module(module, archs, *, on_done=None):
+    def compile_module(module, archs, *, on_built=None):
         try:
-            cubins = compile_cubins(EMPTY_KERNEL, archs)
+            cubins = compile_cubins(EMPTY_KERNEL, archs, on_built=on_built)
         except NvccNotFoundError:
             pytest.skip("nvcc not found (it builds the empty cubins)")
-        for arch in archs if on_done is not None else ():
-            on_done(arch)
         return {arch: [cubins[arch]] for arch in archs}
 
     with pytest.MonkeyPatch.context() as mp:

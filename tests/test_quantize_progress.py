@@ -1,6 +1,7 @@
 """Quantizing reports progress (issue 6: an 8B quantization takes a while): the compile driver's
-callback gets one `quantize` event per weight with (bytes done, total bytes), monotonic, ending
-below the total (the last weight is being quantized), and the CLI draws it as a bar."""
+callback gets one `quantize` event per weight with (bytes done, total bytes, "bytes"), monotonic, ending
+below the total (the last weight is being quantized), and the CLI draws it as a bar (or as lines with the
+amounts in B / KiB / MiB / GiB: tests/test_progress_lines.py); the detail names the mode and the weight only."""
 
 from __future__ import annotations
 
@@ -23,4 +24,5 @@ def test_quantize_reports_bytes_done_per_weight():
     totals = {e[2][1] for e in quant}
     assert totals == {program.quantization["bytes_before"]}
     assert done[0] == 0 and done == sorted(done) and done[-1] < totals.pop()
-    assert all(rec["weight"] in e[1] for rec, e in zip(layers, quant))
+    assert [e[1] for e in quant] == [f"int4 {rec['weight']}" for rec in layers]
+    assert {e[2][2] for e in quant} == {"bytes"}

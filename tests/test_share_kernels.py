@@ -31,7 +31,7 @@ def _module(name: str, monkeypatch, share: bool | str):
 
     got = {}
 
-    def capture(module, archs, *, on_done=None):
+    def capture(module, archs, *, on_built=None):
         got["module"] = module
         raise _Generated
 

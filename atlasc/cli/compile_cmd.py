@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -206,14 +208,15 @@ def compile_command(
 
     console = _err()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=as_json or not console.is_terminal) as progress:
+    lines = nullcontext() if as_json or console.is_terminal else _ProgressLines(console)
+    with (Progress(*columns, console=console, transient=True, disable=as_json or not console.is_terminal) as progress,
+          lines as log):
         task = progress.add_task("compiling", total=None)
-        log = None if as_json or console.is_terminal else _ProgressLines(console)
 
-        def on_progress(stage: str, detail: str, done: tuple[int, int] | None = None) -> None:
-            # a bar where the stage knows its size (quantizing weights), a pulsing one otherwise
+        def on_progress(stage: str, detail: str, done: tuple | None = None) -> None:
+            # a bar where the stage knows its size (quantizing weights, nvcc's cubins), a pulsing one otherwise
             total, completed = (done[1], done[0]) if done else (None, 0)
-            progress.update(task, description=f"{stage}: {detail}", total=total, completed=completed)
+            progress.update(task, description=f"{stage}: {detail}{_amount(done)}", total=total, completed=completed)
             if log:
                 log.update(stage, detail, done)
 
@@ -226,20 +229,67 @@ def compile_command(
 
 
 class _ProgressLines:
-    """Progress when stderr is not a terminal (a CI log, a redirect): a bar would print nothing, so a
-    line with the elapsed seconds for every stage and pass, and at most one every 10 s while a stage
-    counts its work (quantizing weights: done / total)."""
+    """Progress when stderr is not a terminal (a CI log, a redirect), where a bar would print nothing.
 
-    def __init__(self, console) -> None:
-        self.console, self.start, self.last, self.last_at = console, time.perf_counter(), ("", ""), 0.0
+    Guarantees: a timestamped line at once for every stage and pass that starts, and for each step that has no
+    count; while a stage counts its work (done / total, e.g. bytes quantized, cubins built, accuracy steps), its
+    latest step at most every EVERY seconds, as `(done of total, p%)`, bytes in B / KiB / MiB / GiB. Used as a
+    context manager, a daemon thread prints a held step once it is due, so a long step shows within EVERY
+    seconds even when nothing follows it."""
 
-    def update(self, stage: str, detail: str, done: tuple[int, int] | None) -> None:
-        now = time.perf_counter()
-        if (stage, detail) == self.last or (done and stage == self.last[0] and now - self.last_at < 10.0):
-            return
-        self.last, self.last_at = (stage, detail), now
-        count = f" ({done[0]}/{done[1]})" if done else ""
-        self.console.print(f"[{now - self.start:7.1f} s] {stage}: {detail}{count}")
+    EVERY = 5.0
+
+    def __init__(self, console, clock=time.monotonic) -> None:
+        self.console, self.clock, self.start = console, clock, clock()
+        self.last, self.last_at, self.held = None, float("-inf"), None
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+
+    def __enter__(self) -> _ProgressLines:
+        threading.Thread(target=self._tick_until_closed, name="atlasc-progress", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.closed.set()
+
+    def update(self, stage: str, detail: str, done: tuple | None) -> None:
+        """One progress event: printed now, held for later (a counted step of the stage printed last), or dropped
+        (a repeat)."""
+        with self.lock:
+            if (stage, detail, done) == self.last:
+                return
+            if done is None or self.last is None or stage != self.last[0]:
+                self._print(stage, detail, done)
+            else:
+                self.held = (stage, detail, done)
+                self._print_due()
+
+    def tick(self) -> None:
+        """Print the held step if EVERY seconds have passed since the last line."""
+        with self.lock:
+            self._print_due()
+
+    def _tick_until_closed(self) -> None:
+        while not self.closed.wait(0.5):
+            self.tick()
+
+    def _print_due(self) -> None:
+        if self.held is not None and self.clock() - self.last_at >= self.EVERY:
+            self._print(*self.held)
+
+    def _print(self, stage: str, detail: str, done: tuple | None) -> None:
+        now = self.clock()
+        self.last, self.last_at, self.held = (stage, detail, done), now, None
+        self.console.print(f"[{now - self.start:7.1f} s] {stage}: {detail}{_amount(done)}")
+
+
+def _amount(done: tuple | None) -> str:
+    """" (3 of 12, 25%)", or " (1.5 MiB of 733.0 MiB, 0%)" for a (done, total, "bytes") count; "" for None."""
+    if done is None:
+        return ""
+    unit = _bytes if done[2:] == ("bytes",) else str
+    share = f", {100 * done[0] / done[1]:.0f}%" if done[1] else ""
+    return f" ({unit(done[0])} of {unit(done[1])}{share})"
 
 
 def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | None, cfg: dict) -> dict:
