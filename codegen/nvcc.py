@@ -187,9 +187,9 @@ def compile_cubins(source: str, archs: tuple[str, ...], *, jobs: int | None = No
 
 def _map_waking(pool: ThreadPoolExecutor, fn, items, on_done=None) -> list:
     """pool.map(fn, items) as a list, the caller waiting in slices of 0.1 s and calling on_done(done, total)
-    (in its own thread) whenever more items have ended. CPython runs a signal's Python handler (atlasc's SIGTERM
-    handler, which stops nvcc) in the main thread only, when it next executes bytecode, and the kernel may deliver
-    the signal to a worker thread waiting on nvcc: a main thread blocked until the futures end then let a
+    (in its own thread) whenever more items have ended. CPython runs a signal's Python handler (atlasc's SIGINT /
+    SIGTERM handler, which stops nvcc) in the main thread only, when it next executes bytecode, and the kernel may
+    deliver the signal to a worker thread waiting on nvcc: a main thread blocked until the futures end then let a
     terminated compile run nvcc to its end and cache the cubin (tests/test_compile_cli.py's terminated-compile
     test failed so under load, docs/perf.md v37)."""
     futures = [pool.submit(fn, item) for item in items]
@@ -206,20 +206,25 @@ def _map_waking(pool: ThreadPoolExecutor, fn, items, on_done=None) -> list:
 _children: set = set()  # nvcc processes running now (stop_children)
 _children_lock = threading.Lock()
 _stopping = threading.Event()
+_stop_signal = [signal.SIGTERM]  # the signal stop_children() was called for
 
 
 class CompileStopped(AtlasError):
-    """The compile was terminated (stop_children, from atlasc's SIGTERM handler): the exit status is a
-    terminated process's, whichever way the stop reaches the top (the handler's SystemExit can be lost
-    when the signal lands in a finalizer, whose exceptions Python only prints)."""
+    """The compile was stopped by a signal (stop_children, from atlasc's SIGINT / SIGTERM handler): one line,
+    `interrupted (SIGINT)` or `terminated (SIGTERM)`, and the exit status 128 + the signal's number, whichever way
+    the stop reaches the top (the handler's exception can be lost when the signal lands in a finalizer, whose
+    exceptions Python only prints)."""
 
-    exit_code = 128 + signal.SIGTERM
+    def __init__(self, signum: int = signal.SIGTERM):
+        what = "interrupted" if signum == signal.SIGINT else "terminated"
+        super().__init__(f"{what} ({signal.Signals(signum).name})")
+        self.exit_code = 128 + signum
 
 
 def check_stopped() -> None:
     """CompileStopped once stop_children() has run (the compile driver calls it between stages and passes)."""
     if _stopping.is_set():
-        raise CompileStopped("the compile was terminated")
+        raise CompileStopped(_stop_signal[0])
 
 
 def _run_tool(cmd: list[str], cwd) -> subprocess.CompletedProcess:
@@ -243,9 +248,10 @@ def _run_tool(cmd: list[str], cwd) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def stop_children() -> None:
-    """Terminate the running nvcc processes and refuse new ones (a terminated compile: the
+def stop_children(signum: int = signal.SIGTERM) -> None:
+    """Terminate the running nvcc processes and refuse new ones (a compile stopped by the signal `signum`: the
     thread pools then unwind at once instead of waiting for every queued job)."""
+    _stop_signal[0] = signum
     _stopping.set()
     with _children_lock:
         for proc in list(_children):

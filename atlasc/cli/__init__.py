@@ -372,37 +372,59 @@ def _report(e: AtlasError) -> None:
         err.print(Text("hint: ", style="bold") + Text(e.hint))
 
 
-def _terminated(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+class _Stopped(BaseException):
+    """Raised by the SIGINT / SIGTERM handler. A BaseException, so that no `except Exception` on the way (the
+    passes' pattern probes, the ONNX loader) takes it for a failure of its own; not KeyboardInterrupt, which
+    Typer turns into a silent exit 130 before main() sees it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame) -> None:
+    # a second Ctrl-C or SIGTERM must not interrupt the cleanup (temporary artifact, spill directory, nvcc folders)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from atlasc.codegen.nvcc import stop_children
 
-    stop_children()  # running nvcc processes end now; the thread pools unwind without waiting for them
-    raise SystemExit(128 + signum)
+    stop_children(signum)  # running nvcc processes end now; the thread pools unwind without waiting for them
+    raise _Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `atlasc` console script and `python -m atlasc`.
 
-    Exit codes: 0 success, 2 for any user error (AtlasError or a usage error from the parser).
+    Exit codes: 0 success, 2 for any user error (AtlasError or a usage error from the parser), 130 / 143 when
+    SIGINT (Ctrl-C) / SIGTERM stopped it, after one `error: interrupted (SIGINT)` / `error: terminated (SIGTERM)`
+    line and the compile's cleanup (no artifact, no temporary file, no nvcc left running).
     """
     state.debug = False
     state.verbose = 0
-    # a terminated compile (SIGTERM, e.g. a CI timeout) unwinds like Ctrl-C: the temporary artifact and
-    # the spill directory of the weights passes made are removed, nothing is left half-written
-    previous = None
+    # both signals unwind the same way, so a stopped compile removes its temporary artifact and spill directory:
+    # nothing is left half-written. A SIGINT the parent ignores (a background job of a script) stays ignored.
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminated)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _stop)
     try:
         # standalone mode: typer prints its own usage errors and exits 2; AtlasError comes through
         app(args=argv, prog_name="atlasc")
+    except _Stopped as e:
+        from atlasc.codegen.nvcc import CompileStopped
+
+        stopped = CompileStopped(e.signum)
+        _report(stopped)
+        sys.exit(stopped.exit_code)
     except AtlasError as e:
         if state.debug:
             raise
         _report(e)
         sys.exit(e.exit_code)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # commands defined in their own modules register themselves on `app`
