@@ -120,9 +120,8 @@ def compile_model(model_path: str | Path, out_path: str | Path, options: Compile
 def spill_directory() -> Iterator[Path]:
     """A fresh private folder in the temporary directory, removed with its files on any exit. Its removal is
     armed before the folder exists: tempfile.TemporaryDirectory makes the folder first, and a SIGTERM landing
-    between its mkdir and the cleanup's registration (the compile's handler raises SystemExit there) left
-    the folder behind (seen once in CI); a SystemExit landing in the removal itself is caught and the removal
-    finished."""
+    between its mkdir and the cleanup's registration (the CLI's signal handler raises there) left the folder
+    behind (seen once in CI); a stop landing in the removal itself is caught and the removal finished."""
     path = Path(tempfile.gettempdir()) / f"atlasc-spill-{uuid.uuid4().hex}"
     ours = True
     try:
@@ -136,8 +135,8 @@ def spill_directory() -> Iterator[Path]:
         if ours:
             try:
                 shutil.rmtree(path, ignore_errors=True)
-            except BaseException:  # the first SIGTERM's SystemExit landing in the removal: finish it, then go on
-                shutil.rmtree(path, ignore_errors=True)  # (the handler ignores later SIGTERMs)
+            except BaseException:  # the first signal's stop landing in the removal: finish it, then go on
+                shutil.rmtree(path, ignore_errors=True)  # (the handler ignores later signals)
                 raise
 
 

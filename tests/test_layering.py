@@ -37,6 +37,7 @@ def rule(project, third_party) -> Rule:
 RULES: dict[str, Rule] = {
     "atlasc": rule({"atlasc.errors"}, set()),
     "atlasc.errors": rule(set(), set()),
+    "atlasc.env_vars": rule(set(), set()),  # the list of ATLAS_* names, stdlib only
     "atlasc.ir": rule({"atlasc.errors"}, {"numpy"}),
     "atlasc.frontend": rule({"atlasc.ir", "atlasc.errors"}, {"numpy", "onnx", "onnx_graphsurgeon"}),
     # yaml: choose-decode-path reads its measured table (passes/decode_paths.yaml); threadpoolctl: quantize
