@@ -44,7 +44,9 @@ def bind_entry(entry: EntrySpec, inputs: Mapping[str, np.ndarray], symbols: Mapp
     for name, axis, d, actual in deferred:
         want = evaluate_dim(d, env)
         if want != actual:
-            raise InputError(f"input '{name}' dim {axis} is {actual}, expected {dim_str(d)} = {want}")
+            rule = dim_str(d)
+            expected = str(want) if rule == str(want) else f"{rule} = {want}"  # not "expected 1 = 1"
+            raise InputError(f"input '{name}' dim {axis} is {actual}, expected {expected}")
     for name, (lo, hi) in bounds.items():
         if name in env and not lo <= env[name] <= hi:
             raise InputError(f"{name} = {env[name]} is outside the compiled range [{lo}, {hi}]",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import zipfile
 
+import numpy as np
 import onnx
 import pytest
 from conftest import FIXTURES, empty_cubins
@@ -279,3 +280,18 @@ def test_names_that_would_break_a_cuda_comment(tmp_path, no_nvcc):
         source = art.read_member("kernels.cu").decode()
     assert " */?" in source  # the names are in the comments, sanitized
     assert source.isascii() and not any(line.endswith("\\") for line in source.splitlines())
+
+
+def test_dim_mismatch_message_names_the_rule_once(cli, llama_atlas, tmp_path):
+    """--entry decode on a prompt's arrays: a constant dim reads "expected 1" (was "expected 1 = 1"); a dim given by
+    a rule keeps it ("expected 1 + past_seq = 1")."""
+    with np.load(FIXTURES / "llama.prefill.npz") as z:
+        feeds = {k[3:]: z[k] for k in z.files if k.startswith("in.") and "past" not in k}
+    npz = tmp_path / "prompt.npz"
+    np.savez(npz, **feeds)
+    line = assert_one_error(cli("run", llama_atlas, "--inputs", npz, "--entry", "decode"))
+    assert line == "error: input 'input_ids' dim 1 is 7, expected 1", line
+    feeds["input_ids"] = feeds["input_ids"][:, :1]
+    np.savez(npz, **feeds)
+    line = assert_one_error(cli("run", llama_atlas, "--inputs", npz, "--entry", "decode"))
+    assert line.startswith("error: input 'attention_mask' dim 1 is 7, expected ") and line.endswith(" = 1"), line
