@@ -27,10 +27,15 @@ KNOWN = frozenset({
 })
 
 
+# read by the repository's tests and scripts, not by the package (tests/conftest.py, examples/gpu_cache.py, the
+# codegen snapshot tests): set while they run atlasc, so not warned about
+REPOSITORY_TOOLS = frozenset({"ATLAS_GPU_PRECOMPILE", "ATLAS_UPDATE_SNAPSHOTS"})
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One warning per ATLAS_* name in `environ` that atlasc does not read, with the closest known name."""
     warnings = []
-    for name in sorted(n for n in environ if n.startswith("ATLAS_") and n not in KNOWN):
+    for name in sorted(n for n in environ if n.startswith("ATLAS_") and n not in KNOWN | REPOSITORY_TOOLS):
         close = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.85)
         warnings.append(f"{name} is not a variable atlasc reads (ignored)" + (f"; did you mean {close[0]}?" if close
                                                                                 else ""))

@@ -194,13 +194,21 @@ def _map_waking(pool: ThreadPoolExecutor, fn, items, on_done=None) -> list:
     test failed so under load, docs/perf.md v37)."""
     futures = [pool.submit(fn, item) for item in items]
     reported = 0
-    while True:
-        pending = len(wait(futures, timeout=0.1).not_done)
-        if on_done is not None and len(futures) - pending > reported:
-            reported = len(futures) - pending
-            on_done(reported, len(futures))
-        if not pending:
-            return [f.result() for f in futures]
+    try:
+        while True:
+            pending = len(wait(futures, timeout=0.1).not_done)
+            if on_done is not None and len(futures) - pending > reported:
+                reported = len(futures) - pending
+                on_done(reported, len(futures))
+            if not pending:
+                return [f.result() for f in futures]
+    except BaseException:  # e.g. KeyboardInterrupt in library use (no CLI handler): no queued build starts, and the
+        for f in futures:  # running ones end now (nvcc has a session of its own: a Ctrl-C never reaches it)
+            f.cancel()
+        with _children_lock:
+            for proc in list(_children):
+                _terminate(proc)
+        raise
 
 
 _children: set = set()  # nvcc processes running now (stop_children)
@@ -256,6 +264,12 @@ def stop_children(signum: int = signal.SIGTERM) -> None:
     with _children_lock:
         for proc in list(_children):
             _terminate(proc)
+
+
+def resume() -> None:
+    """Undo stop_children(): new nvcc processes may start again (atlasc.cli.main calls it once a stopped command
+    has cleaned up, so a later compile in the same process is not refused)."""
+    _stopping.clear()
 
 
 def _terminate(proc: subprocess.Popen) -> None:

@@ -495,6 +495,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             raise UsageError(f"--quant fp8 needs sm89 or newer (FP8 E4M3); --arch has {', '.join(old)}",
                              hint="compile those archs with --quant int8 (same size), or drop them from --arch")
     candidates = []
+    skipped, not_divided = 0, []  # layers --quant-skip keeps, K of those the group size does not divide
     for graph in program.entries.values():
         for node in graph.nodes:
             if node.op != "Linear":
@@ -507,6 +508,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             pattern = skipped_by(node, opts.quant_skip)
             if pattern is not None:
                 stats.declined[where] = f"skipped by --quant-skip {pattern}"
+                skipped += 1
                 continue
             candidates.append(node)
     _check_skip_patterns(program, opts.quant_skip)
@@ -526,6 +528,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         k = int(w.shape[1])
         if mode == "int4" and k % group:
             stats.declined[f"{rule} at {node.name}"] = f"group size {group} does not divide K = {k}"
+            not_divided.append(k)
             continue
         if id(w) not in made:
             say("quantize", f"{mode} {w.name}", (done_bytes, total_bytes, "bytes"))
@@ -560,5 +563,7 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
         "layers": layers, "bytes_before": before, "bytes_after": after,
         "max_rel_error": max((r["rel_error"] for r in layers), default=0.0),
         "declined": {k.split(" at ", 1)[1]: v for k, v in stats.declined.items()},
+        # the layers left in float: K of each the group size does not divide, how many --quant-skip kept
+        "kept_float": {"group_size_k": sorted(not_divided), "quant_skip": skipped},
     }
     return program, stats

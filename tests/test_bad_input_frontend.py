@@ -357,7 +357,7 @@ def test_nan_and_inf_weights_are_named(cli, tmp_path):
     with np.load(FIXTURES / "llama.prefill.npz") as z:
         npz = _npz(tmp_path, **{k[3:]: z[k] for k in z.files if k.startswith("in.")})
     line = assert_one_error(cli("compile", path, "-o", tmp_path / "m.atlas", *COMPILE))
-    assert line.startswith("error: initializers holding NaN or infinite weights: "), line
+    assert line.startswith("error: constants holding NaN or infinite weights: "), line
     for needle in (f"'{matmul}' (1 NaN of", f"'{embedding}' (1 infinite of", f"'{norm}' (1 NaN of 64)"):
         assert needle in line, line
     _all_commands_refuse(cli, tmp_path, path, npz, f"'{matmul}'", f"'{embedding}'", f"'{norm}'", inspect_exits_2=False)
@@ -379,7 +379,7 @@ def test_inf_outside_weights_is_allowed(tmp_path):
         import_onnx(_model([helper.make_node("Add", ["x", "mask"], ["y"])], [x], [y], [mask]))
 
 
-def test_nan_in_a_memory_mapped_weight(tmp_path):
+def test_nan_in_a_memory_mapped_weight(tmp_path, monkeypatch):
     """A weight in external data over the mapping threshold is read through its memmap, across chunks."""
     from atlasc.frontend import finite, import_onnx
 
@@ -389,13 +389,22 @@ def test_nan_in_a_memory_mapped_weight(tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 512])
     model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [numpy_helper.from_array(w, "w")])
     onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
-    original = finite.CHUNK_VALUES
-    try:
-        finite.CHUNK_VALUES = 100_000  # six chunks on the thread pool
-        with pytest.raises(ModelLoadError, match=r"'w' \(1 NaN of 524288\)"):
-            import_onnx(tmp_path / "m.onnx")
-    finally:
-        finite.CHUNK_VALUES = original
+    monkeypatch.setattr(finite, "CHUNK_VALUES", 100_000)  # six chunks on the thread pool
+    with pytest.raises(ModelLoadError, match=r"'w' \(1 NaN of 524288\)"):
+        import_onnx(tmp_path / "m.onnx")
+
+
+def test_constant_node_weights_are_checked():
+    """A Constant node feeding a MatMul is a weight too (the importer folds its value like an initializer's)."""
+    from atlasc.frontend import import_onnx
+
+    value = numpy_helper.from_array(np.array([[np.nan, 1], [2, np.inf]], np.float32))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    nodes = [helper.make_node("Constant", [], ["w"], value=value), helper.make_node("MatMul", ["x", "w"], ["y"])]
+    with pytest.raises(ModelLoadError, match=r"constant holding NaN or infinite weights: 'w' \(1 NaN and 1 infinite "
+                                             r"of 4\)"):
+        import_onnx(_model(nodes, [x], [y]))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", ">f4", "bfloat16"])

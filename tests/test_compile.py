@@ -158,8 +158,8 @@ def test_encoder_forward_matches_onnxruntime(name, artifact):
 
 @pytest.mark.parametrize("when", ["right after mkdir", "inside the block", "in the removal"])
 def test_a_stop_anywhere_removes_the_spill_directory(tmp_path, monkeypatch, when):
-    """A SystemExit (the compile's SIGTERM handler) raised the instant the spill folder exists, inside the
-    compile that uses it, or in the middle of the folder's removal leaves no folder behind
+    """An exception (as the CLI's SIGINT / SIGTERM handler raises) raised the instant the spill folder exists,
+    inside the compile that uses it, or in the middle of the folder's removal leaves no folder behind
     (tempfile.TemporaryDirectory made the folder before it armed its cleanup, and CI once saw a terminated
     compile leave it)."""
     import os

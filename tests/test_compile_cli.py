@@ -426,15 +426,44 @@ def test_prefill_logits_option(tmp_path, value, model, needle):
         assert r.returncode == 0 and out.exists(), r.stderr
 
 
-def test_a_stop_that_lost_its_systemexit_still_ends_the_compile(tmp_path):
-    """The SIGTERM handler's SystemExit can be swallowed (a signal landing in a finalizer); the compile still
-    stops at its next stage or pass boundary with the terminated exit status and writes nothing."""
+def test_a_stop_that_lost_its_exception_still_ends_the_compile(tmp_path):
+    """The signal handler's exception can be swallowed (a signal landing in a finalizer); the compile still
+    stops at its next stage or pass boundary with the terminated exit status and writes nothing. Once that main()
+    has returned, a second compile in the same process runs (the stop is not left armed)."""
     out = tmp_path / "g.atlas"
     code = ("import sys\nfrom atlasc.codegen import nvcc\nfrom atlasc.cli import main\nnvcc.stop_children()\n"
-            f"main(['compile', {str(GPT2)!r}, '-o', {str(out)!r}, '--arch', 'sm80'])\n")
+            f"args = ['compile', {str(GPT2)!r}, '-o', {str(out)!r}, '--arch', 'sm80']\n"
+            "try:\n    main(args)\nexcept SystemExit as e:\n    print('first', e.code)\n"
+            "try:\n    main(args)\nexcept SystemExit as e:\n    print('second', e.code)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 143 and "error: terminated (SIGTERM)" in r.stderr and "Traceback" not in r.stderr
-    assert not out.exists()
+    assert "first 143" in r.stdout and "error: terminated (SIGTERM)" in r.stderr and "Traceback" not in r.stderr, r
+    assert r.returncode == 0 and "second 0" in r.stdout and out.exists(), r  # the second compile succeeded
+
+
+def test_an_interrupt_in_library_use_starts_no_queued_build():
+    """Without the CLI's handler a KeyboardInterrupt reaches _map_waking: the queued builds are cancelled (a chunked
+    build went on through every remaining chunk) and the exception goes on."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from atlasc.codegen.nvcc import _map_waking
+
+    started = []
+    lock = threading.Lock()
+
+    def build(item):
+        with lock:
+            started.append(item)
+        time.sleep(0.2)
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            _map_waking(pool, build, range(20), on_done=interrupt)
+    assert len(started) < 20, started
 
 
 @pytest.mark.parametrize("stage", ["passes", "nvcc"])

@@ -106,6 +106,31 @@ def test_the_context_prints_a_held_step_from_its_own_thread():
     assert out.getvalue().splitlines()[-1].endswith("nvcc: cubins built (1 of 4, 25%)")
 
 
+def test_nothing_is_printed_after_the_context_ends():
+    """A held step due while the context closes (its tick in flight on a slow console) is printed before __exit__
+    returns or not at all: the report or the error line stays last (a review found a tick landing after it)."""
+    clock = FakeClock()
+    out = io.StringIO()
+    entered = threading.Event()
+
+    class SlowFile(io.StringIO):
+        def write(self, text: str) -> int:
+            entered.set()
+            time.sleep(0.3)
+            return out.write(text)
+
+    log = _ProgressLines(Console(file=SlowFile(), highlight=False, soft_wrap=True, markup=False), clock=clock)
+    log.update("nvcc", "sm80: 30 kernels", None)
+    entered.clear()
+    log.update("nvcc", "cubins built", (1, 4))
+    clock.now += _ProgressLines.EVERY
+    with log:
+        assert entered.wait(30)  # the ticker is writing the held step now
+    after_exit = out.getvalue()
+    time.sleep(1.0)  # two of the ticker's periods
+    assert out.getvalue() == after_exit and after_exit.splitlines()[-1].endswith("(1 of 4, 25%)")
+
+
 def test_nvcc_reports_cubins_as_they_finish_in_the_callers_thread():
     calls = []
     with ThreadPoolExecutor(2) as pool:

@@ -424,7 +424,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:  # None: installed from C (an embedding application); cannot be put back
+                signal.signal(signum, handler)
+        nvcc = sys.modules.get("atlasc.codegen.nvcc")
+        if nvcc is not None:
+            nvcc.resume()  # a later main() in this process (a notebook, a test harness) compiles again
 
 
 # commands defined in their own modules register themselves on `app`

@@ -169,7 +169,7 @@ def _ints(text: str, what: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise UsageError(f"{what} must be comma-separated integers, each given once: {text!r}") from None
+        raise UsageError(f"{what} must be comma-separated integers, no empty items: {text!r}") from None
 
 
 def parse_ids(text: str) -> list[list[int]]:

@@ -246,11 +246,14 @@ class _ProgressLines:
         self.closed = threading.Event()
 
     def __enter__(self) -> _ProgressLines:
-        threading.Thread(target=self._tick_until_closed, name="atlasc-progress", daemon=True).start()
+        self.ticker = threading.Thread(target=self._tick_until_closed, name="atlasc-progress", daemon=True)
+        self.ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        """After this no line is printed: the report or the error line comes last."""
         self.closed.set()
+        self.ticker.join(timeout=5)  # a tick in flight finishes first (tick() prints nothing once closed)
 
     def update(self, stage: str, detail: str, done: tuple | None) -> None:
         """One progress event: printed now, held for later (a counted step of the stage printed last), or dropped
@@ -267,7 +270,8 @@ class _ProgressLines:
     def tick(self) -> None:
         """Print the held step if EVERY seconds have passed since the last line."""
         with self.lock:
-            self._print_due()
+            if not self.closed.is_set():
+                self._print_due()
 
     def _tick_until_closed(self) -> None:
         while not self.closed.wait(0.5):
@@ -317,14 +321,12 @@ def _quant_options(quant: str | None, group_size: int | None, skip: list[str] | 
 def _kept_in_float(q: dict) -> str:
     """"; 13 layers kept in float: group size 128 does not divide K (64)": the int4 layers the group size left in
     float (a compile that quantizes some layers only says so, not just `inspect`), and those --quant-skip kept."""
-    reasons = list(q.get("declined", {}).values())
-    ks = sorted({int(why.rsplit("= ", 1)[1]) for why in reasons if " does not divide K = " in why})
-    n_group = sum(" does not divide K = " in why for why in reasons)
-    n_skip = sum(why.startswith("skipped by --quant-skip") for why in reasons)
+    kept = q.get("kept_float", {})
+    ks, n_skip = kept.get("group_size_k", []), kept.get("quant_skip", 0)
     parts = []
-    if n_group:
-        parts.append(f"{n_group} layer{'s' if n_group > 1 else ''} kept in float: group size {q['group_size']} does "
-                     f"not divide K ({', '.join(map(str, ks))})")
+    if ks:
+        parts.append(f"{len(ks)} layer{'s' if len(ks) > 1 else ''} kept in float: group size {q['group_size']} does "
+                     f"not divide K ({', '.join(map(str, sorted(set(ks))))})")
     if n_skip:
         parts.append(f"{n_skip} kept by --quant-skip")
     return "".join(f"; {p}" for p in parts)

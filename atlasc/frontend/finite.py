@@ -2,7 +2,8 @@
 
 A NaN or an infinity in a weight compiles into an artifact that generates garbage (a NaN logit row makes the
 sampler pick token 0 forever), so the importer refuses it by name before any pass runs. A NaN is refused in every
-float initializer; an infinity only in weights: the initializers that feed a matrix product (MatMul, Gemm,
+float16 / bfloat16 / float32 / float64 initializer and Constant node (float8 ones are not read); an infinity only in
+weights: the constants that feed a matrix product (MatMul, Gemm,
 MatMulNBits, DequantizeLinear), an embedding Gather, or a fused normalization's scale and bias, since a mask
 constant elsewhere may legitimately hold -inf.
 
@@ -61,22 +62,27 @@ def non_finite_counts(array: np.ndarray) -> tuple[int, int]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
+def constant_data(t: gs.Constant, mapped: dict[str, np.ndarray]) -> np.ndarray:
+    """A constant's values: its memory-mapped external data when load_model_mapped mapped it, else gs's array."""
+    data = mapped.get(t.name)
+    return np.asarray(t.values) if data is None else data
+
+
 def check_weights_finite(graph: gs.Graph, mapped: dict[str, np.ndarray]) -> None:
-    """Raise ModelLoadError naming every initializer that holds a NaN, and every weight that holds +-inf (see the
-    module docstring), with the counts."""
+    """Raise ModelLoadError naming every initializer (or Constant node) that holds a NaN, and every weight that
+    holds +-inf (see the module docstring), with the counts."""
     weights = {node.inputs[i].name for node in graph.nodes for i in WEIGHT_INPUTS.get(node.op, ())
                if i < len(node.inputs)}
+    constants = [(t.name, constant_data(t, mapped)) for t in graph.tensors().values() if isinstance(t, gs.Constant)]
+    constants += [(node.outputs[0].name, np.asarray(node.attrs["value"].values)) for node in graph.nodes
+                  if node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant) and node.outputs]
     bad: list[str] = []
-    for t in graph.tensors().values():
-        if not isinstance(t, gs.Constant):
-            continue
-        data = mapped.get(t.name)
-        data = np.asarray(t.values) if data is None else data
+    for name, data in constants:
         nan, inf = non_finite_counts(data)
-        inf = inf if t.name in weights else 0
+        inf = inf if name in weights else 0
         if nan or inf:
             what = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
-            bad.append(f"'{t.name}' ({what} of {data.size})")
+            bad.append(f"'{name}' ({what} of {data.size})")
     if bad:
-        raise ModelLoadError(f"initializer{'s' if len(bad) > 1 else ''} holding NaN or infinite weights: "
+        raise ModelLoadError(f"constant{'s' if len(bad) > 1 else ''} holding NaN or infinite weights: "
                              f"{', '.join(bad)}", "the export or the checkpoint is broken; check its weights first")

@@ -22,7 +22,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from atlasc.errors import AtlasError, InputError, ShapeError, UnsupportedModelError
-from atlasc.frontend.finite import check_weights_finite
+from atlasc.frontend.finite import check_weights_finite, constant_data
 from atlasc.frontend.signature import detect_decoder
 from atlasc.frontend.symvals import Known, Undecidable, symbolic_eval
 from atlasc.ir import symbolic as S
@@ -88,9 +88,7 @@ class Importer:
         self._relate_decoder_dims(gsg)
         for t in gsg.tensors().values():
             if isinstance(t, gs.Constant):
-                data = self.mapped.get(t.name)
-                data = np.asarray(t.values) if data is None else data
-                self.set_known(t.name, Known.numeric(_widen_4bit(data)))
+                self.set_known(t.name, Known.numeric(_widen_4bit(constant_data(t, self.mapped))))
         for node in gsg.nodes:
             ins = [self._lookup(t) for t in node.inputs]
             try:
