@@ -103,17 +103,21 @@ def _one_blas_thread():
     return contextlib.nullcontext() if _BLAS[0] is None else _BLAS[0].limit(limits=1, user_api="blas")
 
 
-def _each_chunk(n: int, k: int, fn, elements: int | None = None) -> list:
+def _each_chunk(n: int, k: int, fn, elements: int | None = None, on_rows=None) -> list:
     """[fn(r0, r1) for every row chunk (of `elements`, default CHUNK_ELEMENTS) of an [n, k] weight], in
     chunk order, on up to QUANT_THREADS threads, BLAS on one thread each. Each chunk's work is
-    independent, so the results do not depend on the thread count."""
+    independent, so the results do not depend on the thread count. on_rows(rows done), if given, is called in
+    the caller's thread as the chunks complete in order (the compile's progress within one weight)."""
     chunks = list(_chunks(n, k, elements or CHUNK_ELEMENTS))
     threads = min(QUANT_THREADS, len(chunks))
-    with _one_blas_thread():
-        if threads <= 1:
-            return [fn(r0, r1) for r0, r1 in chunks]
-        with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(lambda rr: fn(*rr), chunks))
+    results = []
+    with _one_blas_thread(), ThreadPoolExecutor(max(threads, 1)) as pool:
+        done = map(lambda rr: fn(*rr), chunks) if threads <= 1 else pool.map(lambda rr: fn(*rr), chunks)
+        for (_, r1), result in zip(chunks, done):
+            results.append(result)
+            if on_rows is not None:
+                on_rows(r1)
+    return results
 
 
 def _rows(w: np.ndarray, r0: int, r1: int) -> np.ndarray:
@@ -325,14 +329,14 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group: int, zero: np.
 
 
 def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=np.empty,
-                    zero_points: bool = False, hessian: np.ndarray | None = None
+                    zero_points: bool = False, hessian: np.ndarray | None = None, on_rows=None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
     """Quantize w chunk by chunk into arrays from new_array(shape, dtype) (Program.new_array: on disk for
     a compile): (codes, scales, int4 zero points or None, the relative error of x W^T on ERROR_ROWS
     random rows x). int4 with a calibration hessian (--gptq): GPTQ rounding (passes/gptq.py). Each chunk
     (on QUANT_THREADS threads) is read, quantized, stored, dequantized from what was stored and adds its
     terms of the error; the terms are summed in chunk order, so the result does not depend on the
-    thread count."""
+    thread count. on_rows(rows done) reports progress (_each_chunk)."""
     n, k = w.shape
     x = np.random.default_rng(seed).standard_normal((ERROR_ROWS, k)).astype(np.float32)
     zero = None
@@ -371,7 +375,7 @@ def _quantize_layer(w: np.ndarray, mode: str, group: int, seed: int, new_array=n
         return (float(np.sum(np.square((y - x @ deq.T).astype(np.float64)))),
                 float(np.sum(np.square(y.astype(np.float64)))))
 
-    terms = _each_chunk(n, k, chunk, GPTQ_CHUNK_ELEMENTS if hessian is not None else None)
+    terms = _each_chunk(n, k, chunk, GPTQ_CHUNK_ELEMENTS if hessian is not None else None, on_rows)
     num = sum(t[0] for t in terms)
     den = sum(t[1] for t in terms)
     return wq, scale, zero, float(np.sqrt(num / den)) if den > 0 else 0.0
@@ -532,8 +536,14 @@ def quantize(program: Program) -> tuple[Program, RewriteStats]:
             continue
         if id(w) not in made:
             say("quantize", f"{mode} {w.name}", (done_bytes, total_bytes, "bytes"))
+            row_bytes, before = w.data.nbytes // max(1, int(w.shape[0])), done_bytes
+
+            def on_rows(rows: int) -> None:  # a large weight (an 8B model's LM head: 1 GB) shows its progress
+                say("quantize", f"{mode} {w.name}", (before + rows * row_bytes, total_bytes, "bytes"))
+
             wq, scale, zero, err = _quantize_layer(w.data, mode, group, seed=len(made), new_array=program.new_array,
-                                                   zero_points=zero_points, hessian=hessians.get(id(w)))
+                                                   zero_points=zero_points, hessian=hessians.get(id(w)),
+                                                   on_rows=on_rows)
             done_bytes += w.data.nbytes
             extra = 0 if zero is None else zero.nbytes
             rec = {"layer": node.name, "weight": w.name, "shape": [int(w.shape[0]), k], "rel_error": err,
