@@ -228,8 +228,9 @@ def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] 
     sums: dict[str, list[float]] = {}  # per layer of the quantize report (a merged node's parts apart)
     quantized_nodes = {n.name: n for n in graph.nodes if n.op in QUANTIZED}
     say = progress or (lambda stage, detail, done=None: None)
+    blocks = {name: _weight_blocks(program, name, quantized_nodes[name]) for name, _, _ in probes}
     # progress steps: per max_batch prompts, two prefills and one per block of the layers' errors
-    per_chunk = 2 + sum(len(_weight_blocks(program, name, quantized_nodes[name])) for name, _, _ in probes)
+    per_chunk = 2 + sum(map(len, blocks.values()))
     steps = -(-ids.shape[0] // kv.max_batch) * per_chunk
     for start in range(0, ids.shape[0], kv.max_batch):
         chunk = ids[start:start + kv.max_batch]
@@ -258,7 +259,7 @@ def accuracy_report(program: Program, ids: np.ndarray, caches: list[np.ndarray] 
             ys = f_out[y.name].astype(np.float32).reshape(-1, y.shape[-1])
             if len(node.inputs) > 3 and node.inputs[3] is not None:
                 ys = ys - np.asarray(node.inputs[3].data, np.float32)
-            jobs += [(layer, xs, ys[:, r0:r1], make) for layer, r0, r1, make in _weight_blocks(program, name, node)]
+            jobs += [(layer, xs, ys[:, r0:r1], make) for layer, r0, r1, make in blocks[name]]
         with ThreadPoolExecutor(REF_THREADS) as pool:
             errors = []
             for job, error in zip(jobs, pool.map(lambda job: _block_error(job[1], job[2], job[3]), jobs)):

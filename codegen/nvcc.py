@@ -205,9 +205,7 @@ def _map_waking(pool: ThreadPoolExecutor, fn, items, on_done=None) -> list:
     except BaseException:  # e.g. KeyboardInterrupt in library use (no CLI handler): no queued build starts, and the
         for f in futures:  # running ones end now (nvcc has a session of its own: a Ctrl-C never reaches it)
             f.cancel()
-        with _children_lock:
-            for proc in list(_children):
-                _terminate(proc)
+        _terminate_children()
         raise
 
 
@@ -261,6 +259,10 @@ def stop_children(signum: int = signal.SIGTERM) -> None:
     thread pools then unwind at once instead of waiting for every queued job)."""
     _stop_signal[0] = signum
     _stopping.set()
+    _terminate_children()
+
+
+def _terminate_children() -> None:
     with _children_lock:
         for proc in list(_children):
             _terminate(proc)

@@ -30,8 +30,8 @@ def test_quantize_reports_bytes_done_per_weight():
 
 
 def test_a_large_weight_reports_its_chunks(monkeypatch):
-    """Progress within one weight (an 8B model's 1 GB LM head showed nothing for a minute on two cores): one event
-    per row chunk, in order, with the bytes of the rows done."""
+    """Progress within one weight (before, a weight was one event however long it took; an 8B model's LM head is
+    one 1 GB weight): one event per row chunk, in order, with the rows done."""
     import numpy as np
 
     from atlasc.passes import quantize as q
