@@ -367,8 +367,15 @@ __device__ __forceinline__ void linear_w8a8(const int* xw, const float* sx, cons
     for (int u = 0; u < U; ++u) {
       const long long c = c0 + 32 * u;
 #pragma unroll
-      for (int f = 0; f < F; ++f)
-        w[u][f] = c < chunks ? __ldg(reinterpret_cast<const int4*>(wq + rows[f] * K) + c) : make_int4(0, 0, 0, 0);
+      for (int f = 0; f < F; ++f) {
+        const int4* p = reinterpret_cast<const int4*>(wq + rows[f] * K) + c;
+        if constexpr (QLIN_L2_HINT) {
+          const uint4 v = c < chunks ? lin_ld_stream_l2(p) : make_uint4(0u, 0u, 0u, 0u);
+          w[u][f] = make_int4(int(v.x), int(v.y), int(v.z), int(v.w));
+        } else {
+          w[u][f] = c < chunks ? __ldg(p) : make_int4(0, 0, 0, 0);
+        }
+      }
     }
   };
   int4 w[U][F];

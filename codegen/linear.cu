@@ -54,6 +54,20 @@ __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
   return r;
 }
 
+// the same with the L2 asked to fetch the aligned 256 bytes around it from DRAM (sm80+; lin_ld_stream before):
+// the int8 weight loads under ATLAS_INT8_L2_HINT (quant.cu QLIN_L2_HINT), where a lane reads 16 of a row's bytes
+// and the warps of its block the neighbouring ones
+__device__ __forceinline__ uint4 lin_ld_stream_l2(const void* p) {
+#if __CUDA_ARCH__ >= 800
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#else
+  return lin_ld_stream(p);
+#endif
+}
+
 // cp.async and shared-space helpers (sm80+; nothing on older arches, where the paths that call them never run),
 // shared by flash_attention.cu and gemm.cu
 __device__ __forceinline__ unsigned lin_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }

@@ -56,6 +56,13 @@ namespace atlas {
 constexpr int QLIN_THREADS = 256;
 constexpr int QLIN_WARPS = QLIN_THREADS / 32;
 constexpr int QLIN_QM = 4;
+// ATLAS_INT8_L2_HINT (quant.py l2_hint: the prelude defines ATLAS_INT8_L2 1): the int8 / fp8 weight loads of the
+// tensor-core path and of linear_w8a8 (act_int8.cu) go through lin_ld_stream_l2
+#ifdef ATLAS_INT8_L2
+constexpr bool QLIN_L2_HINT = true;
+#else
+constexpr bool QLIN_L2_HINT = false;
+#endif
 
 // an FP8 E4M3 code as float (exact: every E4M3 value is a float16; cuda_fp8.h, hardware on sm89+)
 __device__ __forceinline__ float e4m3_to_float(unsigned int byte) {
@@ -609,8 +616,13 @@ __device__ __forceinline__ void qlin_load_steps(uint4 (&wlo)[U], uint4 (&whi)[U]
     slo[u] = shi[u] = __ushort_as_half(0);
     zlo[u] = zhi[u] = 8;
     if (st < steps) {
-      wlo[u] = lin_ld_stream(w0 + st * QLIN_STEP_BYTES);
-      whi[u] = lin_ld_stream(w1 + st * QLIN_STEP_BYTES);
+      if constexpr (BITS == 8 && QLIN_L2_HINT) {
+        wlo[u] = lin_ld_stream_l2(w0 + st * QLIN_STEP_BYTES);
+        whi[u] = lin_ld_stream_l2(w1 + st * QLIN_STEP_BYTES);
+      } else {
+        wlo[u] = lin_ld_stream(w0 + st * QLIN_STEP_BYTES);
+        whi[u] = lin_ld_stream(w1 + st * QLIN_STEP_BYTES);
+      }
       if constexpr (BITS == 4) {
         const int grp = EXACT ? st * 128 / GS : (st * 128 + 32 * c) / GS;
         slo[u] = __ldg(s0 + grp);

@@ -32,7 +32,7 @@ from atlasc.codegen.generate import (MAX_GRID, STRIDE_GRID, CodegenError, Kernel
                                      weight_prefetch)
 from atlasc.codegen.linear import GEMV_MAX_M, bind_bias, early_min_blocks, early_pro
 from atlasc.codegen.act_int8 import act8_calls, act8_smem
-from atlasc.errors import env_choice
+from atlasc.errors import env_choice, env_switch
 from atlasc.ir.archs import STATIC_SMEM_RESERVE, block_smem
 from atlasc.ir.graph import Node
 from atlasc.ir.ops.quant import act_int8
@@ -85,6 +85,13 @@ OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # spill 28-54 bytes in the test's graph). H200 (docs/perf.md v28): the 8B gate/up kernel with SwiGLU 29.21 -> 26.57 us
 # in the lab, but the 8-layer int4 decode step did not move (663.4 -> 662.6 us replayed), so it stays off.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
+# ATLAS_INT8_L2_HINT=1: the int8 / fp8 weight loads (the tensor-core path's, linear_w8a8's) ask the L2 for the
+# aligned 256 bytes around each 16-byte load (ld.global.nc.L2::256B, sm80+; the prelude defines ATLAS_INT8_L2). H200
+# lab at one row (docs/perf.md v42 run 1; the hint on every weight load there), int8 us off / on: 8B QKV 9.37 / 9.21,
+# o 7.84 / 7.74, down 20.93 / 20.15, LM head 137.35 / 128.49; int4 LM head 77.52 / 87.26 and float16 QKV 15.61 /
+# 16.18, gate/up 57.64 / 60.95 lost, so the hint is for int8 weights only.
+L2_HINT_ENV = "ATLAS_INT8_L2_HINT"
+L2_HINT = False
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
@@ -92,6 +99,17 @@ DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def l2_hint() -> bool:
+    """ATLAS_INT8_L2_HINT (default L2_HINT); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(L2_HINT_ENV, L2_HINT, CodegenError)
+
+
+def prelude_defines() -> list[str]:
+    """The lines generate_module puts before the kernel templates for this family's switches: `#define
+    ATLAS_INT8_L2 1` under l2_hint(), else nothing (the default text stays as it was)."""
+    return ["#define ATLAS_INT8_L2 1"] if l2_hint() else []
 
 
 def path_choice() -> str:

@@ -94,3 +94,13 @@ def test_one_row_act8_kernels_match_reference(monkeypatch, act8_grid):
     envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
     check_with_cache(build_act8("float16", one_row=True), "float16", act8_plan, ROT_KV, np.random.default_rng(43),
                      envs=envs)
+
+
+def test_act8_kernels_with_the_int8_l2_hint(monkeypatch):
+    """ATLAS_INT8_L2_HINT=1: the int8 weight loads of linear_w8a8 and of the tensor-core path carry the L2::256B hint
+    (tests/test_int8_l2_hint.py); every node still matches the reference, at any rows and at one row."""
+    monkeypatch.setenv("ATLAS_INT8_L2_HINT", "1")
+    check_with_cache(build_act8("float16"), "float16", act8_plan, ROT_KV, np.random.default_rng(47))
+    envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
+    check_with_cache(build_act8("float16", one_row=True), "float16", act8_plan, ROT_KV, np.random.default_rng(48),
+                     envs=envs)
