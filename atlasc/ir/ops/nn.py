@@ -96,7 +96,8 @@ register("Softmax", inputs=1, kind="reduction", attrs={"axis": Attr("int", -1)},
 def _log_softmax(x, axis):
     xf = x.astype(np.float32) if x.dtype == np.float16 else x
     m = np.max(xf, axis=axis, keepdims=True)
-    y = xf - m - np.log(np.sum(np.exp(xf - m), axis=axis, keepdims=True))
+    with np.errstate(invalid="ignore"):  # a row of only -inf is NaN (-inf - -inf), without numpy's warning
+        y = xf - m - np.log(np.sum(np.exp(xf - m), axis=axis, keepdims=True))
     return y.astype(x.dtype)
 
 
