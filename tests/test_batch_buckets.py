@@ -143,7 +143,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
                  "share_kernels": True, "dims_early": True, "int8_l2_hint": False, "linear_tma": True,
-                 "linear_tma_config": TMA_CONFIG, "attention_prefill": "fa2", "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
+                 "linear_tma_config": TMA_CONFIG, "attention_prefill": "fa2",
+                 "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
                  "batch_buckets": {"decode": ["batch", [1, 8]]}}
     monkeypatch.setenv("ATLAS_ATTENTION_PATH", "rows")
