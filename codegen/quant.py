@@ -85,6 +85,7 @@ OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # spill 28-54 bytes in the test's graph). H200 (docs/perf.md v28): the 8B gate/up kernel with SwiGLU 29.21 -> 26.57 us
 # in the lab, but the 8-layer int4 decode step did not move (663.4 -> 662.6 us replayed), so it stays off.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
+MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 # ATLAS_INT8_L2_HINT=1: the int8 / fp8 weight loads (the tensor-core path's, linear_w8a8's) ask the L2 for the
 # aligned 256 bytes around each 16-byte load (ld.global.nc.L2::256B, sm80+; the prelude defines ATLAS_INT8_L2). H200
 # lab at one row (docs/perf.md v42 run 1; the hint on every weight load there), int8 us off / on: 8B QKV 9.37 / 9.21,
@@ -92,7 +93,6 @@ MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 # 16.18, gate/up 57.64 / 60.95 lost, so the hint is for int8 weights only.
 L2_HINT_ENV = "ATLAS_INT8_L2_HINT"
 L2_HINT = False
-MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
