@@ -55,8 +55,8 @@ __device__ __forceinline__ uint4 lin_ld_stream(const void* p) {
 }
 
 // the same with the L2 asked to fetch the aligned 256 bytes around it from DRAM (sm80+; lin_ld_stream before):
-// the int8 weight loads under ATLAS_INT8_L2_HINT (quant.cu QLIN_L2_HINT), where a lane reads 16 of a row's bytes
-// and the warps of its block the neighbouring ones
+// the int8 weight loads (quant.cu QLIN_L2_HINT), where a lane reads 16 of a row's bytes and the warps of its block
+// the neighbouring ones
 __device__ __forceinline__ uint4 lin_ld_stream_l2(const void* p) {
 #if __CUDA_ARCH__ >= 800
   uint4 r;

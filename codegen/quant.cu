@@ -56,12 +56,12 @@ namespace atlas {
 constexpr int QLIN_THREADS = 256;
 constexpr int QLIN_WARPS = QLIN_THREADS / 32;
 constexpr int QLIN_QM = 4;
-// ATLAS_INT8_L2_HINT (quant.py l2_hint: the prelude defines ATLAS_INT8_L2 1): the int8 / fp8 weight loads of the
-// tensor-core path and of linear_w8a8 (act_int8.cu) go through lin_ld_stream_l2
-#ifdef ATLAS_INT8_L2
-constexpr bool QLIN_L2_HINT = true;
-#else
+// the int8 / fp8 weight loads of the tensor-core path and of linear_w8a8 (act_int8.cu) go through lin_ld_stream_l2
+// (quant.py l2_hint, on by default; ATLAS_INT8_L2_HINT=0: the prelude defines ATLAS_INT8_L2_OFF, the plain loads)
+#ifdef ATLAS_INT8_L2_OFF
 constexpr bool QLIN_L2_HINT = false;
+#else
+constexpr bool QLIN_L2_HINT = true;
 #endif
 
 // an FP8 E4M3 code as float (exact: every E4M3 value is a float16; cuda_fp8.h, hardware on sm89+)

@@ -86,13 +86,14 @@ OFS_MAX_K = 16384  # the staged row in static shared memory: 32 KB at most
 # in the lab, but the 8-layer int4 decode step did not move (663.4 -> 662.6 us replayed), so it stays off.
 MIN_BLOCKS_ENV = "ATLAS_QUANT_MIN_BLOCKS"
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
-# ATLAS_INT8_L2_HINT=1: the int8 / fp8 weight loads (the tensor-core path's, linear_w8a8's) ask the L2 for the
-# aligned 256 bytes around each 16-byte load (ld.global.nc.L2::256B, sm80+; the prelude defines ATLAS_INT8_L2). H200
-# lab at one row (docs/perf.md v42 run 1; the hint on every weight load there), int8 us off / on: 8B QKV 9.37 / 9.21,
-# o 7.84 / 7.74, down 20.93 / 20.15, LM head 137.35 / 128.49; int4 LM head 77.52 / 87.26 and float16 QKV 15.61 /
-# 16.18, gate/up 57.64 / 60.95 lost, so the hint is for int8 weights only.
+# The int8 / fp8 weight loads (the tensor-core path's, linear_w8a8's) ask the L2 for the aligned 256 bytes around
+# each 16-byte load (ld.global.nc.L2::256B, sm80+). H200 lab at one row (docs/perf.md v42 run 1; the hint on every
+# weight load there), int8 us off / on: 8B QKV 9.37 / 9.21, o 7.84 / 7.74, down 20.93 / 20.15, LM head 137.35 /
+# 128.49; int4 LM head 77.52 / 87.26 and float16 QKV 15.61 / 16.18, gate/up 57.64 / 60.95 lost, so the hint is for
+# int8 weights only. The 8-layer Llama-3-8B int8 step at batch 1 (v42 run 2, replayed): 818.0 -> 782.8 us (-4.3%).
+# ATLAS_INT8_L2_HINT=0 (A/B): the plain loads (the prelude defines ATLAS_INT8_L2_OFF).
 L2_HINT_ENV = "ATLAS_INT8_L2_HINT"
-L2_HINT = False
+L2_HINT = True
 PATHS = ("simt", "table")
 DEFAULT_PATH = "table"  # GPU-validated and 4-60x faster than "simt" (docs/perf.md v5)
 
@@ -108,8 +109,8 @@ def l2_hint() -> bool:
 
 def prelude_defines() -> list[str]:
     """The lines generate_module puts before the kernel templates for this family's switches: `#define
-    ATLAS_INT8_L2 1` under l2_hint(), else nothing (the default text stays as it was)."""
-    return ["#define ATLAS_INT8_L2 1"] if l2_hint() else []
+    ATLAS_INT8_L2_OFF 1` when l2_hint() is off, else nothing (the default's text has no define)."""
+    return [] if l2_hint() else ["#define ATLAS_INT8_L2_OFF 1"]
 
 
 def path_choice() -> str:

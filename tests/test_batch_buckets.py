@@ -142,7 +142,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "attention_mma": True, "attention_warps": "auto", "attention_warp_merge": True,
                  "pdl_wait": True, "pdl_trigger": "end", "early_weights": "2", "early_quant": False,
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
-                 "share_kernels": True, "dims_early": True, "int8_l2_hint": False, "linear_tma": True,
+                 "share_kernels": True, "dims_early": True, "int8_l2_hint": True, "linear_tma": True,
                  "linear_tma_config": TMA_CONFIG, "attention_prefill": "fa2",
                  "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
@@ -175,7 +175,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_NORM_LOADS_AHEAD", "1")
     monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
     monkeypatch.setenv("ATLAS_DIMS_EARLY", "0")
-    monkeypatch.setenv("ATLAS_INT8_L2_HINT", "1")
+    monkeypatch.setenv("ATLAS_INT8_L2_HINT", "0")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "quant_staged_u": 2,
@@ -190,7 +190,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "sample_split": False,
                                  "weight_prefetch": True,
                                  "weight_prefetch_mb": 16,
-                                 "share_kernels": False, "dims_early": False, "int8_l2_hint": True,
+                                 "share_kernels": False, "dims_early": False, "int8_l2_hint": False,
                                  "linear_tma": False, "linear_tma_config": TMA_CONFIG,
                                  "attention_prefill": "off",
                                  "linear_prefill": "mma"}

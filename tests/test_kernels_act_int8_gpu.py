@@ -96,10 +96,11 @@ def test_one_row_act8_kernels_match_reference(monkeypatch, act8_grid):
                      envs=envs)
 
 
-def test_act8_kernels_with_the_int8_l2_hint(monkeypatch):
-    """ATLAS_INT8_L2_HINT=1: the int8 weight loads of linear_w8a8 and of the tensor-core path carry the L2::256B hint
-    (tests/test_int8_l2_hint.py); every node still matches the reference, at any rows and at one row."""
-    monkeypatch.setenv("ATLAS_INT8_L2_HINT", "1")
+def test_act8_kernels_without_the_int8_l2_hint(monkeypatch):
+    """ATLAS_INT8_L2_HINT=0: linear_w8a8's and the tensor-core path's int8 weight loads without the L2::256B hint
+    (the default has it, tests/test_int8_l2_hint.py); every node still matches the reference, at any rows and at one
+    row."""
+    monkeypatch.setenv("ATLAS_INT8_L2_HINT", "0")
     check_with_cache(build_act8("float16"), "float16", act8_plan, ROT_KV, np.random.default_rng(47))
     envs = ({"batch": 1, "seq": 1, "past_seq": 0}, {"batch": 1, "seq": 1, "past_seq": 7})
     check_with_cache(build_act8("float16", one_row=True), "float16", act8_plan, ROT_KV, np.random.default_rng(48),
