@@ -56,11 +56,12 @@ def source(configs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_cubin(configs, ptxas: bool = False) -> bytes:
-    """nvcc for sm_90a (wgmma needs the arch-specific target); ptxas: print registers and spills."""
+def nvcc_sm90a(text: str, ptxas: bool = False) -> bytes:
+    """The cubin of CUDA source text for sm_90a (wgmma and the bulk tensor copies need the arch-specific target);
+    ptxas: print registers and spills. Exits with nvcc's message on a failure."""
     with tempfile.TemporaryDirectory() as tmp:
-        cu, cubin = Path(tmp) / "wgmma_lab.cu", Path(tmp) / "wgmma_lab.cubin"
-        cu.write_text(source(configs))
+        cu, cubin = Path(tmp) / "lab.cu", Path(tmp) / "lab.cubin"
+        cu.write_text(text)
         cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
                "-o", str(cubin), str(cu)]
         if ptxas:
@@ -73,6 +74,11 @@ def compile_cubin(configs, ptxas: bool = False) -> bytes:
                 if "Compiling entry" in line or "Used" in line or "spill" in line:
                     print(line.strip())
         return cubin.read_bytes()
+
+
+def compile_cubin(configs, ptxas: bool = False) -> bytes:
+    """This lab's kernels for sm_90a; ptxas: print registers and spills."""
+    return nvcc_sm90a(source(configs), ptxas)
 
 
 class TensorMaps:

@@ -1,0 +1,304 @@
+// Lab (examples/w4_bulk_lab.py): the batch-1 int4 g128 decode projection y[N] = x[K] @ dequant(wq)^T with the
+// copy engine streaming the packed weights into a ring of shared-memory stages and consumer warps multiplying them
+// where they lie (mma.sync m16n8k16 on the dequantized nibbles, as quant.cu's tensor-core path does in registers).
+// Why: quant.cu's one-row kernel issues a round of weight loads per warp, waits, then dequantizes and multiplies;
+// while a warp computes it has no bytes in flight, and ncu put it at ~46% of DRAM and ~52% of issue slots
+// (docs/perf.md v11). Here the bytes in flight are the ring's stages, whatever the consumers do.
+//
+// Weights stay in the compiler's layout: wq uint8 [N, K/2] (low nibble = even k, value + 8), scale float16 [N, K/128].
+// The copy engine reads them by a 2-D tensor map (uint8, dims {K/2, N}, box {64, BN}, no swizzle): a stage is the
+// 128 k of one g128 group for BN = 16 W rows, 64 bytes a row, rows packed densely in shared memory.
+// Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of the tile), then one producer warp whose
+// lane 0 issues the copies. Lane (g, c) reads 16 bytes of rows g and g + 8 at byte 16 c (conflict-free: a phase's
+// two rows are 64 bytes apart), i.e. k 32 c .. 32 c + 31 of the stage, and x at the same k from shared memory
+// (staged once per block in the order the lanes read it). Dequantization and the MMA chain as quant.cu's
+// qlin_step4 (exact products; each stage's chain from zero, times the rows' group scale into float32).
+// An item is (tile, run ks of ks_n): with ks_n > 1 each item writes float32 partial sums to ws and the tile's last
+// item to finish adds them in run order (deterministic) and stores y. Arena layout (offsets are arguments): the
+// weight tensor map (128 bytes), wq, scale, x [K], y [N] float16, ws, counters (zero, left zero).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+// waits for the phase of parity to complete; a lab kernel whose copies never land traps (a launch error) instead of
+// hanging the device call
+__device__ __forceinline__ void bar_wait(uint64_t* bar, unsigned parity) {
+  for (unsigned tries = 0;; ++tries) {
+    unsigned done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (tries > (1u << 24)) __trap();
+  }
+}
+
+__device__ __forceinline__ void bar_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// box at (c0 bytes along a row, c1 rows) of the tensor map at tmap (global memory) into dst, completing on bar
+__device__ __forceinline__ void tma_load(void* dst, const void* tmap, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+      ::"r"(smem_u32(dst)), "l"(tmap), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+  unsigned r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+template <unsigned MASK> __device__ __forceinline__ unsigned nibbles(unsigned a) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(0x64006400u));  // (a & b) | c
+  return r;
+}
+// 8 int4 (k 0..7 of a word) -> half2 (k0, k4), (k1, k5), (k2, k6), (k3, k7) of nibble - 8, exact (quant.cu)
+__device__ __forceinline__ void q4_pairs(unsigned u, unsigned (&p)[4]) {
+  const unsigned v = u >> 8;
+  p[0] = hsub2(nibbles<0x000F000Fu>(u), 0x64086408u);
+  p[1] = hfma2(nibbles<0x00F000F0u>(u), 0x2C002C00u, 0xD480D480u);
+  p[2] = hsub2(nibbles<0x000F000Fu>(v), 0x64086408u);
+  p[3] = hfma2(nibbles<0x00F000F0u>(v), 0x2C002C00u, 0xD480D480u);
+}
+__device__ __forceinline__ unsigned lo2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
+__device__ __forceinline__ unsigned hi2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
+
+constexpr int STAGE_K = 128;      // k per stage: one g128 group
+constexpr int ROW_BYTES = STAGE_K / 2;
+
+// the two halves of a half2 (as its bits), added in float32
+__device__ __forceinline__ float half2_sum(unsigned u) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xFFFFu))) +
+         __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+
+// GATED: a tile is P = 8 W pairs (gate rows j0 .. j0 + P - 1 and up rows H + j0 ..: two boxes of P rows per stage,
+// gate rows first); warp w's A rows g are gate rows 8 w + g, rows g + 8 the up rows of the same pairs, so a lane
+// holds both sums of its pair and stores silu(gate) * up (each rounded to float16 first, as the compiler's SwiGLU
+// epilogue). Otherwise a tile is BN = 16 W rows, warp w's rows 16 w .. 16 w + 15.
+// OFS: quant.cu's offset dequantization (ATLAS_QUANT_OFS): the A operands are the LOP3 pairs as they come (1024 + n
+// for an even k, 1024 + 16 n for an odd one), x is staged as (x0, x4) (x2, x6) (x1/16, x5/16) (x3/16, x7/16) per
+// word, and each stage's chain starts at -(1032 S_e + 72 S_o): 5 instructions per 8 weights instead of 9.
+// COPY: the consumers only wait for each stage and release it (no math, y not written): what the copy engine alone
+// streams in this configuration, the floor of the others.
+template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false>
+__device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, long long o_scale, long long o_x,
+                                        long long o_y, long long o_ws, long long o_cnt, long long N_, long long K_,
+                                        long long ks_n_) {
+  const int N = int(N_), K = int(K_), ks_n = int(ks_n_);
+  constexpr int ROWS = 16 * W;     // weight rows per stage
+  constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
+  constexpr int W_STAGE = ROWS * ROW_BYTES;
+  extern __shared__ unsigned char dyn_raw[];
+  unsigned char* dyn = dyn_raw + ((128 - (smem_u32(dyn_raw) & 127)) & 127);  // the copies' destinations: 128-aligned
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
+  const int steps = K / STAGE_K, run = (steps + ks_n - 1) / ks_n;
+  const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
+  const int iters = s1 - s0;
+  const int H = N / 2, outs = GATED ? H : N;
+  unsigned char* xs = dyn + STAGES * W_STAGE;  // the item's x: iters * 128 halves, in lane order
+  float* corr = reinterpret_cast<float*>(xs + iters * STAGE_K * 2);  // OFS: each stage's chain start (negated)
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], W);  // lane 0 of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == W) {  // producer
+    if (lane == 0) {
+      const void* tw = arena + o_tw;
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % STAGES;
+        bar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+        bar_expect(&full[s], W_STAGE);
+        const int kb = (s0 + it) * ROW_BYTES;
+        if constexpr (GATED) {
+          tma_load(dyn + s * W_STAGE, tw, &full[s], kb, tile * OUTS);
+          tma_load(dyn + s * W_STAGE + W_STAGE / 2, tw, &full[s], kb, H + tile * OUTS);
+        } else {
+          tma_load(dyn + s * W_STAGE, tw, &full[s], kb, tile * OUTS);
+        }
+      }
+    }
+    return;
+  }
+  // x of the item's steps into shared memory: word v = 4 c + w of a step (k 32 c + 8 w .. + 7) at slot 4 w + c,
+  // so lane c's load of word w reads 16 contiguous bytes with its 3 neighbours (no bank conflict)
+  const uint4* x = reinterpret_cast<const uint4*>(arena + o_x) + (long long)s0 * (STAGE_K / 8);
+  for (int base = 0; base < iters * 16; base += 32 * W) {  // uniform trip count: OFS's lanes shuffle
+    const int v = base + threadIdx.x;
+    const int st = v >> 4, vv = v & 15, c = vv >> 2, w = vv & 3;
+    uint4 p = make_uint4(0u, 0u, 0u, 0u);
+    if (v < iters * 16) p = __ldg(x + v);
+    if constexpr (OFS) {
+      const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16)
+      p = make_uint4(lo2(p.x, p.z), lo2(p.y, p.w), hmul2(hi2(p.x, p.z), sixteenth),
+                     hmul2(hi2(p.y, p.w), sixteenth));
+      float se = half2_sum(p.x) + half2_sum(p.y), so = 16.f * (half2_sum(p.z) + half2_sum(p.w));
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) {
+        se += __shfl_xor_sync(0xffffffffu, se, off);
+        so += __shfl_xor_sync(0xffffffffu, so, off);
+      }
+      if (v < iters * 16 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+    }
+    if (v < iters * 16) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * w + c) * 16) = p;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+
+  if constexpr (COPY) {
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % STAGES;
+      bar_wait(&full[s], (it / STAGES) & 1);
+      __syncwarp();
+      if (lane == 0) bar_arrive(&empty[s]);
+    }
+    return;
+  }
+  const int g = lane >> 2, c = lane & 3;
+  // weight rows of A rows g and g + 8 (global, for the scales) and their places in a stage
+  const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
+  const int n_lo = GATED ? tile * OUTS + r_lo : tile * OUTS + r_lo;
+  const int n_hi = GATED ? H + tile * OUTS + r_lo : n_lo + 8;
+  const int groups = K / STAGE_K;
+  const __half* scale = reinterpret_cast<const __half*>(arena + o_scale);
+  const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
+  const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const unsigned char* wrow_lo = dyn + r_lo * ROW_BYTES + 16 * c;
+  const unsigned char* wrow_hi = dyn + r_hi * ROW_BYTES + 16 * c;
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % STAGES;
+    const float slo = __half2float(sc_lo[s0 + it]), shi = __half2float(sc_hi[s0 + it]);
+    bar_wait(&full[s], (it / STAGES) & 1);
+    const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
+    const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
+    __syncwarp();
+    if (lane == 0) bar_arrive(&empty[s]);
+    const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+    float part[4];
+    if constexpr (OFS) {
+      const float cs = corr[it];
+      part[0] = part[1] = part[2] = part[3] = -cs;  // the same x for both rows: one start
+    } else {
+      part[0] = part[1] = part[2] = part[3] = 0.f;
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * 16 + 4 * w + c) * 16);
+      if constexpr (OFS) {
+        const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
+        mma16816(part, nibbles<0x000F000Fu>(ulo[w]), nibbles<0x000F000Fu>(uhi[w]), nibbles<0x000F000Fu>(vlo),
+                 nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
+        mma16816(part, nibbles<0x00F000F0u>(ulo[w]), nibbles<0x00F000F0u>(uhi[w]), nibbles<0x00F000F0u>(vlo),
+                 nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
+      } else {
+        unsigned plo[4], phi[4];
+        q4_pairs(ulo[w], plo);
+        q4_pairs(uhi[w], phi);
+        mma16816(part, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
+        mma16816(part, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
+      }
+    }
+    acc[0] = fmaf(slo, part[0], acc[0]);  // c0: A row g, x column 2c (column 0 is x: lanes c == 0)
+    acc[2] = fmaf(shi, part[2], acc[2]);  // c2: A row g + 8
+  }
+  __half* y = reinterpret_cast<__half*>(arena + o_y);
+  auto put = [&](int r, float lo, float hi) {  // tile output r from A rows (r_lo, r_hi)'s sums
+    if constexpr (GATED) {
+      const int j = tile * OUTS + r;
+      if (j < outs) y[j] = __float2half_rn(silu(__half2float(__float2half_rn(lo))) * __half2float(__float2half_rn(hi)));
+    } else {
+      const int n = tile * OUTS + r;
+      if (n < outs) y[n] = __float2half_rn(lo);
+      if (n + 8 < outs) y[n + 8] = __float2half_rn(hi);
+    }
+  };
+  if (ks_n == 1) {
+    if (c == 0) put(GATED ? r_lo : 16 * warp + g, acc[0], acc[2]);
+    return;
+  }
+  float* ws = reinterpret_cast<float*>(arena + o_ws);  // per item: the sums of the tile's ROWS weight rows
+  unsigned* cnt = reinterpret_cast<unsigned*>(arena + o_cnt);
+  if (c == 0) {
+    ws[(long long)blockIdx.x * ROWS + r_lo] = acc[0];
+    ws[(long long)blockIdx.x * ROWS + r_hi] = acc[2];
+  }
+  __threadfence();
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+  if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == unsigned(ks_n - 1);
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+  if (!last) return;
+  __threadfence();
+  for (int r = threadIdx.x; r < ROWS; r += 32 * W) {
+    float sum = 0.f;
+    for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + ((long long)tile * ks_n + k) * ROWS + r);
+    ws[((long long)tile * ks_n) * ROWS + r] = sum;  // the first item's slots, now free: the totals
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+  const float* tot = ws + (long long)tile * ks_n * ROWS;
+  if constexpr (GATED) {
+    for (int r = threadIdx.x; r < OUTS; r += 32 * W) put(r, __ldcg(tot + r), __ldcg(tot + OUTS + r));
+  } else {
+    for (int r = threadIdx.x; r < OUTS; r += 32 * W) {
+      const int n = tile * OUTS + r;
+      if (n < outs) y[n] = __float2half_rn(__ldcg(tot + r));
+    }
+  }
+  if (threadIdx.x == 0) cnt[tile] = 0u;
+}
+
+}  // namespace
+
+// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY> (B: the launch bound's blocks per SM)
+#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY)                                                                 \
+  extern "C" __global__ void __launch_bounds__(32 * W + 32, B)                                                  \
+      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY(                                                      \
+          unsigned char* arena, long long o_tw, long long o_scale, long long o_x, long long o_y, long long o_ws,  \
+          long long o_cnt, long long N, long long K, long long ks_n) {                                          \
+    w4_bulk<W, ST, GATED, OFS, COPY>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);                  \
+  }

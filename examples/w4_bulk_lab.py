@@ -1,0 +1,216 @@
+"""Lab: the batch-1 int4 g128 projection with the copy engine streaming the packed weights (examples/w4_bulk_lab.cu).
+
+    python3 examples/w4_bulk_lab.py                                 # 8B shapes, every configuration, K splits 1,2,4
+    python3 examples/w4_bulk_lab.py --configs 8-6-2 --ks 1,2 --shapes "8B gate_up" --variant plain,gated --ofs 0,1
+    python3 examples/w4_bulk_lab.py --ptxas                         # registers / spills only (no GPU needed)
+
+Why: quant.cu's one-row int4 kernel takes 1.5-1.8x the time of a kernel that only streams the same bytes
+(examples/lab_floor.py; docs/perf.md v11, v37); ncu put it at ~46% of DRAM and ~52% of issue slots, each warp
+alternating between a round of loads and a round of dequantization + MMAs. Here a producer warp keeps STAGES
+stages of weights in flight through the copy engine (cp.async.bulk.tensor into shared memory) while W consumer
+warps dequantize and multiply what has arrived. This lab asks whether that form reaches the floor, before any of
+it goes into codegen.
+
+A configuration W-S-B is W consumer warps (a tile of 16 W rows), S stages of 128 k (64 bytes a row) and a launch
+bound of B blocks per SM. --ks splits K across that many blocks per tile (float32 partial sums; the tile's last
+block adds them in order). --variant gated: the gate/up projection with the SwiGLU epilogue (pairs of rows j and
+N/2 + j, y[j] = silu(gate) * up, N/2 outputs), what a decode step runs for gate/up; plain: y = x W^T. --ofs 1: the
+offset dequantization of quant.cu (ATLAS_QUANT_OFS: 5 instead of 9 instructions per 8 weights). --variant
+copy: the consumers only wait for each stage and release it (no math, nothing checked): what the copy engine
+streams in that configuration, the floor of the others.
+Weights are random packed nibbles with random float16 group scales (the compiler's layout: uint8 [N, K/2],
+float16 [N, K/128]); each (shape, configuration, ks) is checked once against numpy
+(float32; tolerance 1e-2 of max |y|), then timed as kernel_lab.py times (a captured graph of launches rotating
+among arena copies, so the weights come from DRAM). GB/s counts packed weights + scales + x + y; % of 4.30 TB/s.
+--floor also times lab_floor.py's read-only kernel on the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import sys
+from pathlib import Path
+
+import numpy as np
+from wgmma_lab import nvcc_sm90a
+
+SOURCE = Path(__file__).with_name("w4_bulk_lab.cu")
+PEAK = 4.30e12
+GROUP = 128
+SHAPES = {  # (K, N), as in kernel_lab.py
+    "8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 28672), "8B down": (14336, 4096),
+    "8B lm_head": (4096, 128256),
+    "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate_up": (2048, 16384), "1B down": (8192, 2048),
+}
+CONFIGS = ("8-4-2", "8-8-2", "8-6-3", "16-4-1", "16-6-1", "4-8-4")
+SMEM_LIMIT = 232448
+TM_BYTES = 128
+
+
+def parse_config(name: str) -> tuple[int, int, int]:
+    w, st, b = (int(v) for v in name.split("-"))
+    return w, st, b
+
+
+def smem_bytes(w: int, st: int, k_run: int) -> int:
+    """dynamic shared memory: the stages (16 w rows x 64 bytes each), the item's x (k_run halves) and its stages'
+    offset sums (a float each, --ofs 1), 128 for the stages' alignment."""
+    return st * 16 * w * 64 + 2 * k_run + 4 * (k_run // GROUP) + 128
+
+
+def source(configs) -> str:
+    return SOURCE.read_text() + "\n".join(f"W4_BULK_LAB({', '.join(map(str, c))})" for c in configs) + "\n"
+
+
+def compile_cubin(configs, ptxas: bool = False) -> bytes:
+    """This lab's kernels for sm_90a (the bulk tensor copy); ptxas: print registers and spills."""
+    return nvcc_sm90a(source(configs), ptxas)
+
+
+def encode_map(lib, buf, addr: int, rows: int, row_bytes: int, box_rows: int) -> bytes:
+    """cuTensorMapEncodeTiled for a row-major uint8 [rows, row_bytes] matrix, box {64 bytes, box_rows}, no swizzle."""
+    aligned = (ctypes.addressof(buf) + 63) // 64 * 64
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    dims, strides = (u64 * 2)(row_bytes, rows), (u64 * 1)(row_bytes)
+    box, elem = (u32 * 2)(64, box_rows), (u32 * 2)(1, 1)
+    # UINT8 = 0, INTERLEAVE_NONE = 0, SWIZZLE_NONE = 0, L2_PROMOTION_L2_256B = 3, OOB_FILL_NONE = 0 (zeros)
+    r = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(aligned), 0, 2, ctypes.c_void_p(addr), dims, strides,
+                                   box, elem, 0, 0, 3, 0)
+    if r != 0:
+        sys.exit(f"cuTensorMapEncodeTiled failed: CUresult {r}")
+    return ctypes.string_at(aligned, TM_BYTES)
+
+
+def reference(wq: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """y = x @ dequant(wq)^T in float32, chunked over rows (the LM head's dequantized matrix is 2 GB)."""
+    n, half = wq.shape
+    xf = x.astype(np.float32)
+    y = np.empty(n, np.float32)
+    for r0 in range(0, n, 8192):
+        b = wq[r0:r0 + 8192]
+        q = np.empty((b.shape[0], 2 * half), np.float32)
+        q[:, 0::2] = (b & 15).astype(np.float32) - 8
+        q[:, 1::2] = (b >> 4).astype(np.float32) - 8
+        q *= np.repeat(scale[r0:r0 + 8192].astype(np.float32), GROUP, axis=1)
+        y[r0:r0 + 8192] = q @ xf
+    return y
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="W-STAGES-BLOCKS, comma-separated")
+    ap.add_argument("--ks", default="1,2,4", help="K splits to try (each must leave every block a stage)")
+    ap.add_argument("--variant", default="plain", help="plain, gated (SwiGLU pairs), copy (no math), comma-separated")
+    ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1")
+    ap.add_argument("--floor", action="store_true", help="also time the read-only kernel on the same bytes")
+    ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
+    args = ap.parse_args(argv)
+    shapes = [parse_config(c) for c in args.configs.split(",")]
+    variants = [v.strip() for v in args.variant.split(",")]
+    ofs_list = args.ofs.split(",")
+    if [v for v in variants if v not in ("plain", "gated", "copy")] or [o for o in ofs_list if o not in ("0", "1")]:
+        ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1")
+    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy")) for v in variants
+               for o in (ofs_list if v != "copy" else ["0"]) for w, st, b in shapes]
+    for w, st, *_ in configs:
+        if 16 * w > 256 or smem_bytes(w, st, 14336) > SMEM_LIMIT:
+            sys.exit(f"configuration {w}-{st}: a tile over 256 rows or shared memory {smem_bytes(w, st, 14336)} B")
+    cubin = compile_cubin(configs, ptxas=args.ptxas)
+    if args.ptxas:
+        return 0
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kernel_lab import arena_count, time_launches
+
+    from atlasc.runtime.device import Device, KernelTable
+
+    dev = Device()
+    module = dev.load_module(cubin)
+    names = ["w4_bulk_" + "_".join(map(str, c)) for c in configs]
+    table = KernelTable(dev, module, names)
+    lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    buf = ctypes.create_string_buffer(TM_BYTES + 64)
+    rng = np.random.default_rng(0)
+    ks_list = [int(v) for v in args.ks.split(",")]
+    rows, floor_bytes = [], []
+    print("| shape | config (W-S-B) | ks | blocks | us | GB/s | % of 4.30 TB/s | max err / max abs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape in [s.strip() for s in args.shapes.split(",")]:
+        k, n = SHAPES[shape]
+        wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+        scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) * (k ** -0.5) / 4).astype(np.float16)
+        x = rng.standard_normal(k, dtype=np.float32).astype(np.float16)
+        ref = reference(wq, scale, x)
+        h = n // 2
+        f16 = ref.astype(np.float16).astype(np.float32)
+        ref_gated = f16[:h] / (1 + np.exp(-f16[:h])) * f16[h:]
+        nbytes = wq.nbytes + scale.nbytes + 2 * (k + n)
+        floor_bytes.append(wq.nbytes + scale.nbytes)
+        # one set of arena copies per shape (the configurations rewrite only the tensor map and the counters):
+        # tensor map at 0, wq, scale, x, y, ws (room for every tile x split), counters
+        max_ks, max_tiles = max(ks_list), max(-(-n // (16 * w)) for w, *_ in configs)
+        o_w = 256
+        o_s = o_w + wq.nbytes
+        o_x = (o_s + scale.nbytes + 255) // 256 * 256
+        o_y = (o_x + 2 * k + 255) // 256 * 256
+        o_ws = (o_y + 2 * n + 255) // 256 * 256
+        o_cnt = (o_ws + max_tiles * 256 * max_ks * 4 + 255) // 256 * 256
+        arenas = [dev.alloc_arena(o_cnt + max_tiles * 4 + 256) for _ in range(arena_count(nbytes))]
+        for a in arenas:
+            dev.upload(a, o_w, wq)
+            dev.upload(a, o_s, scale)
+            dev.upload(a, o_x, x)
+        for (w, st, b, gated, ofs, copy), name in zip(configs, names):
+            outs, box = (h, 8 * w) if gated else (n, 16 * w)  # outputs, rows a tile reads per box
+            tiles = -(-outs // box)
+            steps = k // GROUP
+            want = ref_gated if gated else ref
+            label = f"{w}-{st}-{b}{' gated' if gated else ''}{' ofs' if ofs else ''}{' copy' if copy else ''}"
+            for a in arenas:
+                dev.upload(a, 0, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, k // 2, box), dtype=np.uint8))
+                dev.upload(a, o_cnt, np.zeros(tiles, dtype=np.uint32))
+            for ks in ks_list:
+                run = -(-steps // ks)
+                if run * (ks - 1) >= steps:
+                    continue  # a run of the split would be empty
+                smem = smem_bytes(w, st, run * GROUP)
+                go_args = (0, o_s, o_x, o_y, o_ws, o_cnt, n, k, ks)
+
+                def go(a, name=name, grid=tiles * ks, block=32 * w + 32, smem=smem, go_args=go_args):
+                    table.launch(name, (grid, 1, 1), (block, 1, 1), smem, a, args=go_args)
+
+                dev.upload(arenas[0], o_y, np.full(outs, np.nan, np.float16))  # no earlier result counts
+                go(arenas[0])
+                dev.synchronize()
+                y = dev.download(arenas[0], o_y, outs * 2).view(np.float16).astype(np.float32)
+                err = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max()) if not copy else 0.0
+                us = time_launches(dev, go, arenas)
+                pct = 100 * nbytes / (us * 1e-6) / PEAK
+                flag = " (copy only)" if copy else "" if err < 1e-2 else "  WRONG"
+                rows.append((shape, label, ks, us, pct, err))
+                print(f"| {shape} | {label} | {ks} | {tiles * ks} | {us:.2f} | {nbytes / us / 1e3:.0f} | "
+                      f"{pct:.1f} | {err:.1e}{flag} |", flush=True)
+        for a in arenas:
+            a.free()
+    print("\nbest per shape:")
+    best = {}
+    for r in rows:
+        if "copy" in r[1]:
+            continue
+        key = (r[0], "gated" in r[1])
+        if r[5] < 1e-2 and (key not in best or r[3] < best[key][3]):
+            best[key] = r
+    for (shape, gated), r in best.items():
+        print(f"  {shape}{' gated' if gated else ''}: {r[3]:.2f} us ({r[4]:.1f}%), config {r[1]}, ks {r[2]}")
+    if args.floor:
+        from lab_floor import floor_rows, print_floor
+
+        print_floor(floor_rows(dev, floor_bytes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
