@@ -45,3 +45,5 @@ from atlasc.codegen import linear_prologue  # noqa: E402, F401  (registers emitt
 from atlasc.codegen import linear_epilogue  # noqa: E402, F401  (registers emitters; uses linear.cu)
 
 TEMPLATES += ["linear_tma"]  # linear_tma.py's kernel (linear.py and linear_epilogue.py call it; uses linear.cu)
+
+TEMPLATES += ["quant_bulk"]  # quant_bulk.py's kernel (quant.py calls it; uses linear_tma.cu and quant.cu)

@@ -122,13 +122,15 @@ class TensorMapTable:
         self.base, self.capacity = base, capacity
         self.maps: dict[tuple, TensorMapSpec] = {}
 
-    def slot(self, address: int, rows: int, cols: int, row_bytes: int, box_rows: int) -> int:
-        key = (address, rows, cols, row_bytes, box_rows)
+    def slot(self, address: int, rows: int, cols: int, row_bytes: int, box_rows: int, dtype: str = "float16") -> int:
+        """The arena offset of the map of a `dtype` matrix (float16: read with the 128-byte swizzle, linear_tma.cu;
+        uint8: packed int4 rows, no swizzle, quant_bulk.cu) in boxes of box_rows rows x 64 elements."""
+        key = (address, rows, cols, row_bytes, box_rows, dtype)
         if key not in self.maps:
             if len(self.maps) >= self.capacity:
                 raise CodegenError(f"more than the {self.capacity} tensor maps reserved")
             self.maps[key] = TensorMapSpec(self.base + TENSOR_MAP_BYTES * len(self.maps), address, rows, cols,
-                                           row_bytes, box_rows, 64, "float16")
+                                           row_bytes, box_rows, 64, dtype)
         return self.maps[key].slot
 
 
@@ -196,11 +198,12 @@ class KernelContext:
         return f"arena + {self.plan.placement(value).offset}LL"
 
     def tensor_map_address(self, value: Value, rows: int, box_rows: int) -> str:
-        """C address of the tensor map (TensorMapTable) of value, a contiguous float16 matrix whose last dim is its
-        columns, read as `rows` rows (its leading dims flattened, at their maxima) in boxes of box_rows rows."""
+        """C address of the tensor map (TensorMapTable) of value, a contiguous float16 (or uint8: packed int4)
+        matrix whose last dim is its columns, read as `rows` rows (its leading dims flattened, at their maxima) in
+        boxes of box_rows rows."""
         cols = self.upper(value.shape[-1])
         slot = self.tensor_maps.slot(self.plan.placement(value).offset, rows, cols, cols * itemsize(value.dtype),
-                                     box_rows)
+                                     box_rows, value.dtype)
         return f"arena + {slot}LL"
 
     def scratch_address(self, offset: int) -> str:
@@ -320,9 +323,9 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     if unsupported:
         raise CodegenError(f"no CUDA kernel for op(s): {', '.join(unsupported)}")
     arena_end = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
-    from atlasc.codegen import linear_tma
+    from atlasc.codegen import linear_tma, quant_bulk
 
-    map_slots = linear_tma.map_capacity(entries, buckets, archs)
+    map_slots = linear_tma.map_capacity(entries, buckets, archs) + quant_bulk.map_capacity(entries, buckets, archs)
     tensor_maps = TensorMapTable(arena_end, map_slots) if map_slots else None
     scratch_offset = align(arena_end + TENSOR_MAP_BYTES * map_slots)
     scratch_bytes = 0
@@ -449,8 +452,8 @@ def _scratch_need(node: Node, code: KernelCode) -> int:
 def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
-    from atlasc.codegen import (attention, flash_attention, gemm, linear, linear_prologue, linear_tma, quant, reduce,
-                                sampling)
+    from atlasc.codegen import (attention, flash_attention, gemm, linear, linear_prologue, linear_tma, quant,
+                                quant_bulk, reduce, sampling)
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(),
@@ -481,6 +484,7 @@ def codegen_choices() -> dict:
             "int8_l2_hint": quant.l2_hint(),  # ATLAS_INT8_L2_HINT (quant.py): int8 weight loads with L2::256B
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
+            **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, opt-in)
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

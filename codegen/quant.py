@@ -345,6 +345,10 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
         grid = blocks or _ceil(n_upper, WARPS)
         return KernelCode("\n".join(lines + calls), (max(1, min(MAX_GRID, grid)), 1, 1), (THREADS, 1, 1),
                           smem=act8_smem(m_upper, k_static), prefetch=prefetch)
+    from atlasc.codegen import quant_bulk
+
+    if quant_bulk.eligible(ctx, node, m_upper, zp, group, k_static, n_upper):  # ATLAS_QUANT_BULK=1 (opt-in)
+        return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, lines)
     ks = 1
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):
         steps = k_static * bits // 8 // STEP_BYTES

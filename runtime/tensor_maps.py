@@ -15,8 +15,11 @@ from atlasc.artifact import TENSOR_MAP_BYTES
 from atlasc.errors import AtlasError
 from atlasc.runtime.cudagraph import CudaGraphError, _libcuda
 
-DATA_TYPES = {"float16": 6}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+DATA_TYPES = {"float16": 6, "uint8": 0}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _UINT8
 SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B
+# float16 maps feed wgmma (linear_tma.cu: the 128-byte swizzle); uint8 maps are packed int4 rows read by lanes
+# (quant_bulk.cu: no swizzle, CU_TENSOR_MAP_SWIZZLE_NONE)
+SWIZZLES = {"float16": SWIZZLE_128B, "uint8": 0}
 L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
 
 
@@ -40,7 +43,7 @@ def encode(base: int, spec) -> bytes:
                              f"{e}", hint="compile with ATLAS_LINEAR_TMA=0") from None
     result = encode_tiled(
         ctypes.c_void_p(aligned), DATA_TYPES[spec.dtype], 2, ctypes.c_void_p(base + spec.address), dims, strides,
-        box, elem, 0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
+        box, elem, 0, SWIZZLES[spec.dtype], L2_PROMOTION_256B, 0)
     if result != 0:
         raise TensorMapError(f"cuTensorMapEncodeTiled refused the tensor map at arena offset {spec.slot} "
                              f"({spec.rows} x {spec.cols}, box {spec.box_rows} x {spec.box_cols}): CUresult {result}")

@@ -194,7 +194,8 @@ def tma_manifest(tma_artifact):
     ("address", 10 ** 15, "outside the arena"),
     ("address", 8, "16-byte aligned rows"),
     ("box_rows", 512, "at most 256 rows"),
-    ("dtype", "float32", "float16 matrix"),
+    ("dtype", "float32", "float16 or uint8 matrix"),
+    ("box_cols", 128, "boxes of at most 256 rows x 128 bytes"),  # 128 float16 = 256 bytes
 ])
 def test_manifest_refuses_bad_tensor_maps(tma_manifest, field, value, why):
     """A corrupt manifest's tensor map (a slot off its region, a matrix off the arena, misaligned, an impossible box)

@@ -258,13 +258,15 @@ class RegionSpec(_Spec):
 
 
 TENSOR_MAP_BYTES = 128  # a CUtensorMap
+TENSOR_MAP_ITEMSIZE = {"float16": 2, "uint8": 1}  # the element types a tensor map may have, and their bytes
 
 
 @dataclass(frozen=True)
 class TensorMapSpec(_Spec):
     """A copy-engine tensor map (cuTensorMapEncodeTiled) the runtime writes into the 128 bytes at arena offset
     `slot` after the weights are in: the row-major `dtype` matrix of `rows` x `cols` at arena offset `address`
-    (rows `row_bytes` apart), boxes of `box_rows` x `box_cols`, 128-byte swizzle (codegen/linear_tma.cu)."""
+    (rows `row_bytes` apart), boxes of `box_rows` x `box_cols`: float16 with the 128-byte swizzle
+    (codegen/linear_tma.cu), uint8 (packed int4 rows) without (codegen/quant_bulk.cu)."""
 
     slot: int
     address: int
@@ -491,10 +493,11 @@ class Manifest(_Spec):
                 raise ArtifactError(f"{where}: slot {t.slot} is not a 64-byte aligned slot of the region tensor_maps")
             if min(t.address, t.rows, t.cols) < 0 or t.address + t.rows * t.row_bytes > self.memory.arena_bytes:
                 raise ArtifactError(f"{where}: its matrix lies outside the arena (0..{self.memory.arena_bytes})")
-            if t.dtype != "float16" or t.address % 16 or t.row_bytes % 16 or t.row_bytes < 2 * t.cols or \
-                    not 0 < t.box_rows <= 256 or not 0 < t.box_cols * 2 <= 128:
-                raise ArtifactError(f"{where}: not a float16 matrix with 16-byte aligned rows read in boxes of at "
-                                    f"most 256 rows x 128 bytes")
+            size = TENSOR_MAP_ITEMSIZE.get(t.dtype, 0)
+            if not size or t.address % 16 or t.row_bytes % 16 or t.row_bytes < size * t.cols or \
+                    not 0 < t.box_rows <= 256 or not 0 < t.box_cols * size <= 128:
+                raise ArtifactError(f"{where}: not a float16 or uint8 matrix with 16-byte aligned rows read in boxes "
+                                    f"of at most 256 rows x 128 bytes")
         for i, s in enumerate(self.symbols):
             if not 0 <= s.lower <= s.upper:
                 raise ArtifactError(f"manifest field symbols[{i}]: bounds {s.lower}..{s.upper} are not valid")

@@ -30,7 +30,8 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("attention_warp_merge", True, "ATLAS_ATTENTION_WARP_MERGE"), ("share_kernels", True, "ATLAS_SHARE_KERNELS"),
            ("early_weights", "2", "ATLAS_EARLY_WEIGHTS"), ("early_quant", False, "ATLAS_EARLY_QUANT"),
            ("sample_split", True, "ATLAS_SAMPLE_SPLIT"), ("linear_tma", True, "ATLAS_LINEAR_TMA"),
-           ("dims_early", True, "ATLAS_DIMS_EARLY"), ("int8_l2_hint", True, "ATLAS_INT8_L2_HINT"))
+           ("dims_early", True, "ATLAS_DIMS_EARLY"), ("int8_l2_hint", True, "ATLAS_INT8_L2_HINT"),
+           ("quant_bulk", False, "ATLAS_QUANT_BULK"))
 
 
 def _opt_ins(choices: dict) -> str:

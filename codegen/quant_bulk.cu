@@ -1,0 +1,174 @@
+// linear_q4_bulk (quant_bulk.py): the one-row int4 g128 projection y[n] = x @ dequant(wq)^T (+ bias[n]) with the copy
+// engine streaming the packed weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1).
+// quant.cu's tensor-core path holds each round of weights in registers and waits for it before dequantizing; here
+// a producer warp keeps STAGES stages in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks
+// how close that comes to the read-only floor; docs/perf.md v43).
+//
+// Weights in the compiler's layout: wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric), scale float16
+// [N, K/128]. The copy engine reads wq by a 2-D tensor map (uint8, dims {K/2, N}, box {64, 16 W}, no swizzle:
+// generate.TensorMapTable with dtype uint8): a stage is the 128 k of one group for a tile of 16 W rows, 64 bytes a
+// row, packed densely. Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of the tile), then one
+// producer warp whose lane 0 issues the copies. Lane (g, c) reads 16 bytes of rows g and g + 8 at byte 16 c
+// (conflict-free: a phase's two rows lie 64 bytes apart), i.e. k 32 c .. 32 c + 31 of the stage, and x at the same k
+// from shared memory, staged once per block in the order the lanes read it (word 4 c + w of a step at slot 4 w + c).
+// Dequantization and the MMA chain as quant.cu's qlin_step4 (exact products: each stage's chain starts from zero and
+// is added times the row's group scale in float32); OFS: qlin_step4_ofs's offset form (x staged as (x0, x4) (x2, x6)
+// (x1/16, x5/16) (x3/16, x7/16) per word, each stage's chain from -(1032 S_e + 72 S_o)).
+// An item is (tile, run ks of ks_n) over the K steps; with ks_n > 1 each item writes its float32 sums to ws and the
+// tile's last item to finish adds the runs' sums in run order (deterministic), adds the bias and stores y (counters
+// start and end at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store.
+// Everything here compiles to nothing outside sm_90a (the emitter asks for it only in an sm90-only compile).
+namespace atlas {
+
+constexpr int QB_STAGE_K = 128;                 // k per stage: one g128 group
+constexpr int QB_ROW_BYTES = QB_STAGE_K / 2;    // packed bytes of a row per stage
+
+// dynamic shared memory of linear_q4_bulk (quant_bulk.py smem_bytes): the stages, the item's x (run steps of 128
+// halves) and its stages' offset sums, 128 bytes for the stages' alignment
+template <int W, int STAGES>
+__host__ __device__ constexpr int qb_smem_bytes(int run) {
+  return STAGES * 16 * W * QB_ROW_BYTES + run * (2 * QB_STAGE_K + 4) + 128;
+}
+
+// x (row 0, K halves at xp, 16-byte aligned) of steps s0 .. s0 + iters - 1 into xs in lane order, and with OFS its
+// stages' chain starts into corr; ends with a barrier of the W consumer warps (named barrier 1)
+template <int W, bool OFS>
+__device__ __forceinline__ void qb_stage_x(const __half* xp, int s0, int iters, unsigned char* xs, float* corr) {
+  const uint4* x = reinterpret_cast<const uint4*>(xp) + (long long)s0 * (QB_STAGE_K / 8);
+  for (int base = 0; base < iters * 16; base += 32 * W) {  // a uniform trip count: OFS's lanes shuffle
+    const int v = base + threadIdx.x;
+    const int st = v >> 4, vv = v & 15, c = vv >> 2, w = vv & 3;
+    uint4 p = make_uint4(0u, 0u, 0u, 0u);
+    if (v < iters * 16) p = __ldg(x + v);
+    if constexpr (OFS) {
+      const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16) in float16
+      p = make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
+                     qlin_hmul2(qlin_hi(p.y, p.w), sixteenth));
+      // the sums of what the MMAs multiply: S_o from the staged x / 16 (times 16, exact), so the offsets cancel
+      float se = qlin_half2_sum(p.x) + qlin_half2_sum(p.y), so = 16.f * (qlin_half2_sum(p.z) + qlin_half2_sum(p.w));
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) {
+        se += __shfl_xor_sync(0xffffffffu, se, off);
+        so += __shfl_xor_sync(0xffffffffu, so, off);
+      }
+      if (v < iters * 16 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+    }
+    if (v < iters * 16) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * w + c) * 16) = p;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+}
+
+// tw: wq's tensor map; x, y: Views of one row (x contiguous and 16-byte aligned, checked by the emitter); M: the
+// rows at run time (0 or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1)
+template <int R, int W, int STAGES, bool HAS_BIAS, bool OFS>
+__device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __restrict__ scale, const View<__half, R>& x,
+                                               const __half* __restrict__ bias, long long bias_stride,
+                                               const View<__half, R>& y, long long M, int N, int K,
+                                               float* __restrict__ ws, unsigned int* cnt, int ks_n) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int ROWS = 16 * W;
+  constexpr int W_STAGE = ROWS * QB_ROW_BYTES;
+  if (M < 1) return;  // the whole block: nothing to compute
+  extern __shared__ unsigned char atlas_qb_smem[];
+  __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+  __shared__ int last;
+  unsigned char* sm = atlas_qb_smem + ((128 - (tma_smem_u32(atlas_qb_smem) & 127)) & 127);  // copies: 128-aligned
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
+  const int steps = K / QB_STAGE_K, run = (steps + ks_n - 1) / ks_n;
+  const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
+  const int iters = s1 > s0 ? s1 - s0 : 0;
+  unsigned char* xs = sm + STAGES * W_STAGE;
+  float* corr = reinterpret_cast<float*>(xs + run * QB_STAGE_K * 2);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      tma_bar_init(tma_smem_u32(&full[s]), 1);
+      tma_bar_init(tma_smem_u32(&empty[s]), W);  // lane 0 of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == W) {  // the producer
+    if (lane == 0) {
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % STAGES;
+        const unsigned f = tma_smem_u32(&full[s]);
+        tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
+        tma_bar_expect(f, W_STAGE);
+        tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
+      }
+    }
+    return;
+  }
+  qb_stage_x<W, OFS>(x.p, s0, iters, xs, corr);
+  const int g = lane >> 2, c = lane & 3;
+  const int r_lo = 16 * warp + g, n_lo = tile * ROWS + r_lo, n_hi = n_lo + 8;
+  const int groups = K / QB_STAGE_K;
+  const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
+  const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
+  const unsigned char* wrow = sm + r_lo * QB_ROW_BYTES + 16 * c;
+  float acc_lo = 0.f, acc_hi = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % STAGES;
+    const float slo = __half2float(sc_lo[s0 + it]), shi = __half2float(sc_hi[s0 + it]);
+    tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
+    const uint4 wlo = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE);
+    const uint4 whi = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE + 8 * QB_ROW_BYTES);
+    __syncwarp();
+    if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));  // the stage is in registers: the copy engine may refill
+    const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+    float part[4];
+    part[0] = part[1] = part[2] = part[3] = OFS ? -corr[it] : 0.f;  // rows g and g + 8 read the same x
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * 16 + 4 * w + c) * 16);
+      if constexpr (OFS) {
+        const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
+        lin_mma(part, qlin_nibbles<0x000F000Fu>(ulo[w]), qlin_nibbles<0x000F000Fu>(uhi[w]),
+                qlin_nibbles<0x000F000Fu>(vlo), qlin_nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
+        lin_mma(part, qlin_nibbles<0x00F000F0u>(ulo[w]), qlin_nibbles<0x00F000F0u>(uhi[w]),
+                qlin_nibbles<0x00F000F0u>(vlo), qlin_nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
+      } else {
+        unsigned plo[4], phi[4];
+        qlin_q4_pairs(ulo[w], plo);
+        qlin_q4_pairs(uhi[w], phi);
+        lin_mma(part, plo[0], phi[0], plo[1], phi[1], qlin_lo(xv.x, xv.z), qlin_hi(xv.x, xv.z));
+        lin_mma(part, plo[2], phi[2], plo[3], phi[3], qlin_lo(xv.y, xv.w), qlin_hi(xv.y, xv.w));
+      }
+    }
+    acc_lo = fmaf(slo, part[0], acc_lo);  // C fragment c0: row g, x column 2c (x is column 0: lanes c == 0)
+    acc_hi = fmaf(shi, part[2], acc_hi);  // c2: row g + 8
+  }
+  const long long yn = y.stride[R - 1];
+  auto put = [&](int n, float v) {
+    if (n >= N) return;
+    if constexpr (HAS_BIAS) v += __half2float(bias[n * bias_stride]);
+    store(y.p + n * yn, v);
+  };
+  if (ks_n == 1) {
+    if (c == 0) {
+      put(n_lo, acc_lo);
+      put(n_hi, acc_hi);
+    }
+    return;
+  }
+  if (c == 0) {
+    ws[(long long)blockIdx.x * ROWS + r_lo] = acc_lo;
+    ws[(long long)blockIdx.x * ROWS + r_lo + 8] = acc_hi;
+  }
+  __threadfence();
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+  if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == unsigned(ks_n - 1);
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+  if (!last) return;
+  __threadfence();
+  for (int r = threadIdx.x; r < ROWS; r += 32 * W) {
+    float sum = 0.f;
+    for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + ((long long)tile * ks_n + k) * ROWS + r);
+    put(tile * ROWS + r, sum);
+  }
+  if (threadIdx.x == 0) cnt[tile] = 0u;
+#endif
+}
+
+}  // namespace atlas

@@ -1,0 +1,151 @@
+"""The one-row int4 projection with the copy engine streaming the packed weights (quant_bulk.cu), opt-in.
+
+quant.cu's one-row int4 kernels take 1.5-1.8x the time of a kernel that only streams the same bytes (docs/perf.md
+v11, v37): each warp holds a round of weights in registers and waits for it before dequantizing, so while it
+computes it has no bytes in flight. linear_q4_bulk keeps STAGES stages of 128 k in flight per block through the copy
+engine (cp.async.bulk.tensor into shared memory) while W consumer warps dequantize and multiply what has arrived.
+Lab first: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes (not yet run on a GPU when this
+path was written: docs/perf.md v43), so the path is off until measured.
+
+ATLAS_QUANT_BULK=1 serves a LinearQ4 node (the plain projection: Llama's o and down at batch 1) whose kernel runs for
+one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA, atlasc/ir/archs.py;
+the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the weight is symmetric
+(no zero points) with groups of 128, K % 128 == 0 and N < 2^31, and the node takes float x (not act int8).
+ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
+timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). The offset
+dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
+weights of at least OFS_MIN_N rows).
+"""
+
+from __future__ import annotations
+
+import os
+
+from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
+from atlasc.codegen.nvcc import SM90A_MARKER
+from atlasc.errors import env_choice, env_switch
+from atlasc.ir.archs import copy_engine
+
+BULK_ENV = "ATLAS_QUANT_BULK"
+CONFIG_ENV = "ATLAS_QUANT_BULK_CONFIG"
+KS_ENV = "ATLAS_QUANT_BULK_KS"
+KS_VALUES = ("1", "2", "4", "8", "16")
+CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
+STAGE_K = 128  # k per stage (QB_STAGE_K): one group
+GROUP = 128
+SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the static arrays
+BLOCKS_TARGET = 264  # the K split aims for two blocks per SM of an H200 (132 SMs)
+MIN_RUN = 4  # stages each K run keeps at least
+I32 = 1 << 31
+
+
+def bulk_choice() -> bool:
+    """ATLAS_QUANT_BULK (default off); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(BULK_ENV, False, CodegenError)
+
+
+def smem_bytes(w: int, stages: int, run: int) -> int:
+    """Dynamic shared memory of linear_q4_bulk (quant_bulk.cu qb_smem_bytes) for K runs of `run` stages."""
+    return stages * 16 * w * (STAGE_K // 2) + run * (2 * STAGE_K + 4) + 128
+
+
+def config() -> tuple[int, int, int]:
+    """(W, STAGES, blocks per SM): CONFIG or ATLAS_QUANT_BULK_CONFIG; CodegenError for a value that is not W-S-B of
+    positive integers, a tile over 256 rows (a tensor-map box), more than 16 warps or fewer than 2 stages."""
+    value = os.environ.get(CONFIG_ENV, "")
+    if not value:
+        return CONFIG
+    parts = value.split("-")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise CodegenError(f"{CONFIG_ENV}={value!r} is not W-STAGES-BLOCKS (e.g. 8-6-2)")
+    w, stages, blocks = (int(p) for p in parts)
+    if 16 * w > 256 or stages < 2 or blocks > 8:
+        raise CodegenError(f"{CONFIG_ENV}={value!r}: needs at most 16 warps (a box of at most 256 rows), at least 2 "
+                           f"stages and at most 8 blocks per SM")
+    return w, stages, blocks
+
+
+def ks_choice() -> str:
+    """ATLAS_QUANT_BULK_KS as given ("auto" when unset); CodegenError unless auto or one of KS_VALUES."""
+    return env_choice(KS_ENV, "auto", (*KS_VALUES, "auto"), "a K split", CodegenError)
+
+
+def ks_split(tiles: int, steps: int) -> int:
+    """K runs for `tiles` tiles of `steps` stages: forced by ATLAS_QUANT_BULK_KS, or the largest power of two up to
+    16 that keeps tiles x runs <= BLOCKS_TARGET and every run >= MIN_RUN stages (at least 1); never more runs than
+    stages."""
+    mode = ks_choice()
+    if mode != "auto":
+        return min(int(mode), steps)
+    ks = 1
+    while ks < 16 and tiles * ks * 2 <= BLOCKS_TARGET and steps // (ks * 2) >= MIN_RUN:
+        ks *= 2
+    return ks
+
+
+def record() -> dict:
+    """The path's settings for the artifact's codegen choices: {"quant_bulk": bool} and, when on, its config and
+    K split mode."""
+    if not bulk_choice():
+        return {"quant_bulk": False}
+    return {"quant_bulk": True, "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice()}
+
+
+def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
+    """Tensor-map slots to reserve for a module: one per LinearQ4 node and kernel variant when the path may be used
+    (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
+    if not (bulk_choice() and copy_engine(archs)):
+        return 0
+    slots = 0
+    for entry, (graph, _) in entries.items():
+        kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
+        slots += kernels * sum(n.op == "LinearQ4" for n in graph.nodes)
+    return slots
+
+
+def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int) -> bool:
+    """Whether linear_q4_bulk serves this LinearQ4 node's kernel (the module docstring's conditions)."""
+    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs):
+        return False
+    x_v, wq_v = node.inputs[0], node.inputs[1]
+    if node.op != "LinearQ4" or m_upper != 1 or zp or group != GROUP or x_v.dtype != "float16":
+        return False
+    if not isinstance(k_static, int) or k_static % STAGE_K or not isinstance(wq_v.shape[0], int) or n_upper >= I32:
+        return False
+    placement = ctx.plan.placement(x_v)
+    if placement.strides is not None or placement.offset % 16 or ctx.plan.placement(wq_v).offset % 16:
+        return False
+    return ctx.upper(x_v.shape[-1]) == k_static
+
+
+def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str]) -> KernelCode:
+    """The kernel body calling linear_q4_bulk after the statements `head` (which declare M; the caller bound x, y,
+    wq, wscale, bias and bias_stride; eligible() said yes), with its grid, block, shared memory, scratch and tensor
+    map."""
+    from atlasc.codegen import quant
+
+    w, stages, blocks = config()
+    rows = 16 * w
+    tiles, steps = -(-n // rows), k // STAGE_K
+    ks = ks_split(tiles, steps)
+    run = -(-steps // ks)
+    while stages > 2 and smem_bytes(w, stages, run) > SMEM_LIMIT:
+        stages -= 1
+    if smem_bytes(w, stages, run) > SMEM_LIMIT:
+        raise CodegenError(f"{node.name}: the copy-engine int4 kernel needs {smem_bytes(w, stages, run)} bytes of "
+                           f"shared memory (K {k}, {ks} K runs); unset {BULK_ENV} or set {KS_ENV}")
+    ofs = quant.ofs_choice() == "1" or (quant.ofs_choice() == "auto" and n >= quant.OFS_MIN_N)
+    tw = ctx.tensor_map_address(node.inputs[1], n, rows)
+    ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
+    cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
+    counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (0, 0)
+    r = len(node.inputs[0].shape)
+    body = "\n".join([
+        *head,
+        f"  {SM90A_MARKER}",
+        f"  atlas::linear_q4_bulk<{r}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, x, bias, "
+        f"bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks});",
+    ])
+    choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs}
+    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run),
+                      scratch=scratch, counters=counters, choice=choice, min_blocks=blocks)

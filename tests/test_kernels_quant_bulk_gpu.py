@@ -1,0 +1,72 @@
+"""GPU numerics of the copy-engine int4 projection (codegen/quant_bulk.py, ATLAS_QUANT_BULK=1) against the reference.
+
+An sm90-only compile of one-row LinearQ4 nodes (symmetric, groups of 128): K 4096 x N 4096 (Llama-3-8B's o), K 14336
+x N 256 with a bias (down's K: 112 stages, split into K runs), K 128 x N 40 with a bias (one stage, a partial tile) and
+K 256 x N 1000 (a partial tile of the 128-row default); each node is checked to be the copy-engine kernel, then run
+twice in one arena (the K split's counters must be left at 0) against the reference interpreter, with the offset
+dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
+configurations (ATLAS_QUANT_BULK_CONFIG). float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlasc.passes.quantize import quantize_int4
+
+pytestmark = pytest.mark.gpu
+
+ARCHS = ("sm90",)
+CASES = ((4096, 4096, False), (14336, 256, True), (128, 40, True), (256, 1000, False))  # (K, N, bias)
+CALL = "atlas::linear_q4_bulk<"
+
+
+def build_bulk():
+    """A Builder of one-row LinearQ4 nodes the copy-engine path serves (CASES; weights from the real packer)."""
+    from test_codegen_matmul_attention import Builder
+
+    b = Builder("quant_bulk", {"m": (1, 1)})
+    for i, (k, n, bias) in enumerate(CASES):
+        w = (np.random.default_rng(10 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        wq, scale = quantize_int4(w, 128)
+        x = b.input(f"x{i}", "float16", ("m", k))
+        wv = b.input(f"wq{i}", "uint8", wq.shape, gen=lambda rng, shape, a=wq: a)
+        sv = b.input(f"s{i}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
+        b.node("LinearQ4", [x, wv, sv, *([b.input(f"b{i}", "float16", (n,))] if bias else [])], {"group_size": 128})
+    return b
+
+
+def _check(monkeypatch, **env):
+    from kernel_harness import run_on_gpu
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.codegen import generate_module
+    from atlasc.ir import interpret
+
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    builder = build_bulk()
+    graph = builder.done()
+    plan = plan_for(graph, builder.upper)[0]
+    mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, None, archs=ARCHS)
+    assert mod.source.count(CALL) == len(graph.nodes) and len(mod.tensor_maps) == len(graph.nodes)
+    feeds = builder.inputs(np.random.default_rng(), {"m": 1})
+    want = interpret(graph, feeds)
+    got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_for, archs=ARCHS, repeat=2)
+    for name, w in want.items():
+        g, w = got[name].astype(np.float64), w.astype(np.float64)
+        err = np.abs(g - w).max() if np.all(np.isfinite(g)) else np.inf
+        assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} {env}: err {err}"
+
+
+@pytest.mark.parametrize("ofs", ["0", "1"])
+@pytest.mark.parametrize("ks", ["auto", "1", "2", "4"])
+def test_bulk_int4_matches_reference(monkeypatch, ofs, ks):
+    _check(monkeypatch, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_BULK_KS=ks)
+
+
+@pytest.mark.parametrize("config", ["4-8-4", "16-4-1"])
+def test_bulk_int4_configurations(monkeypatch, config):
+    _check(monkeypatch, ATLAS_QUANT_BULK_CONFIG=config)

@@ -1,0 +1,117 @@
+"""The copy-engine int4 projection (codegen/quant_bulk.py, opt-in ATLAS_QUANT_BULK=1) on the CPU: where it is emitted
+and where not, its tensor maps (uint8, no swizzle) in the module, the manifest and the driver call, its sm_90a build
+without spills, its switches and its K split. Its numerics: tests/test_kernels_quant_bulk_gpu.py (GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+from test_codegen_matmul_attention import Builder, plan_for
+from test_kernels_quant_bulk_gpu import CALL, CASES, build_bulk
+from test_linear_tma import assert_builds_without_spills
+
+from atlasc.codegen import generate_module, quant_bulk
+from atlasc.codegen.generate import CodegenError
+from atlasc.codegen.nvcc import SM90A_MARKER
+
+
+def _module(builder, archs=("sm90",)):
+    graph = builder.done()
+    return graph, generate_module({"run": (graph, plan_for(graph, builder.upper)[0])}, {"run": builder.upper}, None,
+                                  archs=archs)
+
+
+def _one(k=4096, n=4096, m=1, dtype="float16", group=128, zero=False):
+    b = Builder("one", {"m": (1, m)})
+    x = b.input("x", dtype, ("m", k))
+    wq = b.input("wq", "uint8", (n, k // 2))
+    s = b.input("s", "float16", (n, k // group))
+    z = b.input("z", "uint8", (n, k // group)) if zero else None
+    b.node("LinearQ4", [x, wq, s, None, z] if zero else [x, wq, s], {"group_size": group})
+    return b
+
+
+def test_emitted_with_the_switch_for_sm90(monkeypatch):
+    """Every node of the GPU test's graph takes the path: the call, the sm_90a marker, one uint8 tensor map per node
+    over the packed rows (K/2 bytes a row, boxes of 128 rows x 64 bytes), and the choice recorded."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    graph, mod = _module(build_bulk())
+    assert mod.source.count(CALL) == len(graph.nodes) and SM90A_MARKER in mod.source
+    maps = sorted(mod.tensor_maps, key=lambda t: t.slot)
+    assert [(t.dtype, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols) for t in maps] == \
+        [("uint8", n, k // 2, k // 2, 128, 64) for k, n, _ in CASES]
+    kernels = mod.choices["kernels"]
+    assert mod.choices["quant_bulk"] is True and len(kernels) == len(graph.nodes)
+    assert all(c["path"] == "bulk" and c["config"] == list(quant_bulk.CONFIG) for c in kernels.values())
+
+
+@pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
+                                  "float32"])
+def test_not_emitted_elsewhere(monkeypatch, case):
+    """Off by default; on only for an sm90-only compile with the copy engine allowed, one row of float16 x and
+    symmetric groups of 128: otherwise quant.cu's kernel as before."""
+    if case != "off":
+        monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    if case == "tma off":
+        monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
+    archs = {"sm80": ("sm80",), "sm80+sm90": ("sm80", "sm90")}.get(case, ("sm90",))
+    builder = {"two rows": lambda: _one(m=2), "zero points": lambda: _one(zero=True),
+               "group 64": lambda: _one(group=64), "float32": lambda: _one(dtype="float32")}.get(case, _one)()
+    _, mod = _module(builder, archs)
+    assert CALL not in mod.source and "atlas::linear_quant" in mod.source and not mod.tensor_maps
+
+
+def test_builds_without_spills(monkeypatch, tmp_path):
+    """nvcc builds the GPU test's module for sm_90a, with and without the offset dequantization, no kernel spilling."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    for ofs in ("0", "1"):
+        monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
+        _, mod = _module(build_bulk())
+        flags = re.findall(r"atlas::linear_q4_bulk<\d+, \d+, \d+, (?:true|false), (true|false)>\(", mod.source)
+        assert flags == [{"0": "false", "1": "true"}[ofs]] * len(CASES)
+        assert_builds_without_spills(mod, tmp_path)
+
+
+@pytest.mark.parametrize("env, value", [(quant_bulk.BULK_ENV, "2"), (quant_bulk.CONFIG_ENV, "8-6"),
+                                        (quant_bulk.CONFIG_ENV, "32-4-1"), (quant_bulk.CONFIG_ENV, "8-1-2"),
+                                        (quant_bulk.KS_ENV, "3")])
+def test_switches_are_checked(monkeypatch, env, value):
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    monkeypatch.setenv(env, value)
+    with pytest.raises(CodegenError, match=env):
+        _module(_one())
+
+
+def test_k_split_rule(monkeypatch):
+    """Up to two blocks per SM of an H200 with every run at least MIN_RUN stages: the 8B o (32 tiles of 128 rows, 32
+    stages) and down (112 stages) take 8 runs, a wide weight (gate/up's 224 tiles) none; forced values hold."""
+    assert quant_bulk.ks_split(32, 32) == 8 and quant_bulk.ks_split(32, 112) == 8
+    assert quant_bulk.ks_split(224, 32) == 1 and quant_bulk.ks_split(1, 4) == 1 and quant_bulk.ks_split(2, 8) == 2
+    monkeypatch.setenv(quant_bulk.KS_ENV, "4")
+    assert quant_bulk.ks_split(224, 32) == 4 and quant_bulk.ks_split(1, 2) == 2
+
+
+def test_manifest_and_driver_take_uint8_maps(monkeypatch):
+    """The manifest accepts a uint8 map whose box is 64 bytes wide and refuses one wider than 128 bytes or of
+    another dtype; the runtime asks the driver for UINT8 without swizzle (float16 keeps the 128-byte swizzle)."""
+    from atlasc.artifact import TensorMapSpec
+    from atlasc.runtime import tensor_maps
+
+    calls = []
+
+    class Driver:
+        @staticmethod
+        def cuTensorMapEncodeTiled(*args):
+            calls.append((args[1], args[9]))  # data type, swizzle
+            return 0
+
+    monkeypatch.setattr(tensor_maps, "_libcuda", lambda: Driver)
+    spec = TensorMapSpec(0, 256, 4096, 2048, 2048, 128, 64, "uint8")
+    tensor_maps.encode(1 << 20, spec)
+    tensor_maps.encode(1 << 20, dataclasses.replace(spec, dtype="float16", cols=1024))
+    assert calls == [(0, 0), (6, tensor_maps.SWIZZLE_128B)]
+    assert quant_bulk.smem_bytes(8, 6, 8) == 6 * 128 * 64 + 8 * 260 + 128
+    assert np.iinfo(np.int32).max >= quant_bulk.SMEM_LIMIT
