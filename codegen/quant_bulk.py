@@ -84,11 +84,9 @@ def ks_split(tiles: int, steps: int) -> int:
 
 
 def record() -> dict:
-    """The path's settings for the artifact's codegen choices: {"quant_bulk": bool} and, when on, its config and
-    K split mode."""
-    if not bulk_choice():
-        return {"quant_bulk": False}
-    return {"quant_bulk": True, "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice()}
+    """The path's settings for the artifact's codegen choices: the switch, the configuration and the K split mode,
+    each validated whether or not the switch is on (CodegenError naming a bad one)."""
+    return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:

@@ -1,6 +1,6 @@
 """Lab: the batch-1 int4 g128 projection with the copy engine streaming the packed weights (examples/w4_bulk_lab.cu).
 
-    python3 examples/w4_bulk_lab.py                                 # 8B shapes, every configuration, K splits 1,2,4
+    python3 examples/w4_bulk_lab.py                                 # 8B shapes, every configuration, K splits 1..8
     python3 examples/w4_bulk_lab.py --configs 8-6-2 --ks 1,2 --shapes "8B gate_up" --variant plain,gated --ofs 0,1
     python3 examples/w4_bulk_lab.py --ptxas                         # registers / spills only (no GPU needed)
 
@@ -44,7 +44,7 @@ SHAPES = {  # (K, N), as in kernel_lab.py
     "8B lm_head": (4096, 128256),
     "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate_up": (2048, 16384), "1B down": (8192, 2048),
 }
-CONFIGS = ("8-4-2", "8-8-2", "8-6-3", "16-4-1", "16-6-1", "4-8-4")
+CONFIGS = ("8-4-2", "8-6-2", "8-8-2", "8-6-3", "16-4-1", "16-6-1", "4-8-4")  # 8-6-2: codegen/quant_bulk.py's default
 SMEM_LIMIT = 232448
 TM_BYTES = 128
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="W-STAGES-BLOCKS, comma-separated")
-    ap.add_argument("--ks", default="1,2,4", help="K splits to try (each must leave every block a stage)")
+    ap.add_argument("--ks", default="1,2,4,8", help="K splits to try (each must leave every block a stage)")
     ap.add_argument("--variant", default="plain", help="plain, gated (SwiGLU pairs), copy (no math), comma-separated")
     ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1")
     ap.add_argument("--floor", action="store_true", help="also time the read-only kernel on the same bytes")
