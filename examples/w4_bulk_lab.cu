@@ -1,4 +1,5 @@
-// Lab (examples/w4_bulk_lab.py): the batch-1 int4 g128 decode projection y[N] = x[K] @ dequant(wq)^T with the
+// Lab (examples/w4_bulk_lab.py): the batch-1 int4 g128 (or, BITS 8, int8 per-row-scaled) decode projection
+// y[N] = x[K] @ dequant(wq)^T with the
 // copy engine streaming the packed weights into a ring of shared-memory stages and consumer warps multiplying them
 // where they lie (mma.sync m16n8k16 on the dequantized nibbles, as quant.cu's tensor-core path does in registers).
 // Why: quant.cu's one-row kernel issues a round of weight loads per warp, waits, then dequantizes and multiplies;
@@ -97,11 +98,16 @@ __device__ __forceinline__ void q4_pairs(unsigned u, unsigned (&p)[4]) {
   p[2] = hsub2(nibbles<0x000F000Fu>(v), 0x64086408u);
   p[3] = hfma2(nibbles<0x00F000F0u>(v), 0x2C002C00u, 0xD480D480u);
 }
+// 4 int8 of one row (k 0..3 of a word) -> half2 q pairs (k0, k2), (k1, k3), exact: (1024 + q + 128) - 1152 (quant.cu)
+__device__ __forceinline__ void q8_pairs(unsigned u, unsigned (&p)[2]) {
+  const unsigned v = u ^ 0x80808080u;
+  p[0] = hsub2(__byte_perm(v, 0x64646464u, 0x4240), 0x64806480u);
+  p[1] = hsub2(__byte_perm(v, 0x64646464u, 0x4341), 0x64806480u);
+}
 __device__ __forceinline__ unsigned lo2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
 __device__ __forceinline__ unsigned hi2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
 
-constexpr int STAGE_K = 128;      // k per stage: one g128 group
-constexpr int ROW_BYTES = STAGE_K / 2;
+constexpr int ROW_BYTES = 64;  // bytes of a row per stage: 128 k of int4 (one g128 group) or 64 k of int8
 
 // the two halves of a half2 (as its bits), added in float32
 __device__ __forceinline__ float half2_sum(unsigned u) {
@@ -120,11 +126,18 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); 
 // word, and each stage's chain starts at -(1032 S_e + 72 S_o): 5 instructions per 8 weights instead of 9.
 // COPY: the consumers only wait for each stage and release it (no math, y not written): what the copy engine alone
 // streams in this configuration, the floor of the others.
-template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false>
+// BITS 8: int8 weights [N, K] with a float16 scale per row (quant.cu's W8A16 layout): a stage is 64 k, lane c's 16
+// bytes are k 16 c .. 16 c + 15 (words 2 h, 2 h + 1 against x words 2 c + h, staged at slot 4 h + c), dequantized
+// as qlin_step8 (exact), the row scale applied once at the end.
+template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false, int BITS = 4>
 __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, long long o_scale, long long o_x,
                                         long long o_y, long long o_ws, long long o_cnt, long long N_, long long K_,
                                         long long ks_n_) {
+  static_assert(BITS == 4 || !OFS, "the offset dequantization is int4's");
   const int N = int(N_), K = int(K_), ks_n = int(ks_n_);
+  constexpr int SK = BITS == 4 ? 128 : 64;  // k per stage
+  constexpr int WPS = SK / 8;                // words of 8 k per stage
+  constexpr int LW = WPS / 4;                // words per lane c (4 int4, 2 int8)
   constexpr int ROWS = 16 * W;     // weight rows per stage
   constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
   constexpr int W_STAGE = ROWS * ROW_BYTES;
@@ -134,12 +147,12 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
-  const int steps = K / STAGE_K, run = (steps + ks_n - 1) / ks_n;
+  const int steps = K / SK, run = (steps + ks_n - 1) / ks_n;
   const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
   const int iters = s1 - s0;
   const int H = N / 2, outs = GATED ? H : N;
-  unsigned char* xs = dyn + STAGES * W_STAGE;  // the item's x: iters * 128 halves, in lane order
-  float* corr = reinterpret_cast<float*>(xs + iters * STAGE_K * 2);  // OFS: each stage's chain start (negated)
+  unsigned char* xs = dyn + STAGES * W_STAGE;  // the item's x: iters * SK halves, in lane order
+  float* corr = reinterpret_cast<float*>(xs + iters * SK * 2);  // OFS: each stage's chain start (negated)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       bar_init(&full[s], 1);
@@ -166,14 +179,14 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
     }
     return;
   }
-  // x of the item's steps into shared memory: word v = 4 c + w of a step (k 32 c + 8 w .. + 7) at slot 4 w + c,
-  // so lane c's load of word w reads 16 contiguous bytes with its 3 neighbours (no bank conflict)
-  const uint4* x = reinterpret_cast<const uint4*>(arena + o_x) + (long long)s0 * (STAGE_K / 8);
-  for (int base = 0; base < iters * 16; base += 32 * W) {  // uniform trip count: OFS's lanes shuffle
+  // x of the item's steps into shared memory: word v = LW c + w of a step (int4: k 32 c + 8 w .. + 7) at slot
+  // 4 w + c, so lane c's load of word w reads 16 contiguous bytes with its 3 neighbours (no bank conflict)
+  const uint4* x = reinterpret_cast<const uint4*>(arena + o_x) + (long long)s0 * WPS;
+  for (int base = 0; base < iters * WPS; base += 32 * W) {  // uniform trip count: OFS's lanes shuffle
     const int v = base + threadIdx.x;
-    const int st = v >> 4, vv = v & 15, c = vv >> 2, w = vv & 3;
+    const int st = v / WPS, vv = v % WPS, c = vv / LW, w = vv % LW;
     uint4 p = make_uint4(0u, 0u, 0u, 0u);
-    if (v < iters * 16) p = __ldg(x + v);
+    if (v < iters * WPS) p = __ldg(x + v);
     if constexpr (OFS) {
       const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16)
       p = make_uint4(lo2(p.x, p.z), lo2(p.y, p.w), hmul2(hi2(p.x, p.z), sixteenth),
@@ -184,9 +197,9 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
         se += __shfl_xor_sync(0xffffffffu, se, off);
         so += __shfl_xor_sync(0xffffffffu, so, off);
       }
-      if (v < iters * 16 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+      if (v < iters * WPS && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
     }
-    if (v < iters * 16) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * w + c) * 16) = p;
+    if (v < iters * WPS) *reinterpret_cast<uint4*>(xs + (st * WPS + 4 * w + c) * 16) = p;
   }
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 
@@ -204,7 +217,7 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
   const int n_lo = GATED ? tile * OUTS + r_lo : tile * OUTS + r_lo;
   const int n_hi = GATED ? H + tile * OUTS + r_lo : n_lo + 8;
-  const int groups = K / STAGE_K;
+  const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
   const __half* scale = reinterpret_cast<const __half*>(arena + o_scale);
   const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
   const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
@@ -213,7 +226,8 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   const unsigned char* wrow_hi = dyn + r_hi * ROW_BYTES + 16 * c;
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES;
-    const float slo = __half2float(sc_lo[s0 + it]), shi = __half2float(sc_hi[s0 + it]);
+    const float slo = BITS == 4 ? __half2float(sc_lo[s0 + it]) : 1.f;
+    const float shi = BITS == 4 ? __half2float(sc_hi[s0 + it]) : 1.f;
     bar_wait(&full[s], (it / STAGES) & 1);
     const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
     const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
@@ -228,9 +242,17 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
       part[0] = part[1] = part[2] = part[3] = 0.f;
     }
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * 16 + 4 * w + c) * 16);
-      if constexpr (OFS) {
+    for (int w = 0; w < LW; ++w) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * WPS + 4 * w + c) * 16);
+      if constexpr (BITS == 8) {  // words 2 w, 2 w + 1: k 8 w .. 8 w + 7 of the lane's 16
+        unsigned pl0[2], ph0[2], pl1[2], ph1[2];
+        q8_pairs(ulo[2 * w], pl0);
+        q8_pairs(uhi[2 * w], ph0);
+        q8_pairs(ulo[2 * w + 1], pl1);
+        q8_pairs(uhi[2 * w + 1], ph1);
+        mma16816(part, pl0[0], ph0[0], pl0[1], ph0[1], lo2(xv.x, xv.y), hi2(xv.x, xv.y));
+        mma16816(part, pl1[0], ph1[0], pl1[1], ph1[1], lo2(xv.z, xv.w), hi2(xv.z, xv.w));
+      } else if constexpr (OFS) {
         const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
         mma16816(part, nibbles<0x000F000Fu>(ulo[w]), nibbles<0x000F000Fu>(uhi[w]), nibbles<0x000F000Fu>(vlo),
                  nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
@@ -246,6 +268,10 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
     }
     acc[0] = fmaf(slo, part[0], acc[0]);  // c0: A row g, x column 2c (column 0 is x: lanes c == 0)
     acc[2] = fmaf(shi, part[2], acc[2]);  // c2: A row g + 8
+  }
+  if constexpr (BITS == 8) {
+    acc[0] *= __half2float(sc_lo[0]);
+    acc[2] *= __half2float(sc_hi[0]);
   }
   __half* y = reinterpret_cast<__half*>(arena + o_y);
   auto put = [&](int r, float lo, float hi) {  // tile output r from A rows (r_lo, r_hi)'s sums
@@ -294,11 +320,12 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
 
 }  // namespace
 
-// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY> (B: the launch bound's blocks per SM)
-#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY)                                                                 \
+// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY>_<BITS> (B: the launch bound's blocks
+// per SM)
+#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY, BITS)                                                           \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, B)                                                  \
-      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY(                                                      \
+      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY##_##BITS(                                             \
           unsigned char* arena, long long o_tw, long long o_scale, long long o_x, long long o_y, long long o_ws,  \
           long long o_cnt, long long N, long long K, long long ks_n) {                                          \
-    w4_bulk<W, ST, GATED, OFS, COPY>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);                  \
+    w4_bulk<W, ST, GATED, OFS, COPY, BITS>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);            \
   }

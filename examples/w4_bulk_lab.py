@@ -1,7 +1,8 @@
-"""Lab: the batch-1 int4 g128 projection with the copy engine streaming the packed weights (examples/w4_bulk_lab.cu).
+"""Lab: the batch-1 int4 / int8 projection with the copy engine streaming the weights (examples/w4_bulk_lab.cu).
 
     python3 examples/w4_bulk_lab.py                                 # 8B shapes, every configuration, K splits 1..8
     python3 examples/w4_bulk_lab.py --configs 8-6-2 --ks 1,2 --shapes "8B gate_up" --variant plain,gated --ofs 0,1
+    python3 examples/w4_bulk_lab.py --quant int8 --variant plain,copy      # W8A16: int8 weights, a scale per row
     python3 examples/w4_bulk_lab.py --ptxas                         # registers / spills only (no GPU needed)
 
 Why: quant.cu's one-row int4 kernel takes 1.5-1.8x the time of a kernel that only streams the same bytes
@@ -15,7 +16,8 @@ A configuration W-S-B is W consumer warps (a tile of 16 W rows), S stages of 128
 bound of B blocks per SM. --ks splits K across that many blocks per tile (float32 partial sums; the tile's last
 block adds them in order). --variant gated: the gate/up projection with the SwiGLU epilogue (pairs of rows j and
 N/2 + j, y[j] = silu(gate) * up, N/2 outputs), what a decode step runs for gate/up; plain: y = x W^T. --ofs 1: the
-offset dequantization of quant.cu (ATLAS_QUANT_OFS: 5 instead of 9 instructions per 8 weights). --variant
+offset dequantization of quant.cu (ATLAS_QUANT_OFS: 5 instead of 9 instructions per 8 weights). --quant int8: the
+same pipeline for quant.cu's W8A16 layout (int8 [N, K], a float16 scale per row; stages of 64 k). --variant
 copy: the consumers only wait for each stage and release it (no math, nothing checked): what the copy engine
 streams in that configuration, the floor of the others.
 Weights are random packed nibbles with random float16 group scales (the compiler's layout: uint8 [N, K/2],
@@ -84,16 +86,20 @@ def encode_map(lib, buf, addr: int, rows: int, row_bytes: int, box_rows: int) ->
 
 
 def reference(wq: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y = x @ dequant(wq)^T in float32, chunked over rows (the LM head's dequantized matrix is 2 GB)."""
-    n, half = wq.shape
+    """y = x @ dequant(wq)^T in float32, chunked over rows (the LM head's dequantized matrix is 2 GB): int4 g128
+    (wq uint8 [N, K/2], scale [N, K/128]) or int8 (wq int8 [N, K], scale [N])."""
+    n = wq.shape[0]
     xf = x.astype(np.float32)
     y = np.empty(n, np.float32)
     for r0 in range(0, n, 8192):
         b = wq[r0:r0 + 8192]
-        q = np.empty((b.shape[0], 2 * half), np.float32)
-        q[:, 0::2] = (b & 15).astype(np.float32) - 8
-        q[:, 1::2] = (b >> 4).astype(np.float32) - 8
-        q *= np.repeat(scale[r0:r0 + 8192].astype(np.float32), GROUP, axis=1)
+        if wq.dtype == np.int8:
+            q = b.astype(np.float32) * scale[r0:r0 + 8192, None].astype(np.float32)
+        else:
+            q = np.empty((b.shape[0], 2 * b.shape[1]), np.float32)
+            q[:, 0::2] = (b & 15).astype(np.float32) - 8
+            q[:, 1::2] = (b >> 4).astype(np.float32) - 8
+            q *= np.repeat(scale[r0:r0 + 8192].astype(np.float32), GROUP, axis=1)
         y[r0:r0 + 8192] = q @ xf
     return y
 
@@ -104,17 +110,21 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="W-STAGES-BLOCKS, comma-separated")
     ap.add_argument("--ks", default="1,2,4,8", help="K splits to try (each must leave every block a stage)")
     ap.add_argument("--variant", default="plain", help="plain, gated (SwiGLU pairs), copy (no math), comma-separated")
-    ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1")
+    ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1 (int4 only)")
+    ap.add_argument("--quant", default="int4", help="int4 (g128) and / or int8 (a scale per row), comma-separated")
     ap.add_argument("--floor", action="store_true", help="also time the read-only kernel on the same bytes")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     shapes = [parse_config(c) for c in args.configs.split(",")]
     variants = [v.strip() for v in args.variant.split(",")]
     ofs_list = args.ofs.split(",")
-    if [v for v in variants if v not in ("plain", "gated", "copy")] or [o for o in ofs_list if o not in ("0", "1")]:
-        ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1")
-    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy")) for v in variants
-               for o in (ofs_list if v != "copy" else ["0"]) for w, st, b in shapes]
+    quants = [q.strip() for q in args.quant.split(",")]
+    if [v for v in variants if v not in ("plain", "gated", "copy")] or [o for o in ofs_list if o not in ("0", "1")] \
+            or [q for q in quants if q not in ("int4", "int8")]:
+        ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1; --quant takes int4, int8")
+    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8)
+               for q in quants for v in variants
+               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b in shapes]
     for w, st, *_ in configs:
         if 16 * w > 256 or smem_bytes(w, st, 14336) > SMEM_LIMIT:
             sys.exit(f"configuration {w}-{st}: a tile over 256 rows or shared memory {smem_bytes(w, st, 14336)} B")
@@ -138,10 +148,14 @@ def main(argv=None) -> int:
     rows, floor_bytes = [], []
     print("| shape | config (W-S-B) | ks | blocks | us | GB/s | % of 4.30 TB/s | max err / max abs |")
     print("|---|---|---|---|---|---|---|---|")
-    for shape in [s.strip() for s in args.shapes.split(",")]:
+    for shape, bits in [(s.strip(), 4 if q == "int4" else 8) for s in args.shapes.split(",") for q in quants]:
         k, n = SHAPES[shape]
-        wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-        scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) * (k ** -0.5) / 4).astype(np.float16)
+        if bits == 4:
+            wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+            scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) * (k ** -0.5) / 4).astype(np.float16)
+        else:
+            wq = rng.integers(-127, 128, (n, k), dtype=np.int8)
+            scale = (rng.uniform(0.5, 1.5, n) * (k ** -0.5) / 64).astype(np.float16)
         x = rng.standard_normal(k, dtype=np.float32).astype(np.float16)
         ref = reference(wq, scale, x)
         h = n // 2
@@ -163,20 +177,25 @@ def main(argv=None) -> int:
             dev.upload(a, o_w, wq)
             dev.upload(a, o_s, scale)
             dev.upload(a, o_x, x)
-        for (w, st, b, gated, ofs, copy), name in zip(configs, names):
+        for (w, st, b, gated, ofs, copy, cbits), name in zip(configs, names):
+            if cbits != bits:
+                continue
             outs, box = (h, 8 * w) if gated else (n, 16 * w)  # outputs, rows a tile reads per box
             tiles = -(-outs // box)
-            steps = k // GROUP
+            sk = 128 if bits == 4 else 64  # k per stage
+            steps = k // sk
             want = ref_gated if gated else ref
-            label = f"{w}-{st}-{b}{' gated' if gated else ''}{' ofs' if ofs else ''}{' copy' if copy else ''}"
+            label = (f"int{bits} {w}-{st}-{b}{' gated' if gated else ''}{' ofs' if ofs else ''}"
+                     f"{' copy' if copy else ''}")
             for a in arenas:
-                dev.upload(a, 0, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, k // 2, box), dtype=np.uint8))
+                dev.upload(a, 0, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
+                                               dtype=np.uint8))
                 dev.upload(a, o_cnt, np.zeros(tiles, dtype=np.uint32))
             for ks in ks_list:
                 run = -(-steps // ks)
                 if run * (ks - 1) >= steps:
                     continue  # a run of the split would be empty
-                smem = smem_bytes(w, st, run * GROUP)
+                smem = smem_bytes(w, st, run * sk)
                 go_args = (0, o_s, o_x, o_y, o_ws, o_cnt, n, k, ks)
 
                 def go(a, name=name, grid=tiles * ks, block=32 * w + 32, smem=smem, go_args=go_args):
@@ -200,11 +219,11 @@ def main(argv=None) -> int:
     for r in rows:
         if "copy" in r[1]:
             continue
-        key = (r[0], "gated" in r[1])
+        key = (r[0], r[1].split()[0], "gated" in r[1])
         if r[5] < 1e-2 and (key not in best or r[3] < best[key][3]):
             best[key] = r
-    for (shape, gated), r in best.items():
-        print(f"  {shape}{' gated' if gated else ''}: {r[3]:.2f} us ({r[4]:.1f}%), config {r[1]}, ks {r[2]}")
+    for (shape, quant, gated), r in best.items():
+        print(f"  {shape} {quant}{' gated' if gated else ''}: {r[3]:.2f} us ({r[4]:.1f}%), config {r[1]}, ks {r[2]}")
     if args.floor:
         from lab_floor import floor_rows, print_floor
 
