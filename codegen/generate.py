@@ -197,13 +197,13 @@ class KernelContext:
     def address(self, value: Value) -> str:
         return f"arena + {self.plan.placement(value).offset}LL"
 
-    def tensor_map_address(self, value: Value, rows: int, box_rows: int) -> str:
-        """C address of the tensor map (TensorMapTable) of value, a contiguous float16 (or uint8: packed int4)
-        matrix whose last dim is its columns, read as `rows` rows (its leading dims flattened, at their maxima) in
-        boxes of box_rows rows."""
+    def tensor_map_address(self, value: Value, rows: int, box_rows: int, dtype: str = "") -> str:
+        """C address of the tensor map (TensorMapTable) of value, a contiguous float16 matrix (or one of bytes, dtype
+        "uint8": packed int4 or int8 codes) whose last dim is its columns, read as `rows` rows (its leading dims
+        flattened, at their maxima) in boxes of box_rows rows."""
         cols = self.upper(value.shape[-1])
         slot = self.tensor_maps.slot(self.plan.placement(value).offset, rows, cols, cols * itemsize(value.dtype),
-                                     box_rows, value.dtype)
+                                     box_rows, dtype or value.dtype)
         return f"arena + {slot}LL"
 
     def scratch_address(self, offset: int) -> str:

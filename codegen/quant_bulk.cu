@@ -1,45 +1,43 @@
-// linear_q4_bulk (quant_bulk.py): the one-row int4 g128 projection y[n] = x @ dequant(wq)^T (+ bias[n]) with the copy
-// engine streaming the packed weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1).
+// linear_quant_bulk (quant_bulk.py): the one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]) with
+// the copy engine streaming the weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1).
 // quant.cu's tensor-core path holds each round of weights in registers and waits for it before dequantizing; here
 // a producer warp keeps STAGES stages in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks
 // how close that comes to the read-only floor; docs/perf.md v43).
 //
-// Weights in the compiler's layout: wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric), scale float16
-// [N, K/128]. The copy engine reads wq by a 2-D tensor map (uint8, dims {K/2, N}, box {64, 16 W}, no swizzle:
-// generate.TensorMapTable with dtype uint8): a stage is the 128 k of one group for a tile of 16 W rows, 64 bytes a
-// row, packed densely. Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of the tile), then one
+// Weights in the compiler's layouts: int4 (BITS 4) wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric),
+// scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D tensor
+// map (uint8, dims {row bytes, N}, box {64, 16 W}, no swizzle: generate.TensorMapTable with dtype uint8): a stage is
+// 64 bytes of each of a tile's 16 W rows, packed densely: the 128 k of one int4 group, or 64 k of int8. Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of the tile), then one
 // producer warp whose lane 0 issues the copies. Lane (g, c) reads 16 bytes of rows g and g + 8 at byte 16 c
-// (conflict-free: a phase's two rows lie 64 bytes apart), i.e. k 32 c .. 32 c + 31 of the stage, and x at the same k
-// from shared memory, staged once per block in the order the lanes read it (word 4 c + w of a step at slot 4 w + c).
-// Dequantization and the MMA chain as quant.cu's qlin_step4 (exact products: each stage's chain starts from zero and
-// is added times the row's group scale in float32); OFS: qlin_step4_ofs's offset form (x staged as (x0, x4) (x2, x6)
-// (x1/16, x5/16) (x3/16, x7/16) per word, each stage's chain from -(1032 S_e + 72 S_o)).
+// (conflict-free: a phase's two rows lie 64 bytes apart), i.e. k 32 c .. 32 c + 31 (int4) or 16 c .. 16 c + 15 (int8)
+// of the stage, and x at the same k from shared memory, staged once per block in the order the lanes read it (word
+// LW c + w of a step, LW the lane's words of 8 k, at slot 4 w + c). Dequantization and the MMA chain as quant.cu's
+// qlin_step4 (int4, exact products: each stage's chain starts from zero and is added times the row's group scale in
+// float32) or qlin_step8 (int8, exact: one chain, times the row's scale after the loop); OFS (int4): qlin_step4_ofs's
+// offset form (x staged as (x0, x4) (x2, x6) (x1/16, x5/16) (x3/16, x7/16) per word, each stage's chain from
+// -(1032 S_e + 72 S_o)).
 // An item is (tile, run ks of ks_n) over the K steps; with ks_n > 1 each item writes its float32 sums to ws and the
 // tile's last item to finish adds the runs' sums in run order (deterministic), adds the bias and stores y (counters
 // start and end at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store.
 // Everything here compiles to nothing outside sm_90a (the emitter asks for it only in an sm90-only compile).
 namespace atlas {
 
-constexpr int QB_STAGE_K = 128;                 // k per stage: one g128 group
-constexpr int QB_ROW_BYTES = QB_STAGE_K / 2;    // packed bytes of a row per stage
+constexpr int QB_ROW_BYTES = 64;  // bytes of a weight row per stage
 
-// dynamic shared memory of linear_q4_bulk (quant_bulk.py smem_bytes): the stages, the item's x (run steps of 128
-// halves) and its stages' offset sums, 128 bytes for the stages' alignment
-template <int W, int STAGES>
-__host__ __device__ constexpr int qb_smem_bytes(int run) {
-  return STAGES * 16 * W * QB_ROW_BYTES + run * (2 * QB_STAGE_K + 4) + 128;
-}
+// k per stage: 128 int4 (one g128 group) or 64 int8
+template <int BITS> __host__ __device__ constexpr int qb_stage_k() { return BITS == 4 ? 128 : 64; }
 
 // x (row 0, K halves at xp, 16-byte aligned) of steps s0 .. s0 + iters - 1 into xs in lane order, and with OFS its
 // stages' chain starts into corr; ends with a barrier of the W consumer warps (named barrier 1)
-template <int W, bool OFS>
+template <int W, int BITS, bool OFS>
 __device__ __forceinline__ void qb_stage_x(const __half* xp, int s0, int iters, unsigned char* xs, float* corr) {
-  const uint4* x = reinterpret_cast<const uint4*>(xp) + (long long)s0 * (QB_STAGE_K / 8);
-  for (int base = 0; base < iters * 16; base += 32 * W) {  // a uniform trip count: OFS's lanes shuffle
+  constexpr int WPS = qb_stage_k<BITS>() / 8, LW = WPS / 4;  // words of 8 k per stage, per lane c
+  const uint4* x = reinterpret_cast<const uint4*>(xp) + (long long)s0 * WPS;
+  for (int base = 0; base < iters * WPS; base += 32 * W) {  // a uniform trip count: OFS's lanes shuffle
     const int v = base + threadIdx.x;
-    const int st = v >> 4, vv = v & 15, c = vv >> 2, w = vv & 3;
+    const int st = v / WPS, vv = v % WPS, c = vv / LW, w = vv % LW;
     uint4 p = make_uint4(0u, 0u, 0u, 0u);
-    if (v < iters * 16) p = __ldg(x + v);
+    if (v < iters * WPS) p = __ldg(x + v);
     if constexpr (OFS) {
       const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16) in float16
       p = make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
@@ -51,21 +49,23 @@ __device__ __forceinline__ void qb_stage_x(const __half* xp, int s0, int iters, 
         se += __shfl_xor_sync(0xffffffffu, se, off);
         so += __shfl_xor_sync(0xffffffffu, so, off);
       }
-      if (v < iters * 16 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+      if (v < iters * WPS && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
     }
-    if (v < iters * 16) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * w + c) * 16) = p;
+    if (v < iters * WPS) *reinterpret_cast<uint4*>(xs + (st * WPS + 4 * w + c) * 16) = p;
   }
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
 // tw: wq's tensor map; x, y: Views of one row (x contiguous and 16-byte aligned, checked by the emitter); M: the
 // rows at run time (0 or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1)
-template <int R, int W, int STAGES, bool HAS_BIAS, bool OFS>
-__device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __restrict__ scale, const View<__half, R>& x,
-                                               const __half* __restrict__ bias, long long bias_stride,
-                                               const View<__half, R>& y, long long M, int N, int K,
-                                               float* __restrict__ ws, unsigned int* cnt, int ks_n) {
+template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS>
+__device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale,
+                                                  const View<__half, R>& x, const __half* __restrict__ bias,
+                                                  long long bias_stride, const View<__half, R>& y, long long M, int N,
+                                                  int K, float* __restrict__ ws, unsigned int* cnt, int ks_n) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert((BITS == 4 || BITS == 8) && (BITS == 4 || !OFS), "int4 (with or without OFS) or int8");
+  constexpr int SK = qb_stage_k<BITS>(), WPS = SK / 8, LW = WPS / 4;
   constexpr int ROWS = 16 * W;
   constexpr int W_STAGE = ROWS * QB_ROW_BYTES;
   if (M < 1) return;  // the whole block: nothing to compute
@@ -75,11 +75,11 @@ __device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __r
   unsigned char* sm = atlas_qb_smem + ((128 - (tma_smem_u32(atlas_qb_smem) & 127)) & 127);  // copies: 128-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = blockIdx.x / ks_n, ks = blockIdx.x % ks_n;
-  const int steps = K / QB_STAGE_K, run = (steps + ks_n - 1) / ks_n;
+  const int steps = K / SK, run = (steps + ks_n - 1) / ks_n;
   const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
   const int iters = s1 > s0 ? s1 - s0 : 0;
   unsigned char* xs = sm + STAGES * W_STAGE;
-  float* corr = reinterpret_cast<float*>(xs + run * QB_STAGE_K * 2);
+  float* corr = reinterpret_cast<float*>(xs + run * SK * 2);
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       tma_bar_init(tma_smem_u32(&full[s]), 1);
@@ -100,17 +100,18 @@ __device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __r
     }
     return;
   }
-  qb_stage_x<W, OFS>(x.p, s0, iters, xs, corr);
+  qb_stage_x<W, BITS, OFS>(x.p, s0, iters, xs, corr);
   const int g = lane >> 2, c = lane & 3;
   const int r_lo = 16 * warp + g, n_lo = tile * ROWS + r_lo, n_hi = n_lo + 8;
-  const int groups = K / QB_STAGE_K;
+  const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
   const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
   const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
   const unsigned char* wrow = sm + r_lo * QB_ROW_BYTES + 16 * c;
   float acc_lo = 0.f, acc_hi = 0.f;
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES;
-    const float slo = __half2float(sc_lo[s0 + it]), shi = __half2float(sc_hi[s0 + it]);
+    const float slo = BITS == 4 ? __half2float(sc_lo[s0 + it]) : 1.f;
+    const float shi = BITS == 4 ? __half2float(sc_hi[s0 + it]) : 1.f;
     tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
     const uint4 wlo = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE);
     const uint4 whi = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE + 8 * QB_ROW_BYTES);
@@ -120,9 +121,17 @@ __device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __r
     float part[4];
     part[0] = part[1] = part[2] = part[3] = OFS ? -corr[it] : 0.f;  // rows g and g + 8 read the same x
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * 16 + 4 * w + c) * 16);
-      if constexpr (OFS) {
+    for (int w = 0; w < LW; ++w) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * WPS + 4 * w + c) * 16);
+      if constexpr (BITS == 8) {  // words 2 w, 2 w + 1: k 8 w .. 8 w + 7 of the lane's 16
+        unsigned pl0[2], ph0[2], pl1[2], ph1[2];
+        qlin_q8_pairs(ulo[2 * w], pl0);
+        qlin_q8_pairs(uhi[2 * w], ph0);
+        qlin_q8_pairs(ulo[2 * w + 1], pl1);
+        qlin_q8_pairs(uhi[2 * w + 1], ph1);
+        lin_mma(part, pl0[0], ph0[0], pl0[1], ph0[1], qlin_lo(xv.x, xv.y), qlin_hi(xv.x, xv.y));
+        lin_mma(part, pl1[0], ph1[0], pl1[1], ph1[1], qlin_lo(xv.z, xv.w), qlin_hi(xv.z, xv.w));
+      } else if constexpr (OFS) {
         const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
         lin_mma(part, qlin_nibbles<0x000F000Fu>(ulo[w]), qlin_nibbles<0x000F000Fu>(uhi[w]),
                 qlin_nibbles<0x000F000Fu>(vlo), qlin_nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
@@ -138,6 +147,10 @@ __device__ __forceinline__ void linear_q4_bulk(const void* tw, const __half* __r
     }
     acc_lo = fmaf(slo, part[0], acc_lo);  // C fragment c0: row g, x column 2c (x is column 0: lanes c == 0)
     acc_hi = fmaf(shi, part[2], acc_hi);  // c2: row g + 8
+  }
+  if constexpr (BITS == 8) {  // the rows' scales (the K split's partial sums each carry it: a sum of scaled parts)
+    acc_lo *= __half2float(sc_lo[0]);
+    acc_hi *= __half2float(sc_hi[0]);
   }
   const long long yn = y.stride[R - 1];
   auto put = [&](int n, float v) {

@@ -1,4 +1,4 @@
-"""The one-row int4 projection with the copy engine streaming the packed weights (quant_bulk.cu), opt-in.
+"""The one-row int4 / int8 projection with the copy engine streaming the weights (quant_bulk.cu), opt-in.
 
 quant.cu's one-row int4 kernels take 1.5-1.8x the time of a kernel that only streams the same bytes (docs/perf.md
 v11, v37): each warp holds a round of weights in registers and waits for it before dequantizing, so while it
@@ -7,10 +7,11 @@ engine (cp.async.bulk.tensor into shared memory) while W consumer warps dequanti
 Lab first: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes (not yet run on a GPU when this
 path was written: docs/perf.md v43), so the path is off until measured.
 
-ATLAS_QUANT_BULK=1 serves a LinearQ4 node (the plain projection: Llama's o and down at batch 1) whose kernel runs for
-one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA, atlasc/ir/archs.py;
-the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the weight is symmetric
-(no zero points) with groups of 128, K % 128 == 0 and N < 2^31, and the node takes float x (not act int8).
+ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
+kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
+atlasc/ir/archs.py; the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the
+weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, or int8 with K % 64 == 0 (not FP8
+codes), N < 2^31, and the node takes float x (not act int8).
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). The offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
@@ -31,8 +32,9 @@ CONFIG_ENV = "ATLAS_QUANT_BULK_CONFIG"
 KS_ENV = "ATLAS_QUANT_BULK_KS"
 KS_VALUES = ("1", "2", "4", "8", "16")
 CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
-STAGE_K = 128  # k per stage (QB_STAGE_K): one group
+STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
 GROUP = 128
+OPS = {"LinearQ4": 4, "LinearQ8": 8}
 SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the static arrays
 BLOCKS_TARGET = 264  # the K split aims for two blocks per SM of an H200 (132 SMs)
 MIN_RUN = 4  # stages each K run keeps at least
@@ -44,9 +46,10 @@ def bulk_choice() -> bool:
     return env_switch(BULK_ENV, False, CodegenError)
 
 
-def smem_bytes(w: int, stages: int, run: int) -> int:
-    """Dynamic shared memory of linear_q4_bulk (quant_bulk.cu qb_smem_bytes) for K runs of `run` stages."""
-    return stages * 16 * w * (STAGE_K // 2) + run * (2 * STAGE_K + 4) + 128
+def smem_bytes(w: int, stages: int, run: int, bits: int = 4) -> int:
+    """Dynamic shared memory of linear_quant_bulk for K runs of `run` stages: the stages (64 bytes of 16 w rows
+    each), the run's x (float16) and its stages' offset sums (a float each), 128 bytes for the stages' alignment."""
+    return stages * 16 * w * 64 + run * (2 * STAGE_K[bits] + 4) + 128
 
 
 def config() -> tuple[int, int, int]:
@@ -90,25 +93,27 @@ def record() -> dict:
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
-    """Tensor-map slots to reserve for a module: one per LinearQ4 node and kernel variant when the path may be used
-    (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
+    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 node and kernel variant when the path may
+    be used (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
     if not (bulk_choice() and copy_engine(archs)):
         return 0
     slots = 0
     for entry, (graph, _) in entries.items():
         kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
-        slots += kernels * sum(n.op == "LinearQ4" for n in graph.nodes)
+        slots += kernels * sum(n.op in OPS for n in graph.nodes)
     return slots
 
 
 def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int) -> bool:
-    """Whether linear_q4_bulk serves this LinearQ4 node's kernel (the module docstring's conditions)."""
-    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs):
+    """Whether linear_quant_bulk serves this LinearQ4 / LinearQ8 node's kernel (the module docstring's conditions)."""
+    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or node.op not in OPS:
         return False
     x_v, wq_v = node.inputs[0], node.inputs[1]
-    if node.op != "LinearQ4" or m_upper != 1 or zp or group != GROUP or x_v.dtype != "float16":
+    bits = OPS[node.op]
+    if m_upper != 1 or zp or (bits == 4 and group != GROUP) or x_v.dtype != "float16":
         return False
-    if not isinstance(k_static, int) or k_static % STAGE_K or not isinstance(wq_v.shape[0], int) or n_upper >= I32:
+    if not isinstance(k_static, int) or k_static % STAGE_K[bits] or not isinstance(wq_v.shape[0], int) or \
+            n_upper >= I32:
         return False
     placement = ctx.plan.placement(x_v)
     if placement.strides is not None or placement.offset % 16 or ctx.plan.placement(wq_v).offset % 16:
@@ -117,23 +122,25 @@ def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_sta
 
 
 def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str]) -> KernelCode:
-    """The kernel body calling linear_q4_bulk after the statements `head` (which declare M; the caller bound x, y,
+    """The kernel body calling linear_quant_bulk after the statements `head` (which declare M; the caller bound x, y,
     wq, wscale, bias and bias_stride; eligible() said yes), with its grid, block, shared memory, scratch and tensor
-    map."""
+    map (uint8 for int8 codes too: the copy engine moves bytes)."""
     from atlasc.codegen import quant
 
+    bits = OPS[node.op]
     w, stages, blocks = config()
     rows = 16 * w
-    tiles, steps = -(-n // rows), k // STAGE_K
+    tiles, steps = -(-n // rows), k // STAGE_K[bits]
     ks = ks_split(tiles, steps)
     run = -(-steps // ks)
-    while stages > 2 and smem_bytes(w, stages, run) > SMEM_LIMIT:
+    while stages > 2 and smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
         stages -= 1
-    if smem_bytes(w, stages, run) > SMEM_LIMIT:
-        raise CodegenError(f"{node.name}: the copy-engine int4 kernel needs {smem_bytes(w, stages, run)} bytes of "
-                           f"shared memory (K {k}, {ks} K runs); unset {BULK_ENV} or set {KS_ENV}")
-    ofs = quant.ofs_choice() == "1" or (quant.ofs_choice() == "auto" and n >= quant.OFS_MIN_N)
-    tw = ctx.tensor_map_address(node.inputs[1], n, rows)
+    if smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
+        raise CodegenError(f"{node.name}: the copy-engine int{bits} kernel needs {smem_bytes(w, stages, run, bits)} "
+                           f"bytes of shared memory (K {k}, {ks} K runs); unset {BULK_ENV} or set {KS_ENV}")
+    mode = quant.ofs_choice()
+    ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
+    tw = ctx.tensor_map_address(node.inputs[1], n, rows, "uint8")
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
     cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
     counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (0, 0)
@@ -141,9 +148,9 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     body = "\n".join([
         *head,
         f"  {SM90A_MARKER}",
-        f"  atlas::linear_q4_bulk<{r}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, x, bias, "
-        f"bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks});",
+        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, x, "
+        f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks});",
     ])
     choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs}
-    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run),
+    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits),
                       scratch=scratch, counters=counters, choice=choice, min_blocks=blocks)

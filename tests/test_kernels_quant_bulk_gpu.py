@@ -1,8 +1,10 @@
-"""GPU numerics of the copy-engine int4 projection (codegen/quant_bulk.py, ATLAS_QUANT_BULK=1) against the reference.
+"""GPU numerics of the copy-engine int4 / int8 projection (codegen/quant_bulk.py, ATLAS_QUANT_BULK=1) against the
+reference.
 
-An sm90-only compile of one-row LinearQ4 nodes (symmetric, groups of 128): K 4096 x N 4096 (Llama-3-8B's o), K 14336
-x N 256 with a bias (down's K: 112 stages, split into K runs), K 128 x N 40 with a bias (one stage, a partial tile) and
-K 256 x N 1000 (a partial tile of the 128-row default); each node is checked to be the copy-engine kernel, then run
+An sm90-only compile of one-row LinearQ4 nodes (symmetric, groups of 128) and LinearQ8 nodes: K 4096 x N 4096
+(Llama-3-8B's o), K 14336 x N 256 with a bias (down's K: 112 int4 / 224 int8 stages, split into K runs), K 128 x N 40
+with a bias (one or two stages, a partial tile) and K 256 x N 1000 (a partial tile of the 128-row default); each
+node is checked to be the copy-engine kernel, then run
 twice in one arena (the K split's counters must be left at 0) against the reference interpreter, with the offset
 dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
 configurations (ATLAS_QUANT_BULK_CONFIG). float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's bound).
@@ -13,27 +15,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlasc.passes.quantize import quantize_int4
+from atlasc.passes.quantize import quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.gpu
 
 ARCHS = ("sm90",)
 CASES = ((4096, 4096, False), (14336, 256, True), (128, 40, True), (256, 1000, False))  # (K, N, bias)
-CALL = "atlas::linear_q4_bulk<"
+BITS = (4, 8)  # each case as LinearQ4 and as LinearQ8
+CALL = "atlas::linear_quant_bulk<"
 
 
 def build_bulk():
-    """A Builder of one-row LinearQ4 nodes the copy-engine path serves (CASES; weights from the real packer)."""
+    """A Builder of one-row LinearQ4 and LinearQ8 nodes the copy-engine path serves (CASES x BITS, in that order;
+    weights from the real packers)."""
     from test_codegen_matmul_attention import Builder
 
     b = Builder("quant_bulk", {"m": (1, 1)})
     for i, (k, n, bias) in enumerate(CASES):
         w = (np.random.default_rng(10 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
-        wq, scale = quantize_int4(w, 128)
         x = b.input(f"x{i}", "float16", ("m", k))
-        wv = b.input(f"wq{i}", "uint8", wq.shape, gen=lambda rng, shape, a=wq: a)
-        sv = b.input(f"s{i}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
-        b.node("LinearQ4", [x, wv, sv, *([b.input(f"b{i}", "float16", (n,))] if bias else [])], {"group_size": 128})
+        for bits in BITS:
+            wq, scale = quantize_int4(w, 128) if bits == 4 else quantize_int8(w)
+            wv = b.input(f"wq{i}_{bits}", str(wq.dtype), wq.shape, gen=lambda rng, shape, a=wq: a)
+            sv = b.input(f"s{i}_{bits}", "float16", scale.shape, gen=lambda rng, shape, a=scale: a)
+            bv = [b.input(f"b{i}_{bits}", "float16", (n,))] if bias else []
+            if bits == 4:
+                b.node("LinearQ4", [x, wv, sv, *bv], {"group_size": 128})
+            else:
+                b.node("LinearQ8", [x, wv, sv, *bv])
     return b
 
 

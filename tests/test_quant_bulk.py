@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 from test_codegen_matmul_attention import Builder, plan_for
-from test_kernels_quant_bulk_gpu import CALL, CASES, build_bulk
+from test_kernels_quant_bulk_gpu import BITS, CALL, CASES, build_bulk
 from test_linear_tma import assert_builds_without_spills
 
 from atlasc.codegen import generate_module, quant_bulk
@@ -34,32 +34,42 @@ def _one(k=4096, n=4096, m=1, dtype="float16", group=128, zero=False):
     return b
 
 
+def _fp8():
+    b = Builder("fp8", {"m": (1, 1)})
+    b.node("LinearF8", [b.input("x", "float16", ("m", 4096)), b.input("wq", "uint8", (4096, 4096)),
+                        b.input("s", "float16", (4096,))])
+    return b
+
+
 def test_emitted_with_the_switch_for_sm90(monkeypatch):
-    """Every node of the GPU test's graph takes the path: the call, the sm_90a marker, one uint8 tensor map per node
-    over the packed rows (K/2 bytes a row, boxes of 128 rows x 64 bytes), and the choice recorded."""
+    """Every node of the GPU test's graph (int4 and int8) takes the path: the call with its bits, the sm_90a marker,
+    one uint8 tensor map per node over the rows' bytes (K/2 int4, K int8; boxes of 128 rows x 64 bytes), and the
+    choice recorded."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     graph, mod = _module(build_bulk())
-    assert mod.source.count(CALL) == len(graph.nodes) and SM90A_MARKER in mod.source
+    assert mod.source.count(CALL) == len(graph.nodes) == len(CASES) * len(BITS) and SM90A_MARKER in mod.source
+    assert re.findall(r"linear_quant_bulk<\d+, (\d+),", mod.source) == [str(b) for _ in CASES for b in BITS]
     maps = sorted(mod.tensor_maps, key=lambda t: t.slot)
     assert [(t.dtype, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols) for t in maps] == \
-        [("uint8", n, k // 2, k // 2, 128, 64) for k, n, _ in CASES]
+        [("uint8", n, k * b // 8, k * b // 8, 128, 64) for k, n, _ in CASES for b in BITS]
     kernels = mod.choices["kernels"]
     assert mod.choices["quant_bulk"] is True and len(kernels) == len(graph.nodes)
     assert all(c["path"] == "bulk" and c["config"] == list(quant_bulk.CONFIG) for c in kernels.values())
 
 
 @pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
-                                  "float32"])
+                                  "float32", "fp8"])
 def test_not_emitted_elsewhere(monkeypatch, case):
-    """Off by default; on only for an sm90-only compile with the copy engine allowed, one row of float16 x and
-    symmetric groups of 128: otherwise quant.cu's kernel as before."""
+    """Off by default; on only for an sm90-only compile with the copy engine allowed, one row of float16 x, int4 with
+    symmetric groups of 128 or int8 (not FP8 codes): otherwise quant.cu's kernel as before."""
     if case != "off":
         monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     if case == "tma off":
         monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
     archs = {"sm80": ("sm80",), "sm80+sm90": ("sm80", "sm90")}.get(case, ("sm90",))
     builder = {"two rows": lambda: _one(m=2), "zero points": lambda: _one(zero=True),
-               "group 64": lambda: _one(group=64), "float32": lambda: _one(dtype="float32")}.get(case, _one)()
+               "group 64": lambda: _one(group=64), "float32": lambda: _one(dtype="float32"),
+               "fp8": _fp8}.get(case, _one)()
     _, mod = _module(builder, archs)
     assert CALL not in mod.source and "atlas::linear_quant" in mod.source and not mod.tensor_maps
 
@@ -70,8 +80,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
     for ofs in ("0", "1"):
         monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
         _, mod = _module(build_bulk())
-        flags = re.findall(r"atlas::linear_q4_bulk<\d+, \d+, \d+, (?:true|false), (true|false)>\(", mod.source)
-        assert flags == [{"0": "false", "1": "true"}[ofs]] * len(CASES)
+        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false)>\(", mod.source)
+        assert flags == [(str(b), "true" if ofs == "1" and b == 4 else "false") for _ in CASES for b in BITS]
         assert_builds_without_spills(mod, tmp_path)
 
 
@@ -114,4 +124,5 @@ def test_manifest_and_driver_take_uint8_maps(monkeypatch):
     tensor_maps.encode(1 << 20, dataclasses.replace(spec, dtype="float16", cols=1024))
     assert calls == [(0, 0), (6, tensor_maps.SWIZZLE_128B)]
     assert quant_bulk.smem_bytes(8, 6, 8) == 6 * 128 * 64 + 8 * 260 + 128
+    assert quant_bulk.smem_bytes(8, 6, 8, 8) == 6 * 128 * 64 + 8 * 132 + 128
     assert np.iinfo(np.int32).max >= quant_bulk.SMEM_LIMIT
