@@ -16,7 +16,8 @@
 // qlin_step4 (exact products; each stage's chain from zero, times the rows' group scale into float32).
 // An item is (tile, run ks of ks_n): with ks_n > 1 each item writes float32 partial sums to ws and the tile's last
 // item to finish adds them in run order (deterministic) and stores y. Arena layout (offsets are arguments): the
-// weight tensor map (128 bytes), wq, scale, x [K], y [N] float16, ws, counters (zero, left zero).
+// weight tensor maps (128 bytes each: one per configuration, fenced before use), wq, scale, x [K], y [N] float16,
+// ws, counters (zero, left zero).
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -164,6 +165,8 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   if (warp == W) {  // producer
     if (lane == 0) {
       const void* tw = arena + o_tw;
+      // the host rewrites the map between configurations: the copy engine must not use a stale copy of it
+      asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tw) : "memory");
       for (int it = 0; it < iters; ++it) {
         const int s = it % STAGES;
         bar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--floor", action="store_true", help="also time the read-only kernel on the same bytes")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
-    shapes = [parse_config(c) for c in args.configs.split(",")]
+    layouts = [parse_config(c) for c in args.configs.split(",")]
     variants = [v.strip() for v in args.variant.split(",")]
     ofs_list = args.ofs.split(",")
     quants = [q.strip() for q in args.quant.split(",")]
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1; --quant takes int4, int8")
     configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8)
                for q in quants for v in variants
-               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b in shapes]
+               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b in layouts]
     for w, st, *_ in configs:
         if 16 * w > 256 or smem_bytes(w, st, 14336) > SMEM_LIMIT:
             sys.exit(f"configuration {w}-{st}: a tile over 256 rows or shared memory {smem_bytes(w, st, 14336)} B")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         # one set of arena copies per shape (the configurations rewrite only the tensor map and the counters):
         # tensor map at 0, wq, scale, x, y, ws (room for every tile x split), counters
         max_ks, max_tiles = max(ks_list), max(-(-n // (16 * w)) for w, *_ in configs)
-        o_w = 256
+        o_w = (TM_BYTES * len(configs) + 255) // 256 * 256  # a tensor map slot per configuration, then wq
         o_s = o_w + wq.nbytes
         o_x = (o_s + scale.nbytes + 255) // 256 * 256
         o_y = (o_x + 2 * k + 255) // 256 * 256
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
             dev.upload(a, o_w, wq)
             dev.upload(a, o_s, scale)
             dev.upload(a, o_x, x)
-        for (w, st, b, gated, ofs, copy, cbits), name in zip(configs, names):
+        for slot, ((w, st, b, gated, ofs, copy, cbits), name) in enumerate(zip(configs, names)):
             if cbits != bits:
                 continue
             outs, box = (h, 8 * w) if gated else (n, 16 * w)  # outputs, rows a tile reads per box
@@ -187,16 +187,17 @@ def main(argv=None) -> int:
             want = ref_gated if gated else ref
             label = (f"int{bits} {w}-{st}-{b}{' gated' if gated else ''}{' ofs' if ofs else ''}"
                      f"{' copy' if copy else ''}")
+            o_tw = TM_BYTES * slot
             for a in arenas:
-                dev.upload(a, 0, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
-                                               dtype=np.uint8))
+                dev.upload(a, o_tw, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
+                                                  dtype=np.uint8))
                 dev.upload(a, o_cnt, np.zeros(tiles, dtype=np.uint32))
             for ks in ks_list:
                 run = -(-steps // ks)
                 if run * (ks - 1) >= steps:
                     continue  # a run of the split would be empty
                 smem = smem_bytes(w, st, run * sk)
-                go_args = (0, o_s, o_x, o_y, o_ws, o_cnt, n, k, ks)
+                go_args = (o_tw, o_s, o_x, o_y, o_ws, o_cnt, n, k, ks)
 
                 def go(a, name=name, grid=tiles * ks, block=32 * w + 32, smem=smem, go_args=go_args):
                     table.launch(name, (grid, 1, 1), (block, 1, 1), smem, a, args=go_args)
