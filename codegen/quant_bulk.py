@@ -54,7 +54,8 @@ def smem_bytes(w: int, stages: int, run: int, bits: int = 4) -> int:
 
 def config() -> tuple[int, int, int]:
     """(W, STAGES, blocks per SM): CONFIG or ATLAS_QUANT_BULK_CONFIG; CodegenError for a value that is not W-S-B of
-    positive integers, a tile over 256 rows (a tensor-map box), more than 16 warps or fewer than 2 stages."""
+    positive integers, a tile over 256 rows (a tensor-map box), fewer than 2 stages, or B blocks of 32 (W + 1)
+    threads over an SM's 2048."""
     value = os.environ.get(CONFIG_ENV, "")
     if not value:
         return CONFIG
@@ -62,9 +63,9 @@ def config() -> tuple[int, int, int]:
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise CodegenError(f"{CONFIG_ENV}={value!r} is not W-STAGES-BLOCKS (e.g. 8-6-2)")
     w, stages, blocks = (int(p) for p in parts)
-    if 16 * w > 256 or stages < 2 or blocks > 8:
+    if 16 * w > 256 or stages < 2 or blocks * 32 * (w + 1) > 2048:
         raise CodegenError(f"{CONFIG_ENV}={value!r}: needs at most 16 warps (a box of at most 256 rows), at least 2 "
-                           f"stages and at most 8 blocks per SM")
+                           f"stages and at most 2048 threads per SM in B blocks of 32 (W + 1)")
     return w, stages, blocks
 
 
@@ -118,7 +119,22 @@ def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_sta
     placement = ctx.plan.placement(x_v)
     if placement.strides is not None or placement.offset % 16 or ctx.plan.placement(wq_v).offset % 16:
         return False
-    return ctx.upper(x_v.shape[-1]) == k_static
+    return ctx.upper(x_v.shape[-1]) == k_static and plan(n_upper, k_static, bits) is not None
+
+
+def plan(n: int, k: int, bits: int) -> tuple[int, int, int, int, int, int] | None:
+    """(W, STAGES, blocks per SM, tiles, K runs, stages per run) of an N x K projection: config()'s, with fewer
+    stages (down to 2) where its shared memory would not fit a block, and as many K runs as ks_split's runs of
+    ceil(steps / ks) stages fill (a forced split leaves no empty run); None where even 2 stages do not fit (quant.cu
+    serves it)."""
+    w, stages, blocks = config()
+    tiles, steps = -(-n // (16 * w)), k // STAGE_K[bits]
+    run = -(-steps // ks_split(tiles, steps))
+    while stages > 2 and smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
+        stages -= 1
+    if smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
+        return None
+    return w, stages, blocks, tiles, -(-steps // run), run
 
 
 def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str]) -> KernelCode:
@@ -128,16 +144,8 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     from atlasc.codegen import quant
 
     bits = OPS[node.op]
-    w, stages, blocks = config()
+    w, stages, blocks, tiles, ks, run = plan(n, k, bits)
     rows = 16 * w
-    tiles, steps = -(-n // rows), k // STAGE_K[bits]
-    ks = ks_split(tiles, steps)
-    run = -(-steps // ks)
-    while stages > 2 and smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
-        stages -= 1
-    if smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
-        raise CodegenError(f"{node.name}: the copy-engine int{bits} kernel needs {smem_bytes(w, stages, run, bits)} "
-                           f"bytes of shared memory (K {k}, {ks} K runs); unset {BULK_ENV} or set {KS_ENV}")
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
     tw = ctx.tensor_map_address(node.inputs[1], n, rows, "uint8")

@@ -58,18 +58,21 @@ def test_emitted_with_the_switch_for_sm90(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
-                                  "float32", "fp8"])
+                                  "float32", "fp8", "x too long"])
 def test_not_emitted_elsewhere(monkeypatch, case):
     """Off by default; on only for an sm90-only compile with the copy engine allowed, one row of float16 x, int4 with
-    symmetric groups of 128 or int8 (not FP8 codes): otherwise quant.cu's kernel as before."""
+    symmetric groups of 128 or int8 (not FP8 codes), and a K run whose staged x fits beside 2 stages: otherwise
+    quant.cu's kernel as before."""
     if case != "off":
         monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     if case == "tma off":
         monkeypatch.setenv("ATLAS_LINEAR_TMA", "0")
+    if case == "x too long":  # one K run of 131072 halves of x: 256 KB
+        monkeypatch.setenv(quant_bulk.KS_ENV, "1")
     archs = {"sm80": ("sm80",), "sm80+sm90": ("sm80", "sm90")}.get(case, ("sm90",))
     builder = {"two rows": lambda: _one(m=2), "zero points": lambda: _one(zero=True),
                "group 64": lambda: _one(group=64), "float32": lambda: _one(dtype="float32"),
-               "fp8": _fp8}.get(case, _one)()
+               "fp8": _fp8, "x too long": lambda: _one(k=131072, n=256)}.get(case, _one)()
     _, mod = _module(builder, archs)
     assert CALL not in mod.source and "atlas::linear_quant" in mod.source and not mod.tensor_maps
 
@@ -87,6 +90,7 @@ def test_builds_without_spills(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("env, value", [(quant_bulk.BULK_ENV, "2"), (quant_bulk.CONFIG_ENV, "8-6"),
                                         (quant_bulk.CONFIG_ENV, "32-4-1"), (quant_bulk.CONFIG_ENV, "8-1-2"),
+                                        (quant_bulk.CONFIG_ENV, "16-4-4"),
                                         (quant_bulk.KS_ENV, "3")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
@@ -97,11 +101,15 @@ def test_switches_are_checked(monkeypatch, env, value):
 
 def test_k_split_rule(monkeypatch):
     """Up to two blocks per SM of an H200 with every run at least MIN_RUN stages: the 8B o (32 tiles of 128 rows, 32
-    stages) and down (112 stages) take 8 runs, a wide weight (gate/up's 224 tiles) none; forced values hold."""
+    stages) and down (112 stages) take 8 runs, a wide weight (gate/up's 224 tiles) none; forced values hold, without
+    empty runs."""
     assert quant_bulk.ks_split(32, 32) == 8 and quant_bulk.ks_split(32, 112) == 8
     assert quant_bulk.ks_split(224, 32) == 1 and quant_bulk.ks_split(1, 4) == 1 and quant_bulk.ks_split(2, 8) == 2
     monkeypatch.setenv(quant_bulk.KS_ENV, "4")
     assert quant_bulk.ks_split(224, 32) == 4 and quant_bulk.ks_split(1, 2) == 2
+    # plan: runs of ceil(steps / ks) stages, as many as that fills (16 forced over 20 stages: 10 runs of 2)
+    monkeypatch.setenv(quant_bulk.KS_ENV, "16")
+    assert quant_bulk.plan(4096, 20 * 128, 4) == (8, 6, 2, 32, 10, 2)
 
 
 def test_manifest_and_driver_take_uint8_maps(monkeypatch):
