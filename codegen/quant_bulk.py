@@ -12,6 +12,9 @@ kernel runs for one row of x, when the compile targets sm90 alone with the copy 
 atlasc/ir/archs.py; the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the
 weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, or int8 with K % 64 == 0 (not FP8
 codes), N < 2^31, and the node takes float x (not act int8).
+As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
+wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
+pdl_enter for this grid's end); not measured for this kernel yet.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). The offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
