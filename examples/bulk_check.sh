@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the copy-engine quantized projections (docs/perf.md v43): the lab against the current
+# kernels and the read-only floor, the path's GPU tests, then (STEP=1) the 8-layer Llama-3-8B decode steps at batch 1
+# with ATLAS_QUANT_BULK off and on. Run after the install line; logs under $OUT, a summary printed last.
+#   bash examples/bulk_check.sh                # lab + GPU tests (~4-6 min with the nvcc pack)
+#   STEP=1 QUANTS=int4,int8 bash examples/bulk_check.sh
+# Settings: LAB=0 skips the labs; TESTS=0 the GPU tests; STEP=1 adds the step A/B for each of QUANTS (default int4),
+# BULK_CONFIG=W-S-B sets ATLAS_QUANT_BULK_CONFIG for it (default: the compiler's).
+set -uo pipefail
+out="${OUT:-gpu-logs}"
+mkdir -p "$out"
+export ATLAS_CACHE_DIR="${ATLAS_CACHE_DIR:-/tmp/atlasc-cache}"
+python3 examples/gpu_cache.py --unpack > "$out/gpu_cache.txt" 2>&1
+status=0
+if [ "${LAB:-1}" != 0 ]; then
+    (cd examples &&
+        python3 w4_bulk_lab.py --variant plain,copy --ofs 0,1 --ks 1,2,4,8 --shapes "8B qkv,8B o,8B down,8B lm_head" \
+            --floor 2>&1 | tee "$out/bulk_int4.log"
+        python3 w4_bulk_lab.py --variant plain,gated,copy --ofs 0,1 --ks 1,2 --shapes "8B gate_up" 2>&1 |
+            tee "$out/bulk_int4_gate_up.log"
+        python3 w4_bulk_lab.py --quant int8 --variant plain,copy --ks 1,2,4,8 \
+            --shapes "8B qkv,8B o,8B down,8B gate_up,8B lm_head" 2>&1 | tee "$out/bulk_int8.log"
+        python3 quant_lab.py --ms 1 --quant int4,int8 --variant table,gated \
+            --shapes "8B qkv,8B o,8B gate_up,8B down,8B lm_head" --floor 2>&1 | tee "$out/quant_lab.log") || status=1
+fi
+if [ "${TESTS:-1}" != 0 ]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_quant_bulk_gpu.py > "$out/pytest-bulk.log" 2>&1 ||
+        status=1
+fi
+if [ "${STEP:-0}" != 0 ]; then
+    quants="${QUANTS:-int4}"
+    for q in ${quants//,/ }; do
+        ATLAS_QUANT_BULK_CONFIG="${BULK_CONFIG:-}" QUANT="$q" CONFIG=llama-3-8b LAYERS=8 AB=ATLAS_QUANT_BULK=0,1 BATCHES=1 \
+            CONTEXTS=256 KERNELS='LinearQ|NormLinear|decode step' REPLAY_ROUNDS=5 WORKDIR="/tmp/bulk-step-$q" \
+            bash examples/step_ab.sh > "$out/step_$q.log" 2>&1 || status=1
+    done
+fi
+echo "== summary =="
+for f in "$out"/bulk_*.log; do [ -f "$f" ] && echo "-- $f" && sed -n '/best per shape/,$p' "$f"; done
+[ -f "$out/quant_lab.log" ] && tail -n 24 "$out/quant_lab.log"
+[ -f "$out/pytest-bulk.log" ] && tail -n 3 "$out/pytest-bulk.log"
+for f in "$out"/step_*.log; do [ -f "$f" ] && echo "-- $f" && tail -n 16 "$f"; done
+exit $status
