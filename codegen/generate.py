@@ -124,7 +124,7 @@ class TensorMapTable:
 
     def slot(self, address: int, rows: int, cols: int, row_bytes: int, box_rows: int, dtype: str = "float16") -> int:
         """The arena offset of the map of a `dtype` matrix (float16: read with the 128-byte swizzle, linear_tma.cu;
-        uint8: packed int4 rows, no swizzle, quant_bulk.cu) in boxes of box_rows rows x 64 elements."""
+        uint8: int4 / int8 weight bytes, no swizzle, quant_bulk.cu) in boxes of box_rows rows x 64 elements."""
         key = (address, rows, cols, row_bytes, box_rows, dtype)
         if key not in self.maps:
             if len(self.maps) >= self.capacity:

@@ -17,7 +17,7 @@ from atlasc.runtime.cudagraph import CudaGraphError, _libcuda
 
 DATA_TYPES = {"float16": 6, "uint8": 0}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _UINT8
 SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B
-# float16 maps feed wgmma (linear_tma.cu: the 128-byte swizzle); uint8 maps are packed int4 rows read by lanes
+# float16 maps feed wgmma (linear_tma.cu: the 128-byte swizzle); uint8 maps are int4 / int8 weight rows read by lanes
 # (quant_bulk.cu: no swizzle, CU_TENSOR_MAP_SWIZZLE_NONE)
 SWIZZLES = {"float16": SWIZZLE_128B, "uint8": 0}
 L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B

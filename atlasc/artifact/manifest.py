@@ -266,7 +266,7 @@ class TensorMapSpec(_Spec):
     """A copy-engine tensor map (cuTensorMapEncodeTiled) the runtime writes into the 128 bytes at arena offset
     `slot` after the weights are in: the row-major `dtype` matrix of `rows` x `cols` at arena offset `address`
     (rows `row_bytes` apart), boxes of `box_rows` x `box_cols`: float16 with the 128-byte swizzle
-    (codegen/linear_tma.cu), uint8 (packed int4 rows) without (codegen/quant_bulk.cu)."""
+    (codegen/linear_tma.cu), uint8 (the bytes of packed int4 or int8 weight rows) without (codegen/quant_bulk.cu)."""
 
     slot: int
     address: int
