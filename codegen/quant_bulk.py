@@ -1,9 +1,10 @@
 """The one-row int4 / int8 projection with the copy engine streaming the weights (quant_bulk.cu), opt-in.
 
-quant.cu's one-row int4 kernels take 1.5-1.8x the time of a kernel that only streams the same bytes (docs/perf.md
-v11, v37): each warp holds a round of weights in registers and waits for it before dequantizing, so while it
-computes it has no bytes in flight. linear_q4_bulk keeps STAGES stages of 128 k in flight per block through the copy
-engine (cp.async.bulk.tensor into shared memory) while W consumer warps dequantize and multiply what has arrived.
+quant.cu's one-row kernels take 1.5-1.8x (int4) and 1.2-1.4x (int8) the time of a kernel that only streams the same
+bytes (docs/perf.md v11, v37): each warp holds a round of weights in registers and waits for it before
+dequantizing, so while it computes it has no bytes in flight. linear_quant_bulk keeps STAGES stages (128 k of int4 or
+64 k of int8 for 16 W rows) in flight per block through the copy engine (cp.async.bulk.tensor into shared memory)
+while W consumer warps dequantize and multiply what has arrived.
 Lab first: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes (not yet run on a GPU when this
 path was written: docs/perf.md v43), so the path is off until measured.
 
@@ -16,7 +17,7 @@ As with linear_tma.py's kernel, the producer warp returns once it has issued its
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
-timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). The offset
+timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). int4's offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
 weights of at least OFS_MIN_N rows).
 """
