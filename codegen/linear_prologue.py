@@ -282,6 +282,13 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     ctx.lines += [f"  M *= y.shape[{i}];" for i in range(r - 1)]
     stage = _norm_source(ctx, node, t, r, s_v)
     epi = _epilogue(ctx, node, kind, dt)
+    from atlasc.codegen import quant_bulk
+
+    if quant_bulk.eligible_norm(ctx, node, m_upper, zp, group, k_static, n_upper, kind == "gated", s_v):
+        # ATLAS_QUANT_BULK=1 (opt-in): the copy engine streams the weights while the consumer warps stage the norm
+        src = (f"atlas::QbNorm<{str(node.inputs[1] is not None).lower()}>{{xs, {float(node.attrs['epsilon'])!r}f, "
+               f"{'s.p' if s_v is not None else 'nullptr'}}}")
+        return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, [], src=src, epi=epi, norm_k=k_static)
     xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
     for i in range(r - 1):
         xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")

@@ -27,17 +27,70 @@ constexpr int QB_ROW_BYTES = 64;  // bytes of a weight row per stage
 // k per stage: 128 int4 (one g128 group) or 64 int8
 template <int BITS> __host__ __device__ constexpr int qb_stage_k() { return BITS == 4 ? 128 : 64; }
 
-// x (row 0, K halves at xp, 16-byte aligned) of steps s0 .. s0 + iters - 1 into xs in lane order, and with OFS its
-// stages' chain starts into corr; ends with a barrier of the W consumer warps (named barrier 1)
-template <int W, int BITS, bool OFS>
-__device__ __forceinline__ void qb_stage_x(const __half* xp, int s0, int iters, unsigned char* xs, float* corr) {
+// The x sources of linear_quant_bulk: word(k) gives the 8 float16 values of x at k .. k + 7 (row 0), after prepare()
+// ran on the W consumer warps (named barrier 1 after it where it needs one).
+// QbPlain: x a contiguous, 16-byte aligned row (the emitter checks).
+template <int R> struct QbPlain {
+  View<__half, R> x;
+  template <int W> __device__ __forceinline__ void prepare(long long, unsigned char*) const {}
+  __device__ __forceinline__ uint4 word(long long k) const { return __ldg(reinterpret_cast<const uint4*>(x.p + k)); }
+  static constexpr int SMEM_HALVES = 0;  // shared memory it needs per K (in halves)
+};
+
+// QbNorm: NormLinearQ's (Add)RMSNormalization of a (and b) with scale g (linear.cu XNorm: a, b, g contiguous and
+// 16-byte aligned, the emitter checks), the arithmetic of lin_norm_stage: h = a (ADD: T(a + b), stored to the sum
+// output s by block 0 when s is given), inv = 1 / sqrt(mean(h^2) + eps), x = T(h inv g). prepare() keeps h for all
+// of K in shared memory (hbuf, K halves) and finds inv; word() scales 8 of h. The sum of h^2 meets across the
+// consumer warps in warp order (a different order than lin_norm_stage's 8 warps: float rounding only).
+template <bool ADD> struct QbNorm {
+  XNorm<__half, ADD> src;
+  float eps;
+  __half* s;  // the residual sum's row 0, or nullptr
+  __half* hbuf = nullptr;
+  float inv = 0.f;
+  static constexpr int SMEM_HALVES = 1;
+  template <int W> __device__ __forceinline__ void prepare(long long K, unsigned char* buf) {
+    hbuf = reinterpret_cast<__half*>(buf);
+    float* red = reinterpret_cast<float*>(buf + 2 * K);  // W floats after h
+    const bool write_s = s != nullptr && blockIdx.x == 0;
+    float q = 0.f;
+    for (long long k = (long long)threadIdx.x * 8; k < K; k += 32LL * W * 8) {
+      float v[8];
+      src.h_vec(0, k, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q += v[e] * v[e];
+      const uint4 packed = LinVec<__half>::pack(v);  // exact: h is a float16 value
+      *reinterpret_cast<uint4*>(hbuf + k) = packed;
+      if (write_s) *reinterpret_cast<uint4*>(s + k) = packed;
+    }
+    q = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = q;
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+    float t = 0.f;
+    for (int w = 0; w < W; ++w) t += red[w];
+    inv = 1.f / sqrtf(t / float(K) + eps);
+  }
+  __device__ __forceinline__ uint4 word(long long k) const {
+    float v[8], gv[8];
+    LinVec<__half>::unpack(*reinterpret_cast<const uint4*>(hbuf + k), v);
+    LinVec<__half>::unpack(__ldg(reinterpret_cast<const uint4*>(src.g + k)), gv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = v[e] * inv * gv[e];
+    return LinVec<__half>::pack(v);  // rounds to float16
+  }
+};
+
+// x of steps s0 .. s0 + iters - 1 (src.word) into xs in lane order, and with OFS its stages' chain starts into corr;
+// ends with a barrier of the W consumer warps (named barrier 1)
+template <int W, int BITS, bool OFS, typename SRC>
+__device__ __forceinline__ void qb_stage_x(const SRC& src, int s0, int iters, unsigned char* xs, float* corr) {
   constexpr int WPS = qb_stage_k<BITS>() / 8, LW = WPS / 4;  // words of 8 k per stage, per lane c
-  const uint4* x = reinterpret_cast<const uint4*>(xp) + (long long)s0 * WPS;
+  const long long k0 = (long long)s0 * qb_stage_k<BITS>();
   for (int base = 0; base < iters * WPS; base += 32 * W) {  // a uniform trip count: OFS's lanes shuffle
     const int v = base + threadIdx.x;
     const int st = v / WPS, vv = v % WPS, c = vv / LW, w = vv % LW;
     uint4 p = make_uint4(0u, 0u, 0u, 0u);
-    if (v < iters * WPS) p = __ldg(x + v);
+    if (v < iters * WPS) p = src.word(k0 + 8LL * v);
     if constexpr (OFS) {
       const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16) in float16
       p = make_uint4(qlin_lo(p.x, p.z), qlin_lo(p.y, p.w), qlin_hmul2(qlin_hi(p.x, p.z), sixteenth),
@@ -56,17 +109,22 @@ __device__ __forceinline__ void qb_stage_x(const __half* xp, int s0, int iters, 
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
-// tw: wq's tensor map; x, y: Views of one row (x contiguous and 16-byte aligned, checked by the emitter); M: the
-// rows at run time (0 or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1)
-template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS>
-__device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale,
-                                                  const View<__half, R>& x, const __half* __restrict__ bias,
-                                                  long long bias_stride, const View<__half, R>& y, long long M, int N,
-                                                  int K, float* __restrict__ ws, unsigned int* cnt, int ks_n) {
+// tw: wq's tensor map; src: the x source (QbPlain / QbNorm); y: the output View (one row); M: the rows at run time (0
+// or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1). EPI: LinNoEpi (y[n] = the row's sum)
+// or a paired epilogue (linear.cu LinGated: pair j = rows j and N/2 + j, epi.put of both sums rounded to float16):
+// then a tile is P = 8 W pairs, read as two boxes of P rows per stage (gate rows first), and warp w's A rows g / g + 8
+// are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
+template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, typename SRC, typename EPI = LinNoEpi>
+__device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale, SRC src,
+                                                  const __half* __restrict__ bias, long long bias_stride,
+                                                  const View<__half, R>& y, long long M, int N, int K,
+                                                  float* __restrict__ ws, unsigned int* cnt, int ks_n, EPI epi = EPI()) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert((BITS == 4 || BITS == 8) && (BITS == 4 || !OFS), "int4 (with or without OFS) or int8");
+  constexpr bool GATED = lin_gated<EPI>();
   constexpr int SK = qb_stage_k<BITS>(), WPS = SK / 8, LW = WPS / 4;
-  constexpr int ROWS = 16 * W;
+  constexpr int ROWS = 16 * W;                  // weight rows per stage
+  constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
   constexpr int W_STAGE = ROWS * QB_ROW_BYTES;
   if (M < 1) return;  // the whole block: nothing to compute
   extern __shared__ unsigned char atlas_qb_smem[];
@@ -78,8 +136,10 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   const int steps = K / SK, run = (steps + ks_n - 1) / ks_n;
   const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
   const int iters = s1 > s0 ? s1 - s0 : 0;
+  const int H = N / 2, outs = GATED ? H : N;
   unsigned char* xs = sm + STAGES * W_STAGE;
   float* corr = reinterpret_cast<float*>(xs + run * SK * 2);
+  unsigned char* src_buf = xs + ((run * (SK * 2 + 4) + 15) & ~15);  // QbNorm: h (K halves) and W floats
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       tma_bar_init(tma_smem_u32(&full[s]), 1);
@@ -95,26 +155,35 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
         const unsigned f = tma_smem_u32(&full[s]);
         tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
         tma_bar_expect(f, W_STAGE);
-        tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
+        if constexpr (GATED) {
+          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * OUTS);
+          tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, (s0 + it) * QB_ROW_BYTES, H + tile * OUTS);
+        } else {
+          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
+        }
       }
     }
     return;
   }
-  qb_stage_x<W, BITS, OFS>(x.p, s0, iters, xs, corr);
+  src.template prepare<W>(K, src_buf);
+  qb_stage_x<W, BITS, OFS>(src, s0, iters, xs, corr);
   const int g = lane >> 2, c = lane & 3;
-  const int r_lo = 16 * warp + g, n_lo = tile * ROWS + r_lo, n_hi = n_lo + 8;
+  // A rows g and g + 8: their places in a stage and their weight rows (plain: rows n, n + 8; gated: a pair's two)
+  const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
+  const int n_lo = tile * OUTS + r_lo, n_hi = GATED ? H + n_lo : n_lo + 8;
   const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
   const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
   const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
-  const unsigned char* wrow = sm + r_lo * QB_ROW_BYTES + 16 * c;
+  const unsigned char* wrow_lo = sm + r_lo * QB_ROW_BYTES + 16 * c;
+  const unsigned char* wrow_hi = sm + r_hi * QB_ROW_BYTES + 16 * c;
   float acc_lo = 0.f, acc_hi = 0.f;
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES;
     const float slo = BITS == 4 ? __half2float(sc_lo[s0 + it]) : 1.f;
     const float shi = BITS == 4 ? __half2float(sc_hi[s0 + it]) : 1.f;
     tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
-    const uint4 wlo = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE);
-    const uint4 whi = *reinterpret_cast<const uint4*>(wrow + s * W_STAGE + 8 * QB_ROW_BYTES);
+    const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
+    const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
     __syncwarp();
     if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));  // the stage is in registers: the copy engine may refill
     const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
@@ -153,21 +222,33 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     acc_hi *= __half2float(sc_hi[0]);
   }
   const long long yn = y.stride[R - 1];
-  auto put = [&](int n, float v) {
+  auto put = [&](int n, float v) {  // a plain output: row n's sum (+ bias), one rounding
     if (n >= N) return;
     if constexpr (HAS_BIAS) v += __half2float(bias[n * bias_stride]);
     store(y.p + n * yn, v);
   };
+  auto put_pair = [&](int j, float za, float zb) {  // a paired output: rows j and H + j, each rounded, then epi
+    if (j >= outs) return;
+    if constexpr (HAS_BIAS) {
+      za += __half2float(bias[j * bias_stride]);
+      zb += __half2float(bias[(H + j) * bias_stride]);
+    }
+    epi.put(y.p, yn, 0, j, lin_round<__half>(za), lin_round<__half>(zb));
+  };
   if (ks_n == 1) {
     if (c == 0) {
-      put(n_lo, acc_lo);
-      put(n_hi, acc_hi);
+      if constexpr (GATED) {
+        put_pair(n_lo, acc_lo, acc_hi);
+      } else {
+        put(n_lo, acc_lo);
+        put(n_hi, acc_hi);
+      }
     }
     return;
   }
   if (c == 0) {
     ws[(long long)blockIdx.x * ROWS + r_lo] = acc_lo;
-    ws[(long long)blockIdx.x * ROWS + r_lo + 8] = acc_hi;
+    ws[(long long)blockIdx.x * ROWS + r_hi] = acc_hi;
   }
   __threadfence();
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
@@ -175,10 +256,19 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
   if (!last) return;
   __threadfence();
+  float* tot = ws + (long long)tile * ks_n * ROWS;  // the first item's slots take the totals
   for (int r = threadIdx.x; r < ROWS; r += 32 * W) {
     float sum = 0.f;
-    for (int k = 0; k < ks_n; ++k) sum += __ldcg(ws + ((long long)tile * ks_n + k) * ROWS + r);
-    put(tile * ROWS + r, sum);
+    for (int k = 0; k < ks_n; ++k) sum += __ldcg(tot + (long long)k * ROWS + r);
+    if constexpr (GATED) {
+      tot[r] = sum;
+    } else {
+      put(tile * ROWS + r, sum);
+    }
+  }
+  if constexpr (GATED) {
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+    for (int r = threadIdx.x; r < OUTS; r += 32 * W) put_pair(tile * OUTS + r, __ldcg(tot + r), __ldcg(tot + OUTS + r));
   }
   if (threadIdx.x == 0) cnt[tile] = 0u;
 #endif

@@ -12,7 +12,11 @@ ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Lla
 kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
 atlasc/ir/archs.py; the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the
 weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, or int8 with K % 64 == 0 (not FP8
-codes), N < 2^31, and the node takes float x (not act int8).
+codes), N < 2^31, and the node takes float x (not act int8). It also serves a one-row NormLinearQ (eligible_norm:
+Llama's gate/up + SwiGLU and the LM head; not NormLinearRotary) with the same weights and contiguous, aligned norm
+operands: the consumer warps stage the (Add)RMSNorm of x (quant_bulk.cu QbNorm) while the producer's first copies
+are in flight, and a paired epilogue (SwiGLU) reads gate and up rows as two boxes per stage; there it takes over
+from the int8-x kernels too (act int8), so that a whole step can be A/B'd.
 As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
@@ -50,10 +54,12 @@ def bulk_choice() -> bool:
     return env_switch(BULK_ENV, False, CodegenError)
 
 
-def smem_bytes(w: int, stages: int, run: int, bits: int = 4) -> int:
+def smem_bytes(w: int, stages: int, run: int, bits: int = 4, norm_k: int = 0) -> int:
     """Dynamic shared memory of linear_quant_bulk for K runs of `run` stages: the stages (64 bytes of 16 w rows
-    each), the run's x (float16) and its stages' offset sums (a float each), 128 bytes for the stages' alignment."""
-    return stages * 16 * w * 64 + run * (2 * STAGE_K[bits] + 4) + 128
+    each), the run's x (float16) and its stages' offset sums (a float each), rounded to 16 bytes, with a norm source
+    (norm_k = K) h for all of K and a float per warp, and 128 bytes for the stages' alignment."""
+    x_bytes = -(-run * (2 * STAGE_K[bits] + 4) // 16) * 16
+    return stages * 16 * w * 64 + x_bytes + (2 * norm_k + 4 * w if norm_k else 0) + 128
 
 
 def config() -> tuple[int, int, int]:
@@ -98,14 +104,14 @@ def record() -> dict:
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
-    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 node and kernel variant when the path may
-    be used (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
+    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 / NormLinearQ node and kernel variant when
+    the path may be used (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
     if not (bulk_choice() and copy_engine(archs)):
         return 0
     slots = 0
     for entry, (graph, _) in entries.items():
         kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
-        slots += kernels * sum(n.op in OPS for n in graph.nodes)
+        slots += kernels * sum(n.op in OPS or n.op == "NormLinearQ" for n in graph.nodes)
     return slots
 
 
@@ -126,43 +132,80 @@ def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_sta
     return ctx.upper(x_v.shape[-1]) == k_static and plan(n_upper, k_static, bits) is not None
 
 
-def plan(n: int, k: int, bits: int) -> tuple[int, int, int, int, int, int] | None:
-    """(W, STAGES, blocks per SM, tiles, K runs, stages per run) of an N x K projection: config()'s, with fewer
-    stages (down to 2) where its shared memory would not fit a block, and as many K runs as ks_split's runs of
-    ceil(steps / ks) stages fill (a forced split leaves no empty run); None where even 2 stages do not fit (quant.cu
-    serves it)."""
+def _aligned(ctx: KernelContext, v) -> bool:
+    """v is a contiguous value at 16-byte aligned bytes."""
+    placement = ctx.plan.placement(v)
+    return placement.strides is None and placement.offset % 16 == 0
+
+
+def eligible_norm(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int,
+                  gated: bool, s_v) -> bool:
+    """Whether linear_quant_bulk serves this NormLinearQ node's kernel (the (Add)RMSNorm source QbNorm, plain or with
+    the SwiGLU-style paired epilogue; not NormLinearRotary): the Linear conditions of eligible() on its projection,
+    a / b / g / the sum s contiguous and 16-byte aligned, g of K values, an even N when paired. It takes over from the
+    int8-x path (act int8) as well, so that a whole decode step can be compared with the switch off and on."""
+    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or node.op != "NormLinearQ":
+        return False
+    bits = OPS.get(node.attrs.get("linear", ""), 0)
+    a_v, b_v, g_v, wq_v = node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]
+    if not bits or m_upper != 1 or zp or (bits == 4 and group != GROUP) or a_v.dtype != "float16":
+        return False
+    if not isinstance(k_static, int) or k_static % STAGE_K[bits] or not isinstance(wq_v.shape[0], int) or \
+            n_upper >= I32 or (gated and n_upper % 2):
+        return False
+    if not all(_aligned(ctx, v) for v in (a_v, b_v, g_v, s_v, wq_v) if v is not None):
+        return False
+    if ctx.upper(a_v.shape[-1]) != k_static or len(g_v.shape) != 1 or ctx.upper(g_v.shape[0]) != k_static:
+        return False
+    return plan(n_upper, k_static, bits, gated, k_static) is not None
+
+
+def plan(n: int, k: int, bits: int, gated: bool = False, norm_k: int = 0) -> tuple[int, int, int, int, int, int] | None:
+    """(W, STAGES, blocks per SM, tiles, K runs, stages per run) of an N x K projection (gated: N / 2 pairs, tiles of
+    8 W; norm_k: a norm source over K): config()'s, with fewer stages (down to 2) where its shared memory would not
+    fit a block, and as many K runs as ks_split's runs of ceil(steps / ks) stages fill (a forced split leaves no empty
+    run); None where even 2 stages do not fit (quant.cu serves it)."""
     w, stages, blocks = config()
-    tiles, steps = -(-n // (16 * w)), k // STAGE_K[bits]
+    tiles, steps = -(-(n // 2 if gated else n) // (8 * w if gated else 16 * w)), k // STAGE_K[bits]
     run = -(-steps // ks_split(tiles, steps))
-    while stages > 2 and smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
+    while stages > 2 and smem_bytes(w, stages, run, bits, norm_k) > SMEM_LIMIT:
         stages -= 1
-    if smem_bytes(w, stages, run, bits) > SMEM_LIMIT:
+    if smem_bytes(w, stages, run, bits, norm_k) > SMEM_LIMIT:
         return None
     return w, stages, blocks, tiles, -(-steps // run), run
 
 
-def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str]) -> KernelCode:
-    """The kernel body calling linear_quant_bulk after the statements `head` (which declare M; the caller bound x, y,
-    wq, wscale, bias and bias_stride; eligible() said yes), with its grid, block, shared memory, scratch and tensor
-    map (uint8 for int8 codes too: the copy engine moves bytes)."""
+def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str], src: str = "", epi: str = "",
+         norm_k: int = 0) -> KernelCode:
+    """The kernel body calling linear_quant_bulk after the statements `head` (which declare M; the caller bound y,
+    wq, wscale, bias and bias_stride, and x or the norm source; eligible() or eligible_norm() said yes), with its
+    grid, block, shared memory, scratch and tensor map (uint8 for int8 codes too: the copy engine moves bytes).
+    src: the x source expression (default: the View x, QbPlain); epi: the paired epilogue's name ("": plain);
+    norm_k: K for a norm source (its shared memory)."""
     from atlasc.codegen import quant
 
-    bits = OPS[node.op]
-    w, stages, blocks, tiles, ks, run = plan(n, k, bits)
+    bits = OPS[node.attrs.get("linear", node.op)]
+    w, stages, blocks, tiles, ks, run = plan(n, k, bits, bool(epi), norm_k)
     rows = 16 * w
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
-    tw = ctx.tensor_map_address(node.inputs[1], n, rows, "uint8")
+    r = len(node.inputs[0].shape)
+    src = src or f"atlas::QbPlain<{r}>{{x}}"
+    wq_v = node.inputs[3] if node.op == "NormLinearQ" else node.inputs[1]
+    tw = ctx.tensor_map_address(wq_v, n, 8 * w if epi else rows, "uint8")
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
     cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
     counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (0, 0)
-    r = len(node.inputs[0].shape)
     body = "\n".join([
         *head,
         f"  {SM90A_MARKER}",
-        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, x, "
-        f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks});",
+        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, {src}, "
+        f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks}{', ' + epi if epi else ''});",
     ])
     choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs}
-    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits),
+    if norm_k:
+        choice["norm"] = True
+    if epi:
+        choice["paired"] = True
+    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits, norm_k),
                       scratch=scratch, counters=counters, choice=choice, min_blocks=blocks)

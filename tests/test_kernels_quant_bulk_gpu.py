@@ -7,7 +7,10 @@ with a bias (one or two stages, a partial tile) and K 256 x N 1000 (a partial ti
 node is checked to be the copy-engine kernel, then run
 twice in one arena (the K split's counters must be left at 0) against the reference interpreter, with the offset
 dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
-configurations (ATLAS_QUANT_BULK_CONFIG). float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's bound).
+configurations (ATLAS_QUANT_BULK_CONFIG). NormLinearQ (the norm source, staged by the consumer warps) over K 4096,
+int4 and int8: plain with N 1000 (a partial tile); with the residual add, its sum output and the SwiGLU epilogue
+(N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (32 tiles of 64 pairs). float16: 2e-2 of max |y|
+(tests/test_kernels_quant_gpu.py's bound).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ pytestmark = pytest.mark.gpu
 ARCHS = ("sm90",)
 CASES = ((4096, 4096, False), (14336, 256, True), (128, 40, True), (256, 1000, False))  # (K, N, bias)
 BITS = (4, 8)  # each case as LinearQ4 and as LinearQ8
+# (N, residual add + sum output, SwiGLU, bias) of the NormLinearQ nodes over K = 4096, each int4 and int8
+NORM_CASES = ((1000, False, False, False), (1000, True, True, True), (8192, False, True, False))
+SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 CALL = "atlas::linear_quant_bulk<"
 
 
@@ -46,7 +52,28 @@ def build_bulk():
     return b
 
 
-def _check(monkeypatch, **env):
+def build_bulk_norm():
+    """A Builder of one-row NormLinearQ nodes the copy-engine path serves (NORM_CASES x BITS, in that order)."""
+    from test_codegen_matmul_attention import Builder
+
+    k = 4096
+    b = Builder("quant_bulk_norm", {"m": (1, 1)})
+    a, res, g = b.input("a", "float16", ("m", k)), b.input("r", "float16", ("m", k)), b.input("g", "float16", (k,))
+    for i, (n, add, swiglu, bias) in enumerate(NORM_CASES):
+        w = (np.random.default_rng(40 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        for bits in BITS:
+            wq, scale = quantize_int4(w, 128) if bits == 4 else quantize_int8(w)
+            wv = b.input(f"nw{i}_{bits}", str(wq.dtype), wq.shape, gen=lambda rng, shape, q=wq: q)
+            sv = b.input(f"ns{i}_{bits}", "float16", scale.shape, gen=lambda rng, shape, q=scale: q)
+            bv = [b.input(f"nb{i}_{bits}", "float16", (n,))] if bias else []
+            attrs = {"epsilon": 1e-5, "linear": f"LinearQ{bits}", **({"group_size": 128} if bits == 4 else {})}
+            if swiglu:
+                attrs |= {"epilogue": SWIGLU, "gate_input": 0}
+            b.node("NormLinearQ", [a, res if add else None, g, wv, sv, *bv], attrs, outputs=2 if add else 1)
+    return b
+
+
+def _check(monkeypatch, builder=build_bulk, **env):
     from kernel_harness import run_on_gpu
     from test_codegen_matmul_attention import plan_for
 
@@ -56,7 +83,7 @@ def _check(monkeypatch, **env):
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    builder = build_bulk()
+    builder = builder()
     graph = builder.done()
     plan = plan_for(graph, builder.upper)[0]
     mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, None, archs=ARCHS)
@@ -79,3 +106,10 @@ def test_bulk_int4_matches_reference(monkeypatch, ofs, ks):
 @pytest.mark.parametrize("config", ["4-8-4", "16-4-1"])
 def test_bulk_int4_configurations(monkeypatch, config):
     _check(monkeypatch, ATLAS_QUANT_BULK_CONFIG=config)
+
+
+@pytest.mark.parametrize("ofs", ["0", "1"])
+@pytest.mark.parametrize("ks", ["auto", "2"])
+def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
+    """NormLinearQ: the norm staged by the consumer warps (its sum output checked too), plain and paired (SwiGLU)."""
+    _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_BULK_KS=ks)

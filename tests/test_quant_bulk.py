@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 from test_codegen_matmul_attention import Builder, plan_for
-from test_kernels_quant_bulk_gpu import BITS, CALL, CASES, build_bulk
+from test_kernels_quant_bulk_gpu import BITS, CALL, CASES, NORM_CASES, build_bulk, build_bulk_norm
 from test_linear_tma import assert_builds_without_spills
 
 from atlasc.codegen import generate_module, quant_bulk
@@ -55,6 +55,36 @@ def test_emitted_with_the_switch_for_sm90(monkeypatch):
     kernels = mod.choices["kernels"]
     assert mod.choices["quant_bulk"] is True and len(kernels) == len(graph.nodes)
     assert all(c["path"] == "bulk" and c["config"] == list(quant_bulk.CONFIG) for c in kernels.values())
+
+
+def test_norm_kinds_emitted(monkeypatch):
+    """NormLinearQ nodes (int4 and int8; plain, with the residual add and its sum, with SwiGLU) take the path with
+    the norm source (QbNorm, ADD when b is given, the sum's pointer when the node has it) and, paired, the epilogue
+    and boxes of 8 W rows; without the switch they keep quant.cu's / act_int8.cu's kernels."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    graph, mod = _module(build_bulk_norm())
+    calls = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), [^>]*>\([^;]*?atlas::QbNorm<(true|false)>\{xs, [^,]+, "
+                       r"(s\.p|nullptr)\}[^;]*?(, lin_epi)?\);", mod.source)
+    want = [(str(b), str(add).lower(), "s.p" if add else "nullptr", ", lin_epi" if glu else "")
+            for _, add, glu, _ in NORM_CASES for b in BITS]
+    assert calls == want and len(graph.nodes) == len(want)
+    maps = sorted(mod.tensor_maps, key=lambda t: t.slot)
+    assert [(t.rows, t.cols, t.box_rows) for t in maps] == \
+        [(n, 4096 * b // 8, 64 if glu else 128) for n, _, glu, _ in NORM_CASES for b in BITS]
+    assert all(c["norm"] and c.get("paired", False) == bool(NORM_CASES[i // 2][2])
+               for i, c in enumerate(mod.choices["kernels"].values()))
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "0")
+    _, off = _module(build_bulk_norm())
+    assert CALL not in off.source and not off.tensor_maps
+
+
+def test_norm_kinds_build_without_spills(monkeypatch, tmp_path):
+    """nvcc builds the norm test module for sm_90a, with and without OFS, no kernel spilling."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    for ofs in ("0", "1"):
+        monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
+        _, mod = _module(build_bulk_norm())
+        assert_builds_without_spills(mod, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
@@ -133,4 +163,5 @@ def test_manifest_and_driver_take_uint8_maps(monkeypatch):
     assert calls == [(0, 0), (6, tensor_maps.SWIZZLE_128B)]
     assert quant_bulk.smem_bytes(8, 6, 8) == 6 * 128 * 64 + 8 * 260 + 128
     assert quant_bulk.smem_bytes(8, 6, 8, 8) == 6 * 128 * 64 + 8 * 132 + 128
+    assert quant_bulk.smem_bytes(8, 6, 1, 4, 4096) == 6 * 128 * 64 + 272 + 2 * 4096 + 4 * 8 + 128  # 260 -> 272
     assert np.iinfo(np.int32).max >= quant_bulk.SMEM_LIMIT
