@@ -1,24 +1,28 @@
-// linear_quant_bulk (quant_bulk.py): the one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]) with
-// the copy engine streaming the weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1).
-// quant.cu's tensor-core path holds each round of weights in registers and waits for it before dequantizing; here
-// a producer warp keeps STAGES stages in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks
-// how close that comes to the read-only floor; docs/perf.md v43).
+// linear_quant_bulk (quant_bulk.py): a one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]), plain
+// or paired (SwiGLU), x a float16 row or the (Add)RMSNorm of one (NormLinearQ), with the copy engine streaming the
+// weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1). quant.cu's tensor-core path
+// holds each round of weights in registers and waits for it before dequantizing; here a producer warp keeps STAGES
+// stages in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks how close that comes to the
+// read-only floor; docs/perf.md v43).
 //
 // Weights in the compiler's layouts: int4 (BITS 4) wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric),
-// scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D tensor
-// map (uint8, dims {row bytes, N}, box {64, 16 W}, no swizzle: generate.TensorMapTable with dtype uint8): a stage is
-// 64 bytes of each of a tile's 16 W rows, packed densely: the 128 k of one int4 group, or 64 k of int8. Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of the tile), then one
-// producer warp whose lane 0 issues the copies. Lane (g, c) reads 16 bytes of rows g and g + 8 at byte 16 c
-// (conflict-free: a phase's two rows lie 64 bytes apart), i.e. k 32 c .. 32 c + 31 (int4) or 16 c .. 16 c + 15 (int8)
-// of the stage, and x at the same k from shared memory, staged once per block in the order the lanes read it (word
-// LW c + w of a step, LW the lane's words of 8 k, at slot 4 w + c). Dequantization and the MMA chain as quant.cu's
-// qlin_step4 (int4, exact products: each stage's chain starts from zero and is added times the row's group scale in
-// float32) or qlin_step8 (int8, exact: one chain, times the row's scale after the loop); OFS (int4): qlin_step4_ofs's
-// offset form (x staged as (x0, x4) (x2, x6) (x1/16, x5/16) (x3/16, x7/16) per word, each stage's chain from
-// -(1032 S_e + 72 S_o)).
+// scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D
+// tensor map (uint8, dims {row bytes, N}, box {64, 16 W} or, paired, two boxes {64, 8 W} a stage; no swizzle:
+// generate.TensorMapTable with dtype uint8): a stage is 64 bytes of each of a tile's 16 W rows, packed densely: the
+// 128 k of one int4 group, or 64 k of int8. Block: W consumer warps (warp w multiplies 16 rows of the tile), then
+// one producer warp whose lane 0 issues the copies. Lane (g, c) reads 16 bytes of its A rows g and g + 8 at byte
+// 16 c (conflict-free: a phase's two rows lie 64 bytes apart), i.e. k 32 c .. 32 c + 31 (int4) or 16 c .. 16 c + 15
+// (int8) of the stage, and x at the same k from shared memory, staged once per block in the order the lanes read
+// it (word LW c + w of a step, LW the lane's words of 8 k, at slot 4 w + c) from the x source (QbPlain: the row;
+// QbNorm: the norm, computed by the consumer warps while the first copies are in flight). Dequantization and the
+// MMA chain as quant.cu's qlin_step4 (int4, exact products: each stage's chain starts from zero and is added times
+// the row's group scale in float32) or qlin_step8 (int8, exact: times the row's scale after the loop); OFS (int4):
+// qlin_step4_ofs's offset form (x staged as (x0, x4) (x2, x6) (x1/16, x5/16) (x3/16, x7/16) per word, each stage's
+// chain from -(1032 S_e + 72 S_o)).
 // An item is (tile, run ks of ks_n) over the K steps; with ks_n > 1 each item writes its float32 sums to ws and the
-// tile's last item to finish adds the runs' sums in run order (deterministic), adds the bias and stores y (counters
-// start and end at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store.
+// tile's last item to finish adds the runs' sums in run order (deterministic), then stores (counters start and end
+// at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store (paired:
+// each sum rounded, then the epilogue, as quant.cu's qlin_gated_store).
 // Everything here compiles to nothing outside sm_90a (the emitter asks for it only in an sm90-only compile).
 namespace atlas {
 
@@ -118,7 +122,8 @@ template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, typename 
 __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale, SRC src,
                                                   const __half* __restrict__ bias, long long bias_stride,
                                                   const View<__half, R>& y, long long M, int N, int K,
-                                                  float* __restrict__ ws, unsigned int* cnt, int ks_n, EPI epi = EPI()) {
+                                                  float* __restrict__ ws, unsigned int* cnt, int ks_n,
+                                                  EPI epi = EPI()) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert((BITS == 4 || BITS == 8) && (BITS == 4 || !OFS), "int4 (with or without OFS) or int8");
   constexpr bool GATED = lin_gated<EPI>();

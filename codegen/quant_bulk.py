@@ -15,8 +15,9 @@ weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, o
 codes), N < 2^31, and the node takes float x (not act int8). It also serves a one-row NormLinearQ (eligible_norm:
 Llama's gate/up + SwiGLU and the LM head; not NormLinearRotary) with the same weights and contiguous, aligned norm
 operands: the consumer warps stage the (Add)RMSNorm of x (quant_bulk.cu QbNorm) while the producer's first copies
-are in flight, and a paired epilogue (SwiGLU) reads gate and up rows as two boxes per stage; there it takes over
-from the int8-x kernels too (act int8), so that a whole step can be A/B'd.
+are in flight, and a paired epilogue (SwiGLU) reads gate and up rows as two boxes per stage. Nodes with int8
+activations (act int8: the sm90 default of the batch-1 gate/up and LM head kernels) keep them, so the reference's
+arithmetic holds; ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path.
 As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
@@ -43,7 +44,9 @@ CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until exa
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
 GROUP = 128
 OPS = {"LinearQ4": 4, "LinearQ8": 8}
-SMEM_LIMIT = 227 * 1024 - 1024  # an sm90 block's shared memory, less 1 KB for the static arrays
+# an sm90 block's shared memory, less 2 KB for the static arrays (the barriers, and a norm source's row offsets and
+# scratch from linear_prologue._norm_source: ~0.8 KB)
+SMEM_LIMIT = 227 * 1024 - 2048
 BLOCKS_TARGET = 264  # the K split aims for two blocks per SM of an H200 (132 SMs)
 MIN_RUN = 4  # stages each K run keeps at least
 I32 = 1 << 31
@@ -141,10 +144,15 @@ def _aligned(ctx: KernelContext, v) -> bool:
 def eligible_norm(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int,
                   gated: bool, s_v) -> bool:
     """Whether linear_quant_bulk serves this NormLinearQ node's kernel (the (Add)RMSNorm source QbNorm, plain or with
-    the SwiGLU-style paired epilogue; not NormLinearRotary): the Linear conditions of eligible() on its projection,
-    a / b / g / the sum s contiguous and 16-byte aligned, g of K values, an even N when paired. It takes over from the
-    int8-x path (act int8) as well, so that a whole decode step can be compared with the switch off and on."""
+    the SwiGLU-style paired epilogue; not NormLinearRotary): the Linear conditions of eligible() on its projection
+    (float x: a node that choose-decode-path gave int8 activations keeps its kernel, whose arithmetic the reference
+    has; ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give every node float x), a / b / g / the sum s contiguous
+    and 16-byte aligned, g of K values, an even N when paired."""
+    from atlasc.ir.ops.quant import act_int8
+
     if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or node.op != "NormLinearQ":
+        return False
+    if act_int8(node.attrs.get("act", ""), m_upper):
         return False
     bits = OPS.get(node.attrs.get("linear", ""), 0)
     a_v, b_v, g_v, wq_v = node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]

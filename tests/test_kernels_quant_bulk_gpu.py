@@ -9,7 +9,7 @@ twice in one arena (the K split's counters must be left at 0) against the refere
 dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
 configurations (ATLAS_QUANT_BULK_CONFIG). NormLinearQ (the norm source, staged by the consumer warps) over K 4096,
 int4 and int8: plain with N 1000 (a partial tile); with the residual add, its sum output and the SwiGLU epilogue
-(N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (32 tiles of 64 pairs). float16: 2e-2 of max |y|
+(N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (64 tiles of 64 pairs). float16: 2e-2 of max |y|
 (tests/test_kernels_quant_gpu.py's bound).
 """
 

@@ -78,6 +78,19 @@ def test_norm_kinds_emitted(monkeypatch):
     assert CALL not in off.source and not off.tensor_maps
 
 
+def test_int8_activations_keep_their_kernels(monkeypatch):
+    """A NormLinearQ that choose-decode-path gave int8 activations (act int8: the sm90 batch-1 default of gate/up and
+    the LM head) keeps act_int8.cu's kernel with the switch on: the reference's arithmetic is int8 x."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    b = Builder("act8", {"m": (1, 1)})
+    k, n = 4096, 1024
+    ins = [b.input("a", "float16", ("m", k)), None, b.input("g", "float16", (k,)),
+           b.input("wq", "uint8", (n, k // 2)), b.input("s", "float16", (n, k // 128))]
+    b.node("NormLinearQ", ins, {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128, "act": "int8"})
+    _, mod = _module(b)
+    assert CALL not in mod.source and "atlas::linear_w4a8" in mod.source
+
+
 def test_norm_kinds_build_without_spills(monkeypatch, tmp_path):
     """nvcc builds the norm test module for sm_90a, with and without OFS, no kernel spilling."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
