@@ -118,52 +118,53 @@ def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) ->
     return slots
 
 
-def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int) -> bool:
-    """Whether linear_quant_bulk serves this LinearQ4 / LinearQ8 node's kernel (the module docstring's conditions)."""
-    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or node.op not in OPS:
-        return False
-    x_v, wq_v = node.inputs[0], node.inputs[1]
-    bits = OPS[node.op]
-    if m_upper != 1 or zp or (bits == 4 and group != GROUP) or x_v.dtype != "float16":
-        return False
-    if not isinstance(k_static, int) or k_static % STAGE_K[bits] or not isinstance(wq_v.shape[0], int) or \
-            n_upper >= I32:
-        return False
-    placement = ctx.plan.placement(x_v)
-    if placement.strides is not None or placement.offset % 16 or ctx.plan.placement(wq_v).offset % 16:
-        return False
-    return ctx.upper(x_v.shape[-1]) == k_static and plan(n_upper, k_static, bits) is not None
-
-
 def _aligned(ctx: KernelContext, v) -> bool:
     """v is a contiguous value at 16-byte aligned bytes."""
     placement = ctx.plan.placement(v)
     return placement.strides is None and placement.offset % 16 == 0
 
 
+def _projection_ok(ctx: KernelContext, bits: int, x_v, wq_v, m_upper: int, zp: bool, group: int, k_static,
+                   n_upper: int) -> bool:
+    """The conditions every kernel of the path shares (the module docstring's): the switch on in an sm90-only
+    compile with room for tensor maps, int4 symmetric g128 or int8 weights of static N < 2^31, K a whole number of
+    stages, one row of float16 x of K values, x and the weight contiguous and 16-byte aligned."""
+    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or not bits:
+        return False
+    if m_upper != 1 or zp or (bits == 4 and group != GROUP) or x_v.dtype != "float16":
+        return False
+    if not isinstance(k_static, int) or k_static % STAGE_K[bits] or not isinstance(wq_v.shape[0], int) or \
+            n_upper >= I32:
+        return False
+    return _aligned(ctx, x_v) and _aligned(ctx, wq_v) and ctx.upper(x_v.shape[-1]) == k_static
+
+
+def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int) -> bool:
+    """Whether linear_quant_bulk serves this LinearQ4 / LinearQ8 node's kernel (the module docstring's conditions;
+    the caller has already given a node with int8 activations its own kernel)."""
+    bits = OPS.get(node.op, 0)
+    return (_projection_ok(ctx, bits, node.inputs[0], node.inputs[1], m_upper, zp, group, k_static, n_upper)
+            and plan(n_upper, k_static, bits) is not None)
+
+
 def eligible_norm(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int,
                   gated: bool, s_v) -> bool:
     """Whether linear_quant_bulk serves this NormLinearQ node's kernel (the (Add)RMSNorm source QbNorm, plain or with
-    the SwiGLU-style paired epilogue; not NormLinearRotary): the Linear conditions of eligible() on its projection
-    (float x: a node that choose-decode-path gave int8 activations keeps its kernel, whose arithmetic the reference
-    has; ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give every node float x), a / b / g / the sum s contiguous
-    and 16-byte aligned, g of K values, an even N when paired."""
+    the SwiGLU-style paired epilogue; not NormLinearRotary): _projection_ok on its projection with a as x, float x (a
+    node that choose-decode-path gave int8 activations keeps its kernel, whose arithmetic the reference has;
+    ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give every node float x), b / g / the sum s contiguous and 16-byte
+    aligned, g of K values, an even N when paired."""
     from atlasc.ir.ops.quant import act_int8
 
-    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or node.op != "NormLinearQ":
-        return False
-    if act_int8(node.attrs.get("act", ""), m_upper):
+    if node.op != "NormLinearQ" or act_int8(node.attrs.get("act", ""), m_upper):
         return False
     bits = OPS.get(node.attrs.get("linear", ""), 0)
     a_v, b_v, g_v, wq_v = node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]
-    if not bits or m_upper != 1 or zp or (bits == 4 and group != GROUP) or a_v.dtype != "float16":
+    if not _projection_ok(ctx, bits, a_v, wq_v, m_upper, zp, group, k_static, n_upper) or (gated and n_upper % 2):
         return False
-    if not isinstance(k_static, int) or k_static % STAGE_K[bits] or not isinstance(wq_v.shape[0], int) or \
-            n_upper >= I32 or (gated and n_upper % 2):
+    if not all(_aligned(ctx, v) for v in (b_v, g_v, s_v) if v is not None):
         return False
-    if not all(_aligned(ctx, v) for v in (a_v, b_v, g_v, s_v, wq_v) if v is not None):
-        return False
-    if ctx.upper(a_v.shape[-1]) != k_static or len(g_v.shape) != 1 or ctx.upper(g_v.shape[0]) != k_static:
+    if len(g_v.shape) != 1 or ctx.upper(g_v.shape[0]) != k_static:
         return False
     return plan(n_upper, k_static, bits, gated, k_static) is not None
 

@@ -1,7 +1,10 @@
 // Lab (examples/w4_bulk_lab.py): the batch-1 int4 g128 (or, BITS 8, int8 per-row-scaled) decode projection
-// y[N] = x[K] @ dequant(wq)^T with the
-// copy engine streaming the packed weights into a ring of shared-memory stages and consumer warps multiplying them
-// where they lie (mma.sync m16n8k16 on the dequantized nibbles, as quant.cu's tensor-core path does in registers).
+// y[N] = x[K] @ dequant(wq)^T with the copy engine streaming the packed weights into a ring of shared-memory stages
+// and consumer warps multiplying them where they lie (mma.sync m16n8k16 on the dequantized nibbles, as quant.cu's
+// tensor-core path does in registers). codegen/quant_bulk.cu is the compiler's version of this body (with the norm
+// source and the View epilogues; ATLAS_QUANT_BULK=1); this file is standalone on purpose, as wgmma_lab.cu beside
+// linear_tma.cu, so that its configurations can be swept without the compiler, and adds the copy-only floor. A fix
+// to the shared body (barriers, staging, fragments) belongs in both.
 // Why: quant.cu's one-row kernel issues a round of weight loads per warp, waits, then dequantizes and multiplies;
 // while a warp computes it has no bytes in flight, and ncu put it at ~46% of DRAM and ~52% of issue slots
 // (docs/perf.md v11). Here the bytes in flight are the ring's stages, whatever the consumers do.
