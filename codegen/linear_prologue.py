@@ -284,7 +284,7 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     epi = _epilogue(ctx, node, kind, dt)
     from atlasc.codegen import quant_bulk
 
-    if quant_bulk.eligible_norm(ctx, node, m_upper, zp, group, k_static, n_upper, kind == "gated", s_v):
+    if quant_bulk.eligible_norm(ctx, node, proj[0], m_upper, zp, group, k_static, n_upper, kind, s_v):
         # ATLAS_QUANT_BULK=1 (opt-in, float x): the copy engine streams the weights while the consumers stage the norm
         src = (f"atlas::QbNorm<{str(node.inputs[1] is not None).lower()}>{{xs, {float(node.attrs['epsilon'])!r}f, "
                f"{'s.p' if s_v is not None else 'nullptr'}}}")

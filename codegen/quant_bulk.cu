@@ -1,9 +1,9 @@
 // linear_quant_bulk (quant_bulk.py): a one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]), plain
-// or paired (SwiGLU), x a float16 row or the (Add)RMSNorm of one (NormLinearQ), with the copy engine streaming the
-// weights into a ring of shared-memory stages (sm_90a), opt-in (ATLAS_QUANT_BULK=1). quant.cu's tensor-core path
-// holds each round of weights in registers and waits for it before dequantizing; here a producer warp keeps STAGES
-// stages in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks how close that comes to the
-// read-only floor; docs/perf.md v43).
+// or paired (SwiGLU; the merged QKV projection's rotary and cache append), x a float16 row or the (Add)RMSNorm of one
+// (NormLinearQ, NormLinearRotary), with the copy engine streaming the weights into a ring of shared-memory stages
+// (sm_90a), opt-in (ATLAS_QUANT_BULK=1). quant.cu's tensor-core path holds each round of weights in registers and
+// waits for it before dequantizing; here a producer warp keeps STAGES stages in flight whatever the consumer warps
+// are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only floor; docs/perf.md v43).
 //
 // Weights in the compiler's layouts: int4 (BITS 4) wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric),
 // scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D
@@ -38,7 +38,6 @@ template <int R> struct QbPlain {
   View<__half, R> x;
   template <int W> __device__ __forceinline__ void prepare(long long, unsigned char*) const {}
   __device__ __forceinline__ uint4 word(long long k) const { return __ldg(reinterpret_cast<const uint4*>(x.p + k)); }
-  static constexpr int SMEM_HALVES = 0;  // shared memory it needs per K (in halves)
 };
 
 // QbNorm: NormLinearQ's (Add)RMSNormalization of a (and b) with scale g (linear.cu XNorm: a, b, g contiguous and
@@ -52,7 +51,6 @@ template <bool ADD> struct QbNorm {
   __half* s;  // the residual sum's row 0, or nullptr
   __half* hbuf = nullptr;
   float inv = 0.f;
-  static constexpr int SMEM_HALVES = 1;
   template <int W> __device__ __forceinline__ void prepare(long long K, unsigned char* buf) {
     hbuf = reinterpret_cast<__half*>(buf);
     float* red = reinterpret_cast<float*>(buf + 2 * K);  // W floats after h
@@ -115,9 +113,11 @@ __device__ __forceinline__ void qb_stage_x(const SRC& src, int s0, int iters, un
 
 // tw: wq's tensor map; src: the x source (QbPlain / QbNorm); y: the output View (one row); M: the rows at run time (0
 // or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1). EPI: LinNoEpi (y[n] = the row's sum)
-// or a paired epilogue (linear.cu LinGated: pair j = rows j and N/2 + j, epi.put of both sums rounded to float16):
-// then a tile is P = 8 W pairs, read as two boxes of P rows per stage (gate rows first), and warp w's A rows g / g + 8
-// are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
+// or a paired epilogue (pair j = rows epi.row_a(j) and epi.row_b(j), epi.put of both sums rounded to float16):
+// then a tile is P = 8 W pairs j0 .. j0 + P - 1, read as two boxes of P rows per stage from rows row_a(j0) and
+// row_b(j0), and warp w's A rows g / g + 8 are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
+// The emitter checks that row_a and row_b step by one across each tile: always for linear.cu LinGated (rows j and
+// N/2 + j); for LinRotary (the merged QKV projection's rotary and cache append) when P divides D / 2 and R / 2.
 template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, typename SRC, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale, SRC src,
                                                   const __half* __restrict__ bias, long long bias_stride,
@@ -142,6 +142,8 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
   const int iters = s1 > s0 ? s1 - s0 : 0;
   const int H = N / 2, outs = GATED ? H : N;
+  // paired: the tile's first weight rows of the two boxes (the emitter checks the rows are consecutive across a tile)
+  const int row_a0 = GATED ? int(epi.row_a(tile * OUTS, N)) : 0, row_b0 = GATED ? int(epi.row_b(tile * OUTS, N)) : 0;
   unsigned char* xs = sm + STAGES * W_STAGE;
   float* corr = reinterpret_cast<float*>(xs + run * SK * 2);
   unsigned char* src_buf = xs + ((run * (SK * 2 + 4) + 15) & ~15);  // QbNorm: h (K halves) and W floats
@@ -161,8 +163,8 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
         tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
         tma_bar_expect(f, W_STAGE);
         if constexpr (GATED) {
-          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * OUTS);
-          tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, (s0 + it) * QB_ROW_BYTES, H + tile * OUTS);
+          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, row_a0);
+          tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, (s0 + it) * QB_ROW_BYTES, row_b0);
         } else {
           tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
         }
@@ -175,7 +177,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   const int g = lane >> 2, c = lane & 3;
   // A rows g and g + 8: their places in a stage and their weight rows (plain: rows n, n + 8; gated: a pair's two)
   const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
-  const int n_lo = tile * OUTS + r_lo, n_hi = GATED ? H + n_lo : n_lo + 8;
+  const int n_lo = GATED ? row_a0 + r_lo : tile * OUTS + r_lo, n_hi = GATED ? row_b0 + r_lo : n_lo + 8;
   const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
   const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
   const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
@@ -232,11 +234,11 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     if constexpr (HAS_BIAS) v += __half2float(bias[n * bias_stride]);
     store(y.p + n * yn, v);
   };
-  auto put_pair = [&](int j, float za, float zb) {  // a paired output: rows j and H + j, each rounded, then epi
+  auto put_pair = [&](int j, float za, float zb) {  // a paired output: its two rows' sums, each rounded, then epi
     if (j >= outs) return;
     if constexpr (HAS_BIAS) {
-      za += __half2float(bias[j * bias_stride]);
-      zb += __half2float(bias[(H + j) * bias_stride]);
+      za += __half2float(bias[epi.row_a(j, N) * bias_stride]);
+      zb += __half2float(bias[epi.row_b(j, N) * bias_stride]);
     }
     epi.put(y.p, yn, 0, j, lin_round<__half>(za), lin_round<__half>(zb));
   };

@@ -13,11 +13,14 @@ kernel runs for one row of x, when the compile targets sm90 alone with the copy 
 atlasc/ir/archs.py; the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the
 weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, or int8 with K % 64 == 0 (not FP8
 codes), N < 2^31, and the node takes float x (not act int8). It also serves a one-row NormLinearQ (eligible_norm:
-Llama's gate/up + SwiGLU and the LM head; not NormLinearRotary) with the same weights and contiguous, aligned norm
-operands: the consumer warps stage the (Add)RMSNorm of x (quant_bulk.cu QbNorm) while the producer's first copies
-are in flight, and a paired epilogue (SwiGLU) reads gate and up rows as two boxes per stage. Nodes with int8
-activations (act int8: the sm90 default of the batch-1 gate/up and LM head kernels) keep them, so the reference's
-arithmetic holds; ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path.
+Llama's gate/up + SwiGLU and the LM head) or NormLinearRotary (the merged QKV projection with the rotary and the
+cache append, its tiles of 8 W pairs dividing D / 2 and R / 2: W = 8 for Llama-3-8B's 128-dim heads, 4 for
+Llama-3.2-1B's 64, rotary_warps) with the same weights and contiguous, aligned norm operands: the consumer warps
+stage the (Add)RMSNorm of x (quant_bulk.cu QbNorm) while the producer's first copies are in flight, and a paired
+epilogue (SwiGLU, LinRotary) reads its pairs' two rows as two boxes per stage. Nodes with int8 activations (act
+int8: the sm90 default of the batch-1 gate/up and LM head kernels) keep them, so the reference's arithmetic holds;
+ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path (the batch-1 QKV + rotary takes
+float x by default).
 As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
@@ -44,6 +47,7 @@ CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until exa
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
 GROUP = 128
 OPS = {"LinearQ4": 4, "LinearQ8": 8}
+WEIGHT_INPUT = {"NormLinearQ": 3, "NormLinearRotary": 5}  # the packed weight's input (plain projections: 1)
 # an sm90 block's shared memory, less 2 KB for the static arrays (the barriers, and a norm source's row offsets and
 # scratch from linear_prologue._norm_source: ~0.8 KB)
 SMEM_LIMIT = 227 * 1024 - 2048
@@ -107,14 +111,16 @@ def record() -> dict:
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
-    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 / NormLinearQ node and kernel variant when
-    the path may be used (the switch on, an sm90-only compile with the copy engine allowed), else 0."""
+    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 node, NormLinearQ / NormLinearRotary node
+    of int4 or int8 weights, and kernel variant when the path may be used (the switch on, an sm90-only compile with
+    the copy engine allowed), else 0."""
     if not (bulk_choice() and copy_engine(archs)):
         return 0
     slots = 0
     for entry, (graph, _) in entries.items():
         kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
-        slots += kernels * sum(n.op in OPS or n.op == "NormLinearQ" for n in graph.nodes)
+        slots += kernels * sum(n.op in OPS or (n.op in WEIGHT_INPUT and n.attrs.get("linear") in OPS)
+                               for n in graph.nodes)
     return slots
 
 
@@ -147,34 +153,59 @@ def eligible(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_sta
             and plan(n_upper, k_static, bits) is not None)
 
 
-def eligible_norm(ctx: KernelContext, node, m_upper: int, zp: bool, group: int, k_static, n_upper: int,
-                  gated: bool, s_v) -> bool:
-    """Whether linear_quant_bulk serves this NormLinearQ node's kernel (the (Add)RMSNorm source QbNorm, plain or with
-    the SwiGLU-style paired epilogue; not NormLinearRotary): _projection_ok on its projection with a as x, float x (a
-    node that choose-decode-path gave int8 activations keeps its kernel, whose arithmetic the reference has;
+def rotary_tiles_ok(node, pairs: int) -> bool:
+    """Whether a NormLinearRotary's pairs (linear.cu LinRotary: dims i and i + R/2 of a head for i < R/2, then i + R/2
+    and i + D/2) fall in tiles of `pairs` consecutive pairs whose two weight rows each step by one: `pairs` divides
+    D / 2 and R / 2 (R the static width of the cos table, 0 without rotary), D and R even."""
+    d = int(node.attrs["head_dim"])
+    cos_v = node.inputs[3]
+    r = 0 if cos_v is None else cos_v.shape[-1]
+    return isinstance(r, int) and d % 2 == 0 and r % 2 == 0 and (d // 2) % pairs == 0 and (r // 2) % pairs == 0
+
+
+def rotary_warps(node) -> int:
+    """The consumer warps of a NormLinearRotary's kernel: the most, up to config()'s W, whose tiles of 8 W pairs
+    rotary_tiles_ok allows (W 4 for a 64-dim head, e.g. Llama-3.2-1B's), or 0 where none does."""
+    w = config()[0]
+    while w and not rotary_tiles_ok(node, 8 * w):
+        w -= 1
+    return w
+
+
+def eligible_norm(ctx: KernelContext, node, wq_v, m_upper: int, zp: bool, group: int, k_static, n_upper: int,
+                  kind: str, s_v) -> bool:
+    """Whether linear_quant_bulk serves this NormLinearQ / NormLinearRotary node's kernel (the (Add)RMSNorm source
+    QbNorm; kind "": plain, "gated": the SwiGLU-style paired epilogue, "rotary": LinRotary's pairs, the merged QKV
+    projection's rotary and cache append): _projection_ok on its projection (weight wq_v) with a as x, float x (a node
+    that choose-decode-path gave int8 activations keeps its kernel, whose arithmetic the reference has;
     ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give every node float x), b / g / the sum s contiguous and 16-byte
-    aligned, g of K values, an even N when paired."""
+    aligned, g of K values, an even N when paired, and for rotary a W that rotary_warps finds."""
     from atlasc.ir.ops.quant import act_int8
 
-    if node.op != "NormLinearQ" or act_int8(node.attrs.get("act", ""), m_upper):
+    if node.op not in ("NormLinearQ", "NormLinearRotary") or act_int8(node.attrs.get("act", ""), m_upper):
         return False
     bits = OPS.get(node.attrs.get("linear", ""), 0)
-    a_v, b_v, g_v, wq_v = node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]
-    if not _projection_ok(ctx, bits, a_v, wq_v, m_upper, zp, group, k_static, n_upper) or (gated and n_upper % 2):
+    a_v, b_v, g_v = node.inputs[0], node.inputs[1], node.inputs[2]
+    if not _projection_ok(ctx, bits, a_v, wq_v, m_upper, zp, group, k_static, n_upper) or (kind and n_upper % 2):
+        return False
+    if kind == "rotary" and not rotary_warps(node):
         return False
     if not all(_aligned(ctx, v) for v in (b_v, g_v, s_v) if v is not None):
         return False
     if len(g_v.shape) != 1 or ctx.upper(g_v.shape[0]) != k_static:
         return False
-    return plan(n_upper, k_static, bits, gated, k_static) is not None
+    warps = rotary_warps(node) if kind == "rotary" else 0
+    return plan(n_upper, k_static, bits, bool(kind), k_static, warps) is not None
 
 
-def plan(n: int, k: int, bits: int, gated: bool = False, norm_k: int = 0) -> tuple[int, int, int, int, int, int] | None:
+def plan(n: int, k: int, bits: int, gated: bool = False, norm_k: int = 0,
+         warps: int = 0) -> tuple[int, int, int, int, int, int] | None:
     """(W, STAGES, blocks per SM, tiles, K runs, stages per run) of an N x K projection (gated: N / 2 pairs, tiles of
-    8 W; norm_k: a norm source over K): config()'s, with fewer stages (down to 2) where its shared memory would not
-    fit a block, and as many K runs as ks_split's runs of ceil(steps / ks) stages fill (a forced split leaves no empty
-    run); None where even 2 stages do not fit (quant.cu serves it)."""
+    8 W; norm_k: a norm source over K): config()'s (warps: W instead, e.g. rotary_warps), with fewer stages (down to
+    2) where its shared memory would not fit a block, and as many K runs as ks_split's runs of ceil(steps / ks)
+    stages fill (a forced split leaves no empty run); None where even 2 stages do not fit (quant.cu serves it)."""
     w, stages, blocks = config()
+    w = warps or w
     tiles, steps = -(-(n // 2 if gated else n) // (8 * w if gated else 16 * w)), k // STAGE_K[bits]
     run = -(-steps // ks_split(tiles, steps))
     while stages > 2 and smem_bytes(w, stages, run, bits, norm_k) > SMEM_LIMIT:
@@ -194,13 +225,14 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     from atlasc.codegen import quant
 
     bits = OPS[node.attrs.get("linear", node.op)]
-    w, stages, blocks, tiles, ks, run = plan(n, k, bits, bool(epi), norm_k)
+    warps = rotary_warps(node) if node.op == "NormLinearRotary" else 0
+    w, stages, blocks, tiles, ks, run = plan(n, k, bits, bool(epi), norm_k, warps)
     rows = 16 * w
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
     r = len(node.inputs[0].shape)
     src = src or f"atlas::QbPlain<{r}>{{x}}"
-    wq_v = node.inputs[3] if node.op == "NormLinearQ" else node.inputs[1]
+    wq_v = node.inputs[WEIGHT_INPUT.get(node.op, 1)]
     tw = ctx.tensor_map_address(wq_v, n, 8 * w if epi else rows, "uint8")
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
     cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
@@ -216,5 +248,7 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
         choice["norm"] = True
     if epi:
         choice["paired"] = True
+    if node.op == "NormLinearRotary":
+        choice["rotary"] = True
     return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits, norm_k),
                       scratch=scratch, counters=counters, choice=choice, min_blocks=blocks)

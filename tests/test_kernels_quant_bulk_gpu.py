@@ -9,8 +9,12 @@ twice in one arena (the K split's counters must be left at 0) against the refere
 dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
 configurations (ATLAS_QUANT_BULK_CONFIG). NormLinearQ (the norm source, staged by the consumer warps) over K 4096,
 int4 and int8: plain with N 1000 (a partial tile); with the residual add, its sum output and the SwiGLU epilogue
-(N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (64 tiles of 64 pairs). float16: 2e-2 of max |y|
-(tests/test_kernels_quant_gpu.py's bound).
+(N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (64 tiles of 64 pairs). NormLinearRotary (the merged
+QKV projection with the rotary and the KV-cache append; 4 q and 2 kv heads of 128 dims, K 4096) at past 0 and 7:
+int4 with the residual add and full rotary, int8 with a bias and tables per batch row, int4 without rotary, and
+partial rotary (64 of 128 dims: tiles of 32 pairs, 4 warps), at the default configuration and at 4-8-4; q, the sum,
+the new cache rows, nothing else of the cache touched. float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's
+bound).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ BITS = (4, 8)  # each case as LinearQ4 and as LinearQ8
 NORM_CASES = ((1000, False, False, False), (1000, True, True, True), (8192, False, True, False))
 SWIGLU = (("Sigmoid", (), (("in", 0),)), ("Mul", (), (("in", 0), ("step", 0))), ("Mul", (), (("step", 1), ("in", 1))))
 CALL = "atlas::linear_quant_bulk<"
+# NormLinearRotary: 4 q heads and 2 kv heads of Llama's 128 dims (N = 1024), one cache layer per node, one row
+ROT_KV = {"layers": 4, "max_batch": 1, "kv_heads": 2, "max_seq": 16, "head_dim": 128}
+ROT_HEADS = {"q_heads": 4, "kv_heads": ROT_KV["kv_heads"], "head_dim": ROT_KV["head_dim"]}
 
 
 def build_bulk():
@@ -73,6 +80,48 @@ def build_bulk_norm():
     return b
 
 
+def build_bulk_rotary(partial: bool = False):
+    """A Builder of one-row NormLinearRotary nodes over K = 4096 (layers 0-2; with `partial` a fourth, whose 64-dim
+    rotary needs tiles of at most 32 pairs, i.e. at most 4 warps): int4 with the residual add, its sum and full
+    rotary; int8 with a bias and cos / sin per batch row; int4 without rotary (weights from the real packers)."""
+    from atlasc.ir import symbolic as S
+    from test_codegen_matmul_attention import Builder
+
+    k, d = 4096, ROT_HEADS["head_dim"]
+    n = (ROT_HEADS["q_heads"] + 2 * ROT_HEADS["kv_heads"]) * d
+    b = Builder("quant_bulk_rotary", {"batch": (1, 1), "seq": (1, 1), "past_seq": (0, 10)})
+    a, res, g = (b.input("a", "float16", ("batch", "seq", k)), b.input("r", "float16", ("batch", "seq", k)),
+                 b.input("g", "float16", (k,)))
+    cos, sin = b.input("cos", "float16", (1, "seq", d)), b.input("sin", "float16", (1, "seq", d))
+    cos_b, sin_b = b.input("cos_b", "float16", ("batch", "seq", d)), b.input("sin_b", "float16", ("batch", "seq", d))
+    w = (np.random.default_rng(70).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+    packed = {bits: quantize_int4(w, 128) if bits == 4 else quantize_int8(w) for bits in BITS}
+    weights = {bits: [b.input(f"rw{bits}", str(q.dtype), q.shape, gen=lambda rng, shape, c=q: c),
+                      b.input(f"rs{bits}", "float16", sc.shape, gen=lambda rng, shape, c=sc: c)]
+               for bits, (q, sc) in packed.items()}
+    past = S.sym("past_seq")
+
+    def rot(layer, bits, ins, extra, outputs):
+        attrs = {"epsilon": 1e-5, "linear": f"LinearQ{bits}", "layer": layer, "past": past, **ROT_HEADS,
+                 **({"group_size": 128} if bits == 4 else {})}
+        b.node("NormLinearRotary", [*ins, *weights[bits], *extra], attrs, outputs=outputs)
+
+    rot(0, 4, [a, res, g, cos, sin], [], 4)
+    rot(1, 8, [a, None, g, cos_b, sin_b], [b.input("rbias", "float16", (n,))], 3)
+    rot(2, 4, [a, res, g, None, None], [], 4)
+    if partial:
+        cos_p, sin_p = b.input("cos_p", "float16", (1, "seq", 64)), b.input("sin_p", "float16", (1, "seq", 64))
+        rot(3, 4, [a, None, g, cos_p, sin_p], [], 3)
+    return b
+
+
+def rotary_plan(graph, upper, kv_cache=None):
+    """plan_for with build_bulk_rotary's cache geometry."""
+    from test_codegen_matmul_attention import plan_for
+
+    return plan_for(graph, upper, kv_cache, kv=ROT_KV)
+
+
 def _check(monkeypatch, builder=build_bulk, **env):
     from kernel_harness import run_on_gpu
     from test_codegen_matmul_attention import plan_for
@@ -113,3 +162,44 @@ def test_bulk_int4_configurations(monkeypatch, config):
 def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
     """NormLinearQ: the norm staged by the consumer warps (its sum output checked too), plain and paired (SwiGLU)."""
     _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_BULK_KS=ks)
+
+
+@pytest.mark.parametrize("config", ["", "4-8-4"])
+@pytest.mark.parametrize("ks", ["auto", "1"])
+def test_bulk_rotary_matches_reference(monkeypatch, config, ks):
+    """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched)."""
+    from kernel_harness import run_on_gpu
+
+    from atlasc.codegen import generate_module
+    from atlasc.ir import interpret
+    from test_codegen_matmul_attention import kv_spec
+
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
+    monkeypatch.setenv("ATLAS_QUANT_BULK_KS", ks)
+    if config:
+        monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", config)
+    builder = build_bulk_rotary(partial=True)
+    graph = builder.done()
+    rng = np.random.default_rng()
+    shape = (ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"], ROT_KV["head_dim"])
+    cache = rng.uniform(-1, 1, shape).astype(np.float16)
+    plan, kv_offset = rotary_plan(graph, builder.upper, cache)
+    mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
+                          archs=ARCHS)
+    assert mod.source.count(CALL) == len(graph.nodes)
+    for past in (0, 7):
+        env = {"batch": 1, "seq": 1, "past_seq": past}
+        cache = rng.uniform(-1, 1, shape).astype(np.float16)
+        feeds = builder.inputs(rng, env)
+        state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}
+        want = interpret(graph, feeds, state=state_ref, symbols={"past_seq": past})
+        got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=rotary_plan, archs=ARCHS, repeat=2, state=state,
+                         symbols={"past_seq": past})
+        new_rows = (state["kv_cache"][:, :, 0, :, past], state_ref["kv_cache"][:, :, 0, :, past])
+        for name, (g, w) in [*((n, (got[n], w)) for n, w in want.items()), ("cache rows", new_rows)]:
+            g, w = g.astype(np.float64), w.astype(np.float64)
+            err = np.abs(g - w).max() if np.all(np.isfinite(g)) else np.inf
+            assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} past {past}: err {err}"
+        untouched = np.ones(shape, bool)
+        untouched[:, :, :1, :, past] = False
+        np.testing.assert_array_equal(state["kv_cache"][untouched], cache[untouched])

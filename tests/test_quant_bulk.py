@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 from test_codegen_matmul_attention import Builder, plan_for
-from test_kernels_quant_bulk_gpu import BITS, CALL, CASES, NORM_CASES, build_bulk, build_bulk_norm
+from test_kernels_quant_bulk_gpu import (BITS, CALL, CASES, NORM_CASES, ROT_KV, build_bulk, build_bulk_norm,
+                                         build_bulk_rotary, rotary_plan)
 from test_linear_tma import assert_builds_without_spills
 
 from atlasc.codegen import generate_module, quant_bulk
@@ -22,6 +23,19 @@ def _module(builder, archs=("sm90",)):
     graph = builder.done()
     return graph, generate_module({"run": (graph, plan_for(graph, builder.upper)[0])}, {"run": builder.upper}, None,
                                   archs=archs)
+
+
+def _rotary_module(partial=False):
+    """The GPU test's NormLinearRotary graph and its sm90 module (the cache views on their slots)."""
+    from test_codegen_matmul_attention import kv_spec
+
+    builder = build_bulk_rotary(partial)
+    graph = builder.done()
+    cache = np.zeros((ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"],
+                      ROT_KV["head_dim"]), np.float16)
+    plan, kv_offset = rotary_plan(graph, builder.upper, cache)
+    return graph, generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
+                                  archs=("sm90",))
 
 
 def _one(k=4096, n=4096, m=1, dtype="float16", group=128, zero=False):
@@ -98,6 +112,55 @@ def test_norm_kinds_build_without_spills(monkeypatch, tmp_path):
         monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
         _, mod = _module(build_bulk_norm())
         assert_builds_without_spills(mod, tmp_path)
+
+
+def test_rotary_emitted(monkeypatch):
+    """NormLinearRotary nodes (int4 with the residual add, int8 with a bias, int4 without rotary) take the path with the
+    norm source and LinRotary as the paired epilogue, boxes of 8 W = 64 rows (one half of a 128-dim head); a 64-dim
+    partial rotary needs tiles of 32 pairs, so its kernel takes 4 warps (boxes of 32 rows, a map of its own)."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    graph, mod = _rotary_module()
+    calls = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), [^>]*>\([^;]*?atlas::QbNorm<(true|false)>\{xs, [^,]+, "
+                       r"(s\.p|nullptr)\}[^;]*?, lin_epi\);", mod.source)
+    assert calls == [("4", "true", "s.p"), ("8", "false", "nullptr"), ("4", "true", "s.p")]
+    assert "atlas::LinRotary<__half> lin_epi" in mod.source
+    # one map per weight (layers 0 and 2 share the int4 one): rows of 2048 / 4096 bytes
+    assert sorted((t.rows, t.cols, t.box_rows) for t in mod.tensor_maps) == [(1024, 2048, 64), (1024, 4096, 64)]
+    assert all(c["rotary"] and c["paired"] and c["norm"] for c in mod.choices["kernels"].values())
+    graph, mod = _rotary_module(partial=True)
+    assert mod.source.count(CALL) == len(graph.nodes) == 4
+    assert sorted(t.box_rows for t in mod.tensor_maps) == [32, 64, 64]
+    assert [c["config"][0] for c in mod.choices["kernels"].values()] == [8, 8, 8, 4]
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "0")
+    _, off = _rotary_module()
+    assert CALL not in off.source and not off.tensor_maps
+
+
+def test_rotary_tiles():
+    """A tile of P pairs keeps both rows consecutive where P divides D / 2 and R / 2 (R 0: no rotary): checked against
+    LinRotary's pair rows (linear.cu row_a / row_b) enumerated in numpy."""
+    from types import SimpleNamespace
+
+    def rows(d, r):  # LinRotary's rows of each pair within one head
+        i = np.arange(d // 2)
+        return np.where(i < r // 2, i, i + r // 2), np.where(i < r // 2, i + r // 2, i + d // 2)
+
+    for d, r, p in [(128, 128, 64), (128, 128, 32), (128, 64, 32), (128, 64, 64), (64, 64, 64), (128, 0, 64),
+                    (128, 96, 32), (96, 96, 16), (128, 128, 128)]:
+        cos = None if r == 0 else SimpleNamespace(shape=(1, "seq", r))
+        node = SimpleNamespace(attrs={"head_dim": d}, inputs=[None, None, None, cos])
+        ra, rb = rows(d, r)
+        ok = (d // 2) % p == 0 and all(np.all(np.diff(x[t:t + p]) == 1) for x in (ra, rb) for t in range(0, d // 2, p))
+        assert quant_bulk.rotary_tiles_ok(node, p) == ok, (d, r, p)
+    dynamic = SimpleNamespace(attrs={"head_dim": 128}, inputs=[None, None, None, SimpleNamespace(shape=(1, "s", "r"))])
+    assert not quant_bulk.rotary_tiles_ok(dynamic, 64)
+
+
+def test_rotary_builds_without_spills(monkeypatch, tmp_path):
+    """nvcc builds the rotary test module (with the partial rotary node's 4-warp kernel) for sm_90a, no kernel
+    spilling."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    assert_builds_without_spills(_rotary_module(partial=True)[1], tmp_path)
 
 
 @pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
