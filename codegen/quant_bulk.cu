@@ -245,7 +245,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   if (ks_n == 1) {
     if (c == 0) {
       if constexpr (GATED) {
-        put_pair(n_lo, acc_lo, acc_hi);
+        put_pair(tile * OUTS + r_lo, acc_lo, acc_hi);  // the pair's index (its rows are n_lo, n_hi)
       } else {
         put(n_lo, acc_lo);
         put(n_hi, acc_hi);
