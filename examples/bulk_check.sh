@@ -6,9 +6,13 @@
 # ATLAS_INT8_PATH=w8a16: the bulk kernels serve the fused gate/up and LM head too). Run after the install line; logs
 # under $OUT, a summary last.
 #   bash examples/bulk_check.sh                # lab + GPU tests (~4-6 min with the nvcc pack)
-#   STEP=1 QUANTS=int4,int8 bash examples/bulk_check.sh
+#   STEP=1 QUANTS=int4 LAB=0 TESTS=0 bash examples/bulk_check.sh
 # Settings: LAB=0 skips the labs; TESTS=0 the GPU tests; STEP=1 adds the step A/B for each of QUANTS (default int4),
-# BULK_CONFIG=W-S-B sets ATLAS_QUANT_BULK_CONFIG for it (default: the compiler's).
+# BULK_CONFIG=W-S-B sets ATLAS_QUANT_BULK_CONFIG for it (default: the compiler's). The compiler's mbarrier waits do
+# not time out, so a hung kernel would hold the device call to its limit: the GPU tests and each step A/B run under
+# `timeout` (TEST_TIMEOUT, default 240 s; STEP_TIMEOUT, default 420 s), and the log says when it fired (rc 124).
+# Each step A/B compiles two 8-layer 8B artifacts: one quant per device call (QUANTS=int4, then QUANTS=int8), and
+# XS=default or XS=float runs one of its two A/Bs (default: both, XS='default float').
 set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
@@ -27,19 +31,20 @@ if [ "${LAB:-1}" != 0 ]; then
             --shapes "8B qkv,8B o,8B gate_up,8B down,8B lm_head" --floor 2>&1 | tee "$out/quant_lab.log") || status=1
 fi
 if [ "${TESTS:-1}" != 0 ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_quant_bulk_gpu.py > "$out/pytest-bulk.log" 2>&1 ||
-        status=1
+    timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_quant_bulk_gpu.py \
+        > "$out/pytest-bulk.log" 2>&1 || { echo "pytest rc $?" >> "$out/pytest-bulk.log"; status=1; }
 fi
 if [ "${STEP:-0}" != 0 ]; then
     quants="${QUANTS:-int4}"
     for q in ${quants//,/ }; do
-        for x in default float; do
+        for x in ${XS:-default float}; do
             path=""  # float: every batch-1 kernel with float x (the fused ones then take the bulk path too)
             [ "$x" = float ] && path="w${q#int}a16"
-            env ${path:+ATLAS_${q^^}_PATH=$path} ATLAS_QUANT_BULK_CONFIG="${BULK_CONFIG:-}" QUANT="$q" CONFIG=llama-3-8b \
-                LAYERS=8 AB=ATLAS_QUANT_BULK=0,1 BATCHES=1 CONTEXTS=256 KERNELS='LinearQ|NormLinear|decode step' \
-                REPLAY_ROUNDS=5 WORKDIR="/tmp/bulk-step-$q-$x" bash examples/step_ab.sh > "$out/step_${q}_$x.log" 2>&1 ||
-                status=1
+            timeout "${STEP_TIMEOUT:-420}" env ${path:+ATLAS_${q^^}_PATH=$path} ATLAS_QUANT_BULK_CONFIG="${BULK_CONFIG:-}" \
+                QUANT="$q" CONFIG=llama-3-8b LAYERS=8 AB=ATLAS_QUANT_BULK=0,1 BATCHES=1 CONTEXTS=256 \
+                KERNELS='LinearQ|NormLinear|decode step' REPLAY_ROUNDS=5 WORKDIR="/tmp/bulk-step-$q-$x" \
+                OUT="$out/step_${q}_$x" bash examples/step_ab.sh > "$out/step_${q}_$x.log" 2>&1 ||
+                { echo "step_ab rc $?" >> "$out/step_${q}_$x.log"; status=1; }
         done
     done
 fi
