@@ -188,13 +188,13 @@ def eligible_norm(ctx: KernelContext, node, wq_v, m_upper: int, zp: bool, group:
     a_v, b_v, g_v = node.inputs[0], node.inputs[1], node.inputs[2]
     if not _projection_ok(ctx, bits, a_v, wq_v, m_upper, zp, group, k_static, n_upper) or (kind and n_upper % 2):
         return False
-    if kind == "rotary" and not rotary_warps(node):
+    warps = rotary_warps(node) if kind == "rotary" else 0
+    if kind == "rotary" and not warps:
         return False
     if not all(_aligned(ctx, v) for v in (b_v, g_v, s_v) if v is not None):
         return False
     if len(g_v.shape) != 1 or ctx.upper(g_v.shape[0]) != k_static:
         return False
-    warps = rotary_warps(node) if kind == "rotary" else 0
     return plan(n_upper, k_static, bits, bool(kind), k_static, warps) is not None
 
 
