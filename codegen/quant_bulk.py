@@ -25,7 +25,8 @@ As with linear_tma.py's kernel, the producer warp returns once it has issued its
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
-timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split). int4's offset
+timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
+ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu. int4's offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
 weights of at least OFS_MIN_N rows).
 """
@@ -42,6 +43,10 @@ from atlasc.ir.archs import copy_engine
 BULK_ENV = "ATLAS_QUANT_BULK"
 CONFIG_ENV = "ATLAS_QUANT_BULK_CONFIG"
 KS_ENV = "ATLAS_QUANT_BULK_KS"
+# =N: only weights of at least N rows take the path (default 0: every eligible one). H100 lab (docs/perf.md v44 run
+# 1): the bulk kernels beat quant.cu's float-x kernels on the wide 8B projections (gate/up, the LM head) and lose on
+# the narrow ones (QKV, o), so a step A/B can put only the wide ones on it.
+MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
 KS_VALUES = ("1", "2", "4", "8", "16")
 CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
@@ -67,6 +72,15 @@ def smem_bytes(w: int, stages: int, run: int, bits: int = 4, norm_k: int = 0) ->
     (norm_k = K) h for all of K and a float per warp, and 128 bytes for the stages' alignment."""
     x_bytes = -(-run * (2 * STAGE_K[bits] + 4) // 16) * 16
     return stages * 16 * w * 64 + x_bytes + (2 * norm_k + 4 * w if norm_k else 0) + 128
+
+
+def min_n_choice() -> int:
+    """ATLAS_QUANT_BULK_MIN_N as an int (0 when unset); CodegenError unless a non-negative integer. Recorded in the
+    artifact's codegen choices."""
+    value = os.environ.get(MIN_N_ENV, "") or "0"
+    if not value.isdigit():
+        raise CodegenError(f"{MIN_N_ENV}={value!r} is not a row count (expected a non-negative integer)")
+    return int(value)
 
 
 def config() -> tuple[int, int, int]:
@@ -107,7 +121,8 @@ def ks_split(tiles: int, steps: int) -> int:
 def record() -> dict:
     """The path's settings for the artifact's codegen choices: the switch, the configuration and the K split mode,
     each validated whether or not the switch is on (CodegenError naming a bad one)."""
-    return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice()}
+    return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
+            "quant_bulk_min_n": min_n_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
@@ -134,8 +149,11 @@ def _projection_ok(ctx: KernelContext, bits: int, x_v, wq_v, m_upper: int, zp: b
                    n_upper: int) -> bool:
     """The conditions every kernel of the path shares (the module docstring's): the switch on in an sm90-only
     compile with room for tensor maps, int4 symmetric g128 or int8 weights of static N < 2^31, K a whole number of
-    stages, one row of float16 x of K values, x and the weight contiguous and 16-byte aligned."""
+    stages, one row of float16 x of K values, x and the weight contiguous and 16-byte aligned, and at least
+    ATLAS_QUANT_BULK_MIN_N rows."""
     if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or not bits:
+        return False
+    if n_upper < min_n_choice():
         return False
     if m_upper != 1 or zp or (bits == 4 and group != GROUP) or x_v.dtype != "float16":
         return False

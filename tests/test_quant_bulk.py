@@ -197,12 +197,25 @@ def test_builds_without_spills(monkeypatch, tmp_path):
 @pytest.mark.parametrize("env, value", [(quant_bulk.BULK_ENV, "2"), (quant_bulk.CONFIG_ENV, "8-6"),
                                         (quant_bulk.CONFIG_ENV, "32-4-1"), (quant_bulk.CONFIG_ENV, "8-1-2"),
                                         (quant_bulk.CONFIG_ENV, "16-4-4"),
-                                        (quant_bulk.KS_ENV, "3")])
+                                        (quant_bulk.KS_ENV, "3"), (quant_bulk.MIN_N_ENV, "-1"),
+                                        (quant_bulk.MIN_N_ENV, "16k")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)
     with pytest.raises(CodegenError, match=env):
         _module(_one())
+
+
+def test_min_n_leaves_narrow_weights(monkeypatch):
+    """ATLAS_QUANT_BULK_MIN_N=N: only the GPU test's weights of at least N rows (4096 of 4096 / 256 / 40 / 1000) take
+    the path, one map each; the rest keep quant.cu's kernel."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    monkeypatch.setenv(quant_bulk.MIN_N_ENV, "1000")
+    graph, mod = _module(build_bulk())
+    wide = [n for k, n, _ in CASES if n >= 1000]
+    assert mod.source.count(CALL) == len(wide) * len(BITS) == len(mod.tensor_maps) < len(graph.nodes)
+    assert sorted(t.rows for t in mod.tensor_maps) == sorted(n for n in wide for _ in BITS)
+    assert mod.choices["quant_bulk_min_n"] == 1000 and "atlas::linear_quant_mma<" in mod.source
 
 
 def test_k_split_rule(monkeypatch):
