@@ -133,17 +133,24 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); 
 // BITS 8: int8 weights [N, K] with a float16 scale per row (quant.cu's W8A16 layout): a stage is 64 k, lane c's 16
 // bytes are k 16 c .. 16 c + 15 (words 2 h, 2 h + 1 against x words 2 c + h, staged at slot 4 h + c), dequantized
 // as qlin_step8 (exact), the row scale applied once at the end.
-template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false, int BITS = 4>
+// KW > 1 (stage lanes): the W warps form KW lanes of RG = W / KW warps; a tile is 16 RG rows (8 RG pairs) and lane l
+// consumes the stages it with it % KW == l, so KW stages are multiplied at once (each warp's per-stage chain of
+// loads, dequantization and MMAs is what bounds a block, docs/perf.md v44 run 1); the lanes' sums meet in shared
+// memory in lane order at the end. STAGES % KW == 0 keeps each slot with one lane (whose parity waits then never run
+// two phases ahead).
+template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false, int BITS = 4, int KW = 1>
 __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, long long o_scale, long long o_x,
                                         long long o_y, long long o_ws, long long o_cnt, long long N_, long long K_,
                                         long long ks_n_) {
   static_assert(BITS == 4 || !OFS, "the offset dequantization is int4's");
+  static_assert(W % KW == 0 && STAGES % KW == 0, "KW lanes of whole warps, each slot with one lane");
+  constexpr int RG = W / KW;  // warps per stage lane: a tile's row groups
   const int N = int(N_), K = int(K_), ks_n = int(ks_n_);
   constexpr int SK = BITS == 4 ? 128 : 64;  // k per stage
   constexpr int WPS = SK / 8;                // words of 8 k per stage
   constexpr int LW = WPS / 4;                // words per lane c (4 int4, 2 int8)
-  constexpr int ROWS = 16 * W;     // weight rows per stage
-  constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
+  constexpr int ROWS = 16 * RG;     // weight rows per stage
+  constexpr int OUTS = GATED ? 8 * RG : 16 * RG;  // outputs per tile
   constexpr int W_STAGE = ROWS * ROW_BYTES;
   extern __shared__ unsigned char dyn_raw[];
   unsigned char* dyn = dyn_raw + ((128 - (smem_u32(dyn_raw) & 127)) & 127);  // the copies' destinations: 128-aligned
@@ -160,7 +167,7 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       bar_init(&full[s], 1);
-      bar_init(&empty[s], W);  // lane 0 of each consumer warp
+      bar_init(&empty[s], RG);  // lane 0 of each consumer warp of the stage's lane
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -209,8 +216,9 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   }
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 
+  const int rg = warp % RG, sl = warp / RG;  // the warp's row group and stage lane
   if constexpr (COPY) {
-    for (int it = 0; it < iters; ++it) {
+    for (int it = sl; it < iters; it += KW) {
       const int s = it % STAGES;
       bar_wait(&full[s], (it / STAGES) & 1);
       __syncwarp();
@@ -220,7 +228,7 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   }
   const int g = lane >> 2, c = lane & 3;
   // weight rows of A rows g and g + 8 (global, for the scales) and their places in a stage
-  const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
+  const int r_lo = GATED ? 8 * rg + g : 16 * rg + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
   const int n_lo = GATED ? tile * OUTS + r_lo : tile * OUTS + r_lo;
   const int n_hi = GATED ? H + tile * OUTS + r_lo : n_lo + 8;
   const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
@@ -230,7 +238,7 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const unsigned char* wrow_lo = dyn + r_lo * ROW_BYTES + 16 * c;
   const unsigned char* wrow_hi = dyn + r_hi * ROW_BYTES + 16 * c;
-  for (int it = 0; it < iters; ++it) {
+  for (int it = sl; it < iters; it += KW) {
     const int s = it % STAGES;
     const float slo = BITS == 4 ? __half2float(sc_lo[s0 + it]) : 1.f;
     const float shi = BITS == 4 ? __half2float(sc_hi[s0 + it]) : 1.f;
@@ -275,6 +283,20 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
     acc[0] = fmaf(slo, part[0], acc[0]);  // c0: A row g, x column 2c (column 0 is x: lanes c == 0)
     acc[2] = fmaf(shi, part[2], acc[2]);  // c2: A row g + 8
   }
+  if constexpr (KW > 1) {  // the lanes' sums, added in lane order by lane 0's warps
+    __shared__ float lane_sum[KW * ROWS];
+    if (c == 0) {
+      lane_sum[sl * ROWS + r_lo] = acc[0];
+      lane_sum[sl * ROWS + r_hi] = acc[2];
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+    acc[0] = acc[2] = 0.f;
+#pragma unroll
+    for (int l = 0; l < KW; ++l) {
+      acc[0] += lane_sum[l * ROWS + r_lo];
+      acc[2] += lane_sum[l * ROWS + r_hi];
+    }
+  }
   if constexpr (BITS == 8) {
     acc[0] *= __half2float(sc_lo[0]);
     acc[2] *= __half2float(sc_hi[0]);
@@ -291,12 +313,12 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
     }
   };
   if (ks_n == 1) {
-    if (c == 0) put(GATED ? r_lo : 16 * warp + g, acc[0], acc[2]);
+    if (c == 0 && sl == 0) put(GATED ? r_lo : 16 * rg + g, acc[0], acc[2]);
     return;
   }
   float* ws = reinterpret_cast<float*>(arena + o_ws);  // per item: the sums of the tile's ROWS weight rows
   unsigned* cnt = reinterpret_cast<unsigned*>(arena + o_cnt);
-  if (c == 0) {
+  if (c == 0 && sl == 0) {
     ws[(long long)blockIdx.x * ROWS + r_lo] = acc[0];
     ws[(long long)blockIdx.x * ROWS + r_hi] = acc[2];
   }
@@ -326,12 +348,12 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
 
 }  // namespace
 
-// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY>_<BITS> (B: the launch bound's blocks
-// per SM)
-#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY, BITS)                                                           \
+// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY>_<BITS>_<KW> (B: the launch bound's
+// blocks per SM)
+#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY, BITS, KW)                                                      \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, B)                                                  \
-      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY##_##BITS(                                             \
+      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY##_##BITS##_##KW(                                      \
           unsigned char* arena, long long o_tw, long long o_scale, long long o_x, long long o_y, long long o_ws,  \
           long long o_cnt, long long N, long long K, long long ks_n) {                                          \
-    w4_bulk<W, ST, GATED, OFS, COPY, BITS>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);            \
+    w4_bulk<W, ST, GATED, OFS, COPY, BITS, KW>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);        \
   }

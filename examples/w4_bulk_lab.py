@@ -13,12 +13,13 @@ warps dequantize and multiply what has arrived. This lab asks whether that form 
 it goes into codegen.
 
 A configuration W-S-B is W consumer warps (a tile of 16 W rows), S stages of 128 k (64 bytes a row) and a launch
-bound of B blocks per SM. --ks splits K across that many blocks per tile (float32 partial sums; the tile's last
-block adds them in order). --variant gated: the gate/up projection with the SwiGLU epilogue (pairs of rows j and
-N/2 + j, y[j] = silu(gate) * up, N/2 outputs), what a decode step runs for gate/up; plain: y = x W^T. --ofs 1: the
-offset dequantization of quant.cu (ATLAS_QUANT_OFS: 5 instead of 9 instructions per 8 weights). --quant int8: the
-same pipeline for quant.cu's W8A16 layout (int8 [N, K], a float16 scale per row; stages of 64 k). --variant
-copy: the consumers only wait for each stage and release it (no math, nothing checked): what the copy engine
+bound of B blocks per SM; W-S-B-KW splits the warps into KW stage lanes (a tile of 16 W / KW rows, KW stages
+multiplied at once; S a multiple of KW). --ks splits K across that many blocks per tile (float32 partial sums;
+the tile's last block adds them in order). --variant gated: the gate/up projection with the SwiGLU epilogue (pairs
+of rows j and N/2 + j, y[j] = silu(gate) * up, N/2 outputs), what a decode step runs for gate/up; plain: y = x W^T.
+--ofs 1: the offset dequantization of quant.cu (ATLAS_QUANT_OFS: 5 instead of 9 instructions per 8 weights).
+--quant int8: the same pipeline for quant.cu's W8A16 layout (int8 [N, K], a float16 scale per row; stages of 64 k).
+--variant copy: the consumers only wait for each stage and release it (no math, nothing checked): what the copy engine
 streams in that configuration, the floor of the others.
 Weights are random packed nibbles with random float16 group scales (the compiler's layout: uint8 [N, K/2],
 float16 [N, K/128]); each (shape, configuration, ks) is checked once against numpy
@@ -51,15 +52,16 @@ SMEM_LIMIT = 232448
 TM_BYTES = 128
 
 
-def parse_config(name: str) -> tuple[int, int, int]:
-    w, st, b = (int(v) for v in name.split("-"))
-    return w, st, b
+def parse_config(name: str) -> tuple[int, int, int, int]:
+    """W-S-B or W-S-B-KW (KW stage lanes, default 1) as (W, S, B, KW)."""
+    w, st, b, *kw = (int(v) for v in name.split("-"))
+    return w, st, b, (kw[0] if kw else 1)
 
 
-def smem_bytes(w: int, st: int, k_run: int) -> int:
-    """dynamic shared memory: the stages (16 w rows x 64 bytes each), the item's x (k_run halves) and its stages'
-    offset sums (a float each, --ofs 1), 128 for the stages' alignment."""
-    return st * 16 * w * 64 + 2 * k_run + 4 * (k_run // GROUP) + 128
+def smem_bytes(w: int, st: int, k_run: int, kw: int = 1) -> int:
+    """dynamic shared memory: the stages (16 w / kw rows x 64 bytes each), the item's x (k_run halves) and its
+    stages' offset sums (a float each, --ofs 1), 128 for the stages' alignment."""
+    return st * 16 * (w // kw) * 64 + 2 * k_run + 4 * (k_run // GROUP) + 128
 
 
 def source(configs) -> str:
@@ -107,7 +109,8 @@ def reference(wq: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8B qkv,8B o,8B gate_up,8B down,8B lm_head")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="W-STAGES-BLOCKS, comma-separated")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="W-STAGES-BLOCKS or W-STAGES-BLOCKS-KW (KW stage lanes), comma-separated")
     ap.add_argument("--ks", default="1,2,4,8", help="K splits to try (each must leave every block a stage)")
     ap.add_argument("--variant", default="plain", help="plain, gated (SwiGLU pairs), copy (no math), comma-separated")
     ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1 (int4 only)")
@@ -122,12 +125,13 @@ def main(argv=None) -> int:
     if [v for v in variants if v not in ("plain", "gated", "copy")] or [o for o in ofs_list if o not in ("0", "1")] \
             or [q for q in quants if q not in ("int4", "int8")]:
         ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1; --quant takes int4, int8")
-    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8)
+    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8, kw)
                for q in quants for v in variants
-               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b in layouts]
-    for w, st, *_ in configs:
-        if 16 * w > 256 or smem_bytes(w, st, 14336) > SMEM_LIMIT:
-            sys.exit(f"configuration {w}-{st}: a tile over 256 rows or shared memory {smem_bytes(w, st, 14336)} B")
+               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b, kw in layouts]
+    for w, st, *_, kw in configs:
+        if 16 * w > 256 or w % kw or st % kw or smem_bytes(w, st, 14336, kw) > SMEM_LIMIT:
+            sys.exit(f"configuration {w}-{st} ({kw} lanes): a tile over 256 rows, lanes that do not divide the warps "
+                     f"and stages, or shared memory {smem_bytes(w, st, 14336, kw)} B")
     cubin = compile_cubin(configs, ptxas=args.ptxas)
     if args.ptxas:
         return 0
@@ -165,7 +169,7 @@ def main(argv=None) -> int:
         floor_bytes.append(wq.nbytes + scale.nbytes)
         # one set of arena copies per shape (the configurations rewrite only the tensor map and the counters):
         # tensor map at 0, wq, scale, x, y, ws (room for every tile x split), counters
-        max_ks, max_tiles = max(ks_list), max(-(-n // (16 * w)) for w, *_ in configs)
+        max_ks, max_tiles = max(ks_list), max(-(-n // (16 * (w // kw))) for w, *_, kw in configs)
         o_w = (TM_BYTES * len(configs) + 255) // 256 * 256  # a tensor map slot per configuration, then wq
         o_s = o_w + wq.nbytes
         o_x = (o_s + scale.nbytes + 255) // 256 * 256
@@ -177,16 +181,17 @@ def main(argv=None) -> int:
             dev.upload(a, o_w, wq)
             dev.upload(a, o_s, scale)
             dev.upload(a, o_x, x)
-        for slot, ((w, st, b, gated, ofs, copy, cbits), name) in enumerate(zip(configs, names)):
+        for slot, ((w, st, b, gated, ofs, copy, cbits, kw), name) in enumerate(zip(configs, names)):
             if cbits != bits:
                 continue
-            outs, box = (h, 8 * w) if gated else (n, 16 * w)  # outputs, rows a tile reads per box
+            rg = w // kw  # warps of a stage lane: a tile's row groups
+            outs, box = (h, 8 * rg) if gated else (n, 16 * rg)  # outputs, rows a tile reads per box
             tiles = -(-outs // box)
             sk = 128 if bits == 4 else 64  # k per stage
             steps = k // sk
             want = ref_gated if gated else ref
-            label = (f"int{bits} {w}-{st}-{b}{' gated' if gated else ''}{' ofs' if ofs else ''}"
-                     f"{' copy' if copy else ''}")
+            label = (f"int{bits} {w}-{st}-{b}{f'-{kw}' if kw > 1 else ''}{' gated' if gated else ''}"
+                     f"{' ofs' if ofs else ''}{' copy' if copy else ''}")
             o_tw = TM_BYTES * slot
             for a in arenas:
                 dev.upload(a, o_tw, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
                 run = -(-steps // ks)
                 if run * (ks - 1) >= steps:
                     continue  # a run of the split would be empty
-                smem = smem_bytes(w, st, run * sk)
+                smem = smem_bytes(w, st, run * sk, kw)
                 go_args = (o_tw, o_s, o_x, o_y, o_ws, o_cnt, n, k, ks)
 
                 def go(a, name=name, grid=tiles * ks, block=32 * w + 32, smem=smem, go_args=go_args):
