@@ -5,8 +5,10 @@ bytes (docs/perf.md v11, v37): each warp holds a round of weights in registers a
 dequantizing, so while it computes it has no bytes in flight. linear_quant_bulk keeps STAGES stages (128 k of int4 or
 64 k of int8 for 16 W rows) in flight per block through the copy engine (cp.async.bulk.tensor into shared memory)
 while W consumer warps dequantize and multiply what has arrived.
-Lab first: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes (not yet run on a GPU when this
-path was written: docs/perf.md v43), so the path is off until measured.
+Lab: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes. Measured on an H100 (docs/perf.md v44
+runs 1-2): the copy engine streams within 1-10% of the read-only floor, but each block's consumers (the per-stage
+chain of loads, dequantization and MMAs) bound it. The kernels beat quant.cu's float-x ones in the lab only on the
+wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower. So the path is off, for A/B.
 
 ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
 kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
@@ -45,7 +47,7 @@ CONFIG_ENV = "ATLAS_QUANT_BULK_CONFIG"
 KS_ENV = "ATLAS_QUANT_BULK_KS"
 # =N: only weights of at least N rows take the path (default 0: every eligible one). H100 lab (docs/perf.md v44 run
 # 1): the bulk kernels beat quant.cu's float-x kernels on the wide 8B projections (gate/up, the LM head) and lose on
-# the narrow ones (QKV, o), so a step A/B can put only the wide ones on it.
+# the narrow ones (QKV, o), so a step A/B can put only the wide ones on it (v44 run 2: the step lost 12.5%).
 MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
 KS_VALUES = ("1", "2", "4", "8", "16")
 CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
