@@ -23,6 +23,11 @@
 // tile's last item to finish adds the runs' sums in run order (deterministic), then stores (counters start and end
 // at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store (paired:
 // each sum rounded, then the epilogue, as quant.cu's qlin_gated_store).
+// EARLY (quant_bulk.py early_choice; the wrapper then leaves out its pdl_enter, KernelCode.waits_inside): the producer
+// issues its copies without waiting for the previous kernel (the weights are constants, and it writes only shared
+// memory), so a block's first STAGES stages are on their way while that kernel drains; the consumer warps wait
+// (atlas::pdl_enter) before they read x. The grid still completes only after its waits, so a kernel waiting on it
+// waits on everything before it.
 // Everything here compiles to nothing outside sm_90a (the emitter asks for it only in an sm90-only compile).
 namespace atlas {
 
@@ -118,7 +123,8 @@ __device__ __forceinline__ void qb_stage_x(const SRC& src, int s0, int iters, un
 // row_b(j0), and warp w's A rows g / g + 8 are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
 // The emitter checks that row_a and row_b step by one across each tile: always for linear.cu LinGated (rows j and
 // N/2 + j); for LinRotary (the merged QKV projection's rotary and cache append) when P divides D / 2 and R / 2.
-template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, typename SRC, typename EPI = LinNoEpi>
+template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, bool EARLY, typename SRC,
+          typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale, SRC src,
                                                   const __half* __restrict__ bias, long long bias_stride,
                                                   const View<__half, R>& y, long long M, int N, int K,
@@ -131,7 +137,10 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   constexpr int ROWS = 16 * W;                  // weight rows per stage
   constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
   constexpr int W_STAGE = ROWS * QB_ROW_BYTES;
-  if (M < 1) return;  // the whole block: nothing to compute
+  if (M < 1) {  // the whole block: nothing to compute
+    if constexpr (EARLY) pdl_enter();
+    return;
+  }
   extern __shared__ unsigned char atlas_qb_smem[];
   __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
   __shared__ int last;
@@ -172,6 +181,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     }
     return;
   }
+  if constexpr (EARLY) pdl_enter();  // x (and the norm's operands) may come from the previous kernel
   src.template prepare<W>(K, src_buf);
   qb_stage_x<W, BITS, OFS>(src, s0, iters, xs, corr);
   const int g = lane >> 2, c = lane & 3;

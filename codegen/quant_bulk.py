@@ -26,6 +26,11 @@ float x by default).
 As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
 pdl_enter for this grid's end); not measured for this kernel yet.
+ATLAS_QUANT_BULK_EARLY=1 (default) starts the copies before the wait for the previous kernel: only the consumer warps
+wait (atlas::pdl_enter, before they read x), so each block's first stages stream while that kernel drains, as the
+default kernels' early weights do (linear.py early_pro). v44 run 2's step ran the kernels with the wait first (=0)
+and lost 12.5%; the guess that this overlap is what it lost is not measured yet (examples/bulk_check.sh
+STEP_AB=ATLAS_QUANT_BULK_EARLY=0,1).
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu. int4's offset
@@ -49,6 +54,7 @@ KS_ENV = "ATLAS_QUANT_BULK_KS"
 # 1): the bulk kernels beat quant.cu's float-x kernels on the wide 8B projections (gate/up, the LM head) and lose on
 # the narrow ones (QKV, o), so a step A/B can put only the wide ones on it (v44 run 2: the step lost 12.5%).
 MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
+EARLY_ENV = "ATLAS_QUANT_BULK_EARLY"  # 0: the wrapper's wait first (v44's form); 1 (default): copies before the wait
 KS_VALUES = ("1", "2", "4", "8", "16")
 CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
@@ -74,6 +80,12 @@ def smem_bytes(w: int, stages: int, run: int, bits: int = 4, norm_k: int = 0) ->
     (norm_k = K) h for all of K and a float per warp, and 128 bytes for the stages' alignment."""
     x_bytes = -(-run * (2 * STAGE_K[bits] + 4) // 16) * 16
     return stages * 16 * w * 64 + x_bytes + (2 * norm_k + 4 * w if norm_k else 0) + 128
+
+
+def early_choice() -> bool:
+    """ATLAS_QUANT_BULK_EARLY (default on: the producer's copies start before the wait for the previous kernel);
+    CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
+    return env_switch(EARLY_ENV, True, CodegenError)
 
 
 def min_n_choice() -> int:
@@ -124,7 +136,7 @@ def record() -> dict:
     """The path's settings for the artifact's codegen choices: the switch, the configuration and the K split mode,
     each validated whether or not the switch is on (CodegenError naming a bad one)."""
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
-            "quant_bulk_min_n": min_n_choice()}
+            "quant_bulk_min_n": min_n_choice(), "quant_bulk_early": early_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
@@ -250,6 +262,7 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     rows = 16 * w
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
+    early = early_choice()
     r = len(node.inputs[0].shape)
     src = src or f"atlas::QbPlain<{r}>{{x}}"
     wq_v = node.inputs[WEIGHT_INPUT.get(node.op, 1)]
@@ -260,10 +273,11 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     body = "\n".join([
         *head,
         f"  {SM90A_MARKER}",
-        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}>({tw}, wscale, {src}, "
+        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
+        f"{str(early).lower()}>({tw}, wscale, {src}, "
         f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks}{', ' + epi if epi else ''});",
     ])
-    choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs}
+    choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs, "early": early}
     if norm_k:
         choice["norm"] = True
     if epi:
@@ -271,4 +285,4 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     if node.op == "NormLinearRotary":
         choice["rotary"] = True
     return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits, norm_k),
-                      scratch=scratch, counters=counters, choice=choice, min_blocks=blocks)
+                      scratch=scratch, counters=counters, choice=choice, min_blocks=blocks, waits_inside=early)

@@ -8,7 +8,9 @@
 #   bash examples/bulk_check.sh                # lab + GPU tests (~4-6 min with the nvcc pack)
 #   STEP=1 QUANTS=int4 LAB=0 TESTS=0 bash examples/bulk_check.sh
 # Settings: LAB=0 skips the labs; TESTS=0 the GPU tests; STEP=1 adds the step A/B for each of QUANTS (default int4),
-# BULK_CONFIG=W-S-B sets ATLAS_QUANT_BULK_CONFIG for it (default: the compiler's). The compiler's mbarrier waits do
+# BULK_CONFIG=W-S-B sets ATLAS_QUANT_BULK_CONFIG for it (default: the compiler's), STEP_AB the switch it compares
+# (default ATLAS_QUANT_BULK=0,1; another switch, e.g. STEP_AB=ATLAS_QUANT_BULK_EARLY=0,1, runs with the path on for
+# both values). The compiler's mbarrier waits do
 # not time out, so a hung kernel would hold the device call to its limit: the GPU tests and each step A/B run under
 # `timeout` (TEST_TIMEOUT, default 240 s; STEP_TIMEOUT, default 420 s), and the log says when it fired (rc 124).
 # Each step A/B compiles two 8-layer 8B artifacts: one quant per device call (QUANTS=int4, then QUANTS=int8), and
@@ -40,8 +42,12 @@ if [ "${STEP:-0}" != 0 ]; then
         for x in ${XS:-default float}; do
             path=""  # float: every batch-1 kernel with float x (the fused ones then take the bulk path too)
             [ "$x" = float ] && path="w${q#int}a16"
-            timeout "${STEP_TIMEOUT:-420}" env ${path:+ATLAS_${q^^}_PATH=$path} ATLAS_QUANT_BULK_CONFIG="${BULK_CONFIG:-}" \
-                QUANT="$q" CONFIG=llama-3-8b LAYERS=8 AB=ATLAS_QUANT_BULK=0,1 BATCHES=1 CONTEXTS=256 \
+            ab="${STEP_AB:-ATLAS_QUANT_BULK=0,1}"
+            on=""  # another switch than the path's own: the path on for both of its values
+            [ "${ab%%=*}" = ATLAS_QUANT_BULK ] || on=ATLAS_QUANT_BULK=1
+            timeout "${STEP_TIMEOUT:-420}" env ${path:+ATLAS_${q^^}_PATH=$path} ${on:+$on} \
+                ATLAS_QUANT_BULK_CONFIG="${BULK_CONFIG:-}" \
+                QUANT="$q" CONFIG=llama-3-8b LAYERS=8 AB="$ab" BATCHES=1 CONTEXTS=256 \
                 KERNELS='LinearQ|NormLinear|decode step' REPLAY_ROUNDS=5 WORKDIR="/tmp/bulk-step-$q-$x" \
                 OUT="$out/step_${q}_$x" bash examples/step_ab.sh > "$out/step_${q}_$x.log" 2>&1 ||
                 { echo "step_ab rc $?" >> "$out/step_${q}_$x.log"; status=1; }

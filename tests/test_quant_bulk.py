@@ -189,7 +189,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
     for ofs in ("0", "1"):
         monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
         _, mod = _module(build_bulk())
-        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false)>\(", mod.source)
+        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false), true>\(",
+                           mod.source)
         assert flags == [(str(b), "true" if ofs == "1" and b == 4 else "false") for _ in CASES for b in BITS]
         assert_builds_without_spills(mod, tmp_path)
 
@@ -198,12 +199,43 @@ def test_builds_without_spills(monkeypatch, tmp_path):
                                         (quant_bulk.CONFIG_ENV, "32-4-1"), (quant_bulk.CONFIG_ENV, "8-1-2"),
                                         (quant_bulk.CONFIG_ENV, "16-4-4"),
                                         (quant_bulk.KS_ENV, "3"), (quant_bulk.MIN_N_ENV, "-1"),
-                                        (quant_bulk.MIN_N_ENV, "16k")])
+                                        (quant_bulk.MIN_N_ENV, "16k"), (quant_bulk.EARLY_ENV, "2")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)
     with pytest.raises(CodegenError, match=env):
         _module(_one())
+
+
+def _kernels(source: str) -> list[str]:
+    """The generated kernels' texts, one per extern "C" wrapper."""
+    return ["extern" + part for part in source.split('extern "C" __global__')[1:]]
+
+
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_early_copies_wait_inside(monkeypatch, tmp_path, early):
+    """ATLAS_QUANT_BULK_EARLY=1 (the default): every bulk kernel's wrapper leaves out its pdl_enter, the call takes
+    EARLY true (the kernel's consumers wait, its producer's copies do not) and the choice says so; =0: the wrapper
+    waits before the call, as in v44, and that form builds for sm_90a without spills too (test_builds_without_spills
+    builds the default; the GPU test checks numerics)."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    if early == "0":
+        monkeypatch.setenv(quant_bulk.EARLY_ENV, "0")
+    graph, mod = _module(build_bulk())
+    flag = "true" if early == "1" else "false"
+    kernels = [k for k in _kernels(mod.source) if CALL in k]
+    assert len(kernels) == len(graph.nodes)
+    for kernel in kernels:
+        assert re.search(rf"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), {flag}>\(",
+                         kernel)
+        waits = kernel.count("atlas::pdl_enter();")
+        assert waits == (0 if early == "1" else 1)
+        if early == "0":
+            assert kernel.index("atlas::pdl_enter();") < kernel.index(CALL)
+    assert mod.choices["quant_bulk_early"] is (early == "1")
+    assert all(c["early"] is (early == "1") for c in mod.choices["kernels"].values())
+    if early == "0":
+        assert_builds_without_spills(mod, tmp_path)
 
 
 def test_min_n_leaves_narrow_weights(monkeypatch):
