@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 
 import numpy as np
@@ -365,21 +366,13 @@ def test_chunked_build_runs_on_the_gpu(build_dir, monkeypatch):
     assert_same_greedy(got.tokens, want_tokens, want_logits, TOL[entry_of("llama")["dtype"]]["atol"])
 
 
-@pytest.mark.parametrize("path", ["w4a16", "w4a8", "w4a8-fused1"])
-def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
-    """A Llama of hidden size 128 (examples/build_llama.py, 2 layers, float16), int4 in groups of 128: every
-    projection's K is a multiple of 128, so decode runs the tensor-core int4 kernels with whole-group steps,
-    and with ATLAS_INT4_PATH=w4a8 the tensor-core W4A8 kernel (act_int8.cu linear_w4a8_mma: the fused
-    norms, SwiGLU and the rotary epilogue), which no fixture (hidden 64) reaches. The GPU gives the
-    reference runtime's greedy tokens and logits on the same artifact, at batch 3 and batch 1 (w4a8-fused1:
-    int8 activations only in the batch-1 kernels of the fused gate/up and LM head)."""
+def _llama_h128(build_dir):
+    """examples/build_llama.py's Llama of hidden size 128 (2 layers, 4 heads of 32, 2 KV heads, intermediate 256,
+    vocab 512, float16, seed 3) in build_dir, written once; its path."""
     import sys
     from pathlib import Path
 
     from conftest import REPO
-
-    from atlasc.runtime.cpu import CpuModel
-    from atlasc.runtime.gpu import GpuModel
 
     sys.path.insert(0, str(REPO / "examples"))
     import build_llama
@@ -388,6 +381,21 @@ def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
     if not onnx_path.exists():
         build_llama.write(build_llama.LlamaShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256,
                                                  vocab=512), onnx_path, seed=3)
+    return onnx_path
+
+
+@pytest.mark.parametrize("path", ["w4a16", "w4a8", "w4a8-fused1"])
+def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
+    """A Llama of hidden size 128 (examples/build_llama.py, 2 layers, float16), int4 in groups of 128: every
+    projection's K is a multiple of 128, so decode runs the tensor-core int4 kernels with whole-group steps,
+    and with ATLAS_INT4_PATH=w4a8 the tensor-core W4A8 kernel (act_int8.cu linear_w4a8_mma: the fused
+    norms, SwiGLU and the rotary epilogue), which no fixture (hidden 64) reaches. The GPU gives the
+    reference runtime's greedy tokens and logits on the same artifact, at batch 3 and batch 1 (w4a8-fused1:
+    int8 activations only in the batch-1 kernels of the fused gate/up and LM head)."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    onnx_path = _llama_h128(build_dir)
     monkeypatch.setenv("ATLAS_INT4_PATH", path)
     art_path = f"{build_dir}/llama-h128-int4-{path}.atlas"
     compile_model(onnx_path, art_path, CompileOptions(archs=(device().arch,), max_batch=4, max_seq=64,
@@ -401,3 +409,37 @@ def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
         steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
         assert_same_greedy(got.tokens, want.tokens, steps, TOL["fp16"]["atol"])
     model.close()
+
+
+@pytest.mark.parametrize("quant, early", [("int4", "1"), ("int4", "0"), ("int8", "1")])
+def test_copy_engine_projections_keep_the_tokens(quant, early, build_dir, monkeypatch):
+    """ATLAS_QUANT_BULK=1 (codegen/quant_bulk.py) on the hidden-128 Llama with float x everywhere (w4a16 / w8a16): the
+    batch-1 decode step's quantized projections (QKV + rotary and cache append, o, gate/up + SwiGLU, down, the LM
+    head) run the copy-engine kernels inside CUDA graphs whose edges are programmatic, with the weight copies issued
+    before the wait for the previous kernel (ATLAS_QUANT_BULK_EARLY=1, the default) or after it (0). Greedy tokens and
+    logits equal the reference runtime's on the same artifact at batch 1 (the path serves one row)."""
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    if device().arch != "sm90":
+        pytest.skip("the copy-engine projections are built for sm_90a")
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
+    monkeypatch.setenv("ATLAS_QUANT_BULK_EARLY", early)
+    monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16")
+    monkeypatch.setenv("ATLAS_INT8_PATH", "w8a16")
+    art_path = f"{build_dir}/llama-h128-{quant}-bulk{early}.atlas"
+    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64,
+                                                                   quant=quant, group_size=128))
+    art = open_artifact(art_path)
+    flag = "true" if early == "1" else "false"
+    calls = re.findall(r"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), (\w+)>",
+                       art.source())
+    assert calls == [flag] * 9  # 2 layers x (QKV + rotary, o, gate/up + SwiGLU, down) + the LM head
+    model = GpuModel(art, device=device())
+    prompts = _prompts(1, 9, seed=23)
+    want = generate(CpuModel(open_artifact(art_path)), prompts, 12, keep_logits=True)
+    got = generate(model, prompts, 12, keep_logits=True)
+    assert model.pdl and model.graphs and all(g.programmatic > 0 for g in model.graphs.values()), model.pdl_error
+    model.close()
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, TOL["fp16"]["atol"])
