@@ -193,6 +193,14 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "quant_ofs": "auto"}) == ""
     assert _opt_ins({**defaults, "quant_ofs": "0"}) == "ATLAS_QUANT_OFS=0"
     assert _opt_ins({**defaults, "quant_min_blocks": 0, "attention_early_kv": False}) == ""
+    # the copy-engine path's settings: named only with the path on, the configuration as W-S-B
+    bulk = {"quant_bulk_config": [16, 6, 1], "quant_bulk_ks": "2", "quant_bulk_min_n": 16384, "quant_bulk_early": False}
+    assert _opt_ins({**defaults, "quant_bulk": False, **bulk}) == ""
+    assert _opt_ins({**defaults, "quant_bulk": True, **bulk}) == (
+        "ATLAS_QUANT_BULK=1, ATLAS_QUANT_BULK_CONFIG=16-6-1, ATLAS_QUANT_BULK_KS=2, ATLAS_QUANT_BULK_MIN_N=16384, "
+        "ATLAS_QUANT_BULK_EARLY=0")
+    assert _opt_ins({**defaults, "quant_bulk": True, "quant_bulk_config": [8, 6, 2], "quant_bulk_ks": "auto",
+                     "quant_bulk_min_n": 0, "quant_bulk_early": True}) == "ATLAS_QUANT_BULK=1"
     assert _opt_ins({**defaults, "quant_min_blocks": 4, "attention_early_kv": True}) == \
         "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
     assert _opt_ins({**defaults, "quant_staged_u": 0, "prologue_act8_grid": 0}) == ""

@@ -34,10 +34,29 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("quant_bulk", False, "ATLAS_QUANT_BULK"))
 
 
+def _bulk_settings() -> tuple:
+    """The copy-engine quantized path's settings (codegen/quant_bulk.py) with their defaults: inspect names them only
+    where the path was on."""
+    from atlasc.codegen.quant_bulk import CONFIG
+
+    return (("quant_bulk_config", list(CONFIG), "ATLAS_QUANT_BULK_CONFIG"),
+            ("quant_bulk_ks", "auto", "ATLAS_QUANT_BULK_KS"), ("quant_bulk_min_n", 0, "ATLAS_QUANT_BULK_MIN_N"),
+            ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"))
+
+
 def _opt_ins(choices: dict) -> str:
-    """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default."""
-    return ", ".join(f"{env}={int(choices[key]) if isinstance(choices[key], bool) else choices[key]}"
-                     for key, default, env in OPT_INS if key in choices and choices[key] != default)
+    """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default, each as the
+    variable's value would set it (a switch 0 / 1, a configuration W-S-B); with ATLAS_QUANT_BULK on, also its
+    settings away from their defaults."""
+
+    def text(value) -> str:
+        if isinstance(value, bool):
+            return str(int(value))
+        return "-".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+    table = OPT_INS + (_bulk_settings() if choices.get("quant_bulk") else ())
+    return ", ".join(f"{env}={text(choices[key])}" for key, default, env in table
+                     if key in choices and choices[key] != default)
 
 
 def _dims(shape_json) -> str:
