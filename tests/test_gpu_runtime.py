@@ -423,6 +423,7 @@ def test_copy_engine_projections_keep_the_tokens(quant, early, build_dir, monkey
 
     if device().arch != "sm90":
         pytest.skip("the copy-engine projections are built for sm_90a")
+    monkeypatch.delenv("ATLAS_PDL", raising=False)  # the default: programmatic edges on sm90
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_EARLY", early)
     monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16")
