@@ -8,7 +8,8 @@ while W consumer warps dequantize and multiply what has arrived.
 Lab: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes. Measured on an H100 (docs/perf.md v44
 runs 1-2): the copy engine streams within 1-10% of the read-only floor, but each block's consumers (the per-stage
 chain of loads, dequantization and MMAs) bound it. The kernels beat quant.cu's float-x ones in the lab only on the
-wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower. So the path is off, for A/B.
+wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower (H100; on the H200, v46:
+16.8% slower). So the path is off, for A/B.
 
 ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
 kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
@@ -29,8 +30,10 @@ pdl_enter for this grid's end); not measured for this kernel yet.
 ATLAS_QUANT_BULK_EARLY=1 (default) starts the copies before the wait for the previous kernel: only the consumer warps
 wait (atlas::pdl_enter, before they read x), so each block's first stages stream while that kernel drains, as the
 default kernels' early weights do (linear.py early_pro). v44 run 2's step ran the kernels with the wait first (=0)
-and lost 12.5%; the guess that this overlap is what it lost is not measured yet (examples/bulk_check.sh
-STEP_AB=ATLAS_QUANT_BULK_EARLY=0,1).
+and lost 12.5%. On the H200 (docs/perf.md v46 run 1) the early copies are correct inside programmatic graphs and
+gain nothing: the 8-layer int4 step with gate/up and the LM head on this path replays in 702.1 us (=1) and 702.3 (=0)
+against 600.9 for the default kernels; with plain graphs 620.3 against 595.0. Programmatic launch, not the copies'
+start, costs the path its step.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu. int4's offset
