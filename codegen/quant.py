@@ -91,6 +91,8 @@ MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 # weight load there), int8 us off / on: 8B QKV 9.37 / 9.21, o 7.84 / 7.74, down 20.93 / 20.15, LM head 137.35 /
 # 128.49; int4 LM head 77.52 / 87.26 and float16 QKV 15.61 / 16.18, gate/up 57.64 / 60.95 lost, so the hint is for
 # int8 weights only. The 8-layer Llama-3-8B int8 step at batch 1 (v42 run 2, replayed): 818.0 -> 782.8 us (-4.3%).
+# End to end (v46 run 2, 32 layers, batch 1): 2.789 ms/step with the hint, level with v38's 2.786 without it, so that
+# gain did not carry over (two sessions; an A/B in one call is v46's Next 1).
 # ATLAS_INT8_L2_HINT=0 (A/B): the plain loads (the prelude defines ATLAS_INT8_L2_OFF).
 L2_HINT_ENV = "ATLAS_INT8_L2_HINT"
 L2_HINT = True
