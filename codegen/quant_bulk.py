@@ -26,7 +26,8 @@ ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path
 float x by default).
 As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
 wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
-pdl_enter for this grid's end); not measured for this kernel yet.
+pdl_enter for this grid's end). That goes against common.cuh's trigger at the end, and it is the first suspect for
+what programmatic launch costs this path (82 us in v46's 8-layer step; not yet traced).
 ATLAS_QUANT_BULK_EARLY=1 (default) starts the copies before the wait for the previous kernel: only the consumer warps
 wait (atlas::pdl_enter, before they read x), so each block's first stages stream while that kernel drains, as the
 default kernels' early weights do (linear.py early_pro). v44 run 2's step ran the kernels with the wait first (=0)
