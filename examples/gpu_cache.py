@@ -4,6 +4,8 @@
     python examples/gpu_cache.py --add --no-tests --bench llama-3-8b:1,32 --bench llama-3-8b:1,8:int4
                                                   # add the artifacts gpu_bench.sh compiles (build_llama.py
                                                   # shapes, bench_vs_torch.py's options): gigabytes of disk
+    ATLAS_CACHE_DIR=/tmp/c atlasc compile ...     # then: the cubins of compiles a device script will repeat
+    python examples/gpu_cache.py --add --no-tests --cache /tmp/c
     python examples/gpu_cache.py --unpack         # on the GPU machine: into ATLAS_CACHE_DIR (gpu_check.sh does it)
 
 Why: the GPU machine starts with an empty nvcc cache every session, and the GPU tests spent ~400 s of its
@@ -90,6 +92,20 @@ def pack(cache: Path, out: Path) -> tuple[int, int]:
     return len(cubins), sum(p.stat().st_size for p in cubins)
 
 
+def merge(src: Path, cache: Path) -> int:
+    """Copy the cubins of the nvcc cache `src` into `cache`, keeping cubins already there; the cubins added."""
+    (cache / "cubin").mkdir(parents=True, exist_ok=True)
+    added = 0
+    for path in sorted((src / "cubin").glob("*.cubin")):
+        dest = cache / "cubin" / path.name
+        if not dest.exists():
+            part = dest.with_suffix(".part")
+            part.write_bytes(path.read_bytes())
+            part.replace(dest)
+            added += 1
+    return added
+
+
 def unpack(src: Path, cache: Path) -> int:
     """Extract `src` into `cache`, keeping cubins already there; the cubins added."""
     (cache / "cubin").mkdir(parents=True, exist_ok=True)
@@ -116,7 +132,10 @@ def main(argv=None) -> int:
     ap.add_argument("--unpack", action="store_true", help="extract the pack into ATLAS_CACHE_DIR instead")
     ap.add_argument("--bench", action="append", default=[], metavar="CONFIG:BATCHES[:QUANT]",
                     help="also compile gpu_bench.sh's artifact for this config (e.g. llama-3-8b:1,32:int4)")
-    ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests (only --bench artifacts)")
+    ap.add_argument("--cache", action="append", default=[], type=Path, metavar="DIR",
+                    help="also pack the cubins of this nvcc cache: the ATLAS_CACHE_DIR of `atlasc compile` runs made "
+                         "here with the options and environment a device script will use (e.g. examples/step_ab.sh's)")
+    ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests (only --bench / --cache cubins)")
     ap.add_argument("--add", action="store_true", help="keep the cubins of the existing pack too")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "atlasc-gpu-cache-work",
                     help="where --bench writes its model and artifact (both deleted after each)")
@@ -124,6 +143,9 @@ def main(argv=None) -> int:
     bad = [spec for spec in args.bench if len(spec.split(":")) not in (2, 3)]
     if bad:
         ap.error(f"--bench {bad[0]}: expected CONFIG:BATCHES[:QUANT], e.g. llama-3-8b:1,32")
+    missing = [str(d) for d in args.cache if not (d / "cubin").is_dir()]
+    if missing:
+        ap.error(f"--cache {missing[0]}: no cubin/ folder there (not an nvcc cache)")
     if args.unpack:
         if not args.out.exists():
             print(f"gpu_cache: no {args.out}: nothing to unpack")
@@ -142,6 +164,8 @@ def main(argv=None) -> int:
                 return 1
         for spec in args.bench:
             compile_bench(spec, args.arch, Path(tmp), args.workdir)
+        for cache in args.cache:
+            print(f"gpu_cache: {merge(cache, Path(tmp))} cubins from {cache}", flush=True)
         count, raw = pack(Path(tmp), args.out)
     size = args.out.stat().st_size
     print(f"gpu_cache: {count} cubins for {args.arch}, {raw / 1e6:.1f} MB -> {args.out.name} {size / 1e6:.1f} MB "

@@ -56,3 +56,29 @@ def test_precompile_compiles_a_gpu_test_and_skips_it(tmp_path):
                        cwd=REPO, env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "1 skipped" in r.stdout and "ATLAS_GPU_PRECOMPILE" in r.stdout, r.stdout[-2000:]
     assert list((tmp_path / "cubin").glob("*.cubin"))
+
+
+def test_cache_option_packs_another_caches_cubins(tmp_path, capsys):
+    """--cache DIR adds the cubins of an nvcc cache (e.g. of `atlasc compile`s a device script will repeat) to the
+    pack, with --add keeping the old pack's; a folder that is no nvcc cache is refused before anything is written."""
+    old = tmp_path / "old" / "cubin"
+    old.mkdir(parents=True)
+    (old / f"{1:064x}.cubin").write_bytes(b"old")
+    out = tmp_path / "p.tar.xz"
+    gpu_cache.pack(tmp_path / "old", out)
+    other = tmp_path / "other" / "cubin"
+    other.mkdir(parents=True)
+    (other / f"{1:064x}.cubin").write_bytes(b"newer")  # the same key: the pack's copy stays
+    (other / f"{2:064x}.cubin").write_bytes(os.urandom(64))
+    (other / f"{3:064x}.lock").write_bytes(b"")
+    assert gpu_cache.main(["--add", "--no-tests", "--cache", str(tmp_path / "other"), "--out", str(out)]) == 0
+    with tarfile.open(out) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert sorted(members) == [f"cubin/{1:064x}.cubin", f"cubin/{2:064x}.cubin"]
+    assert members[f"cubin/{1:064x}.cubin"] == b"old"
+    assert members[f"cubin/{2:064x}.cubin"] == (other / f"{2:064x}.cubin").read_bytes()
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        gpu_cache.main(["--no-tests", "--cache", str(tmp_path / "nothing"), "--out", str(out)])
+    assert e.value.code == 2 and "no cubin/ folder" in capsys.readouterr().err
+    assert out.read_bytes() == before
