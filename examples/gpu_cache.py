@@ -92,18 +92,22 @@ def pack(cache: Path, out: Path) -> tuple[int, int]:
     return len(cubins), sum(p.stat().st_size for p in cubins)
 
 
+def _add(cache: Path, name: str, read) -> bool:
+    """Write cubin `name` (its bytes from read()) into `cache` unless it is there already (written whole, then
+    renamed, so a reader never sees part of one); whether it was added."""
+    dest = cache / "cubin" / name
+    if dest.exists():
+        return False
+    part = dest.with_suffix(".part")
+    part.write_bytes(read())
+    part.replace(dest)
+    return True
+
+
 def merge(src: Path, cache: Path) -> int:
     """Copy the cubins of the nvcc cache `src` into `cache`, keeping cubins already there; the cubins added."""
     (cache / "cubin").mkdir(parents=True, exist_ok=True)
-    added = 0
-    for path in sorted((src / "cubin").glob("*.cubin")):
-        dest = cache / "cubin" / path.name
-        if not dest.exists():
-            part = dest.with_suffix(".part")
-            part.write_bytes(path.read_bytes())
-            part.replace(dest)
-            added += 1
-    return added
+    return sum(_add(cache, path.name, path.read_bytes) for path in sorted((src / "cubin").glob("*.cubin")))
 
 
 def unpack(src: Path, cache: Path) -> int:
@@ -115,13 +119,7 @@ def unpack(src: Path, cache: Path) -> int:
             name = Path(member.name)
             if not (member.isfile() and name.parent == Path("cubin") and name.suffix == ".cubin"):
                 continue  # only cubin/<key>.cubin: nothing else, nowhere else
-            dest = cache / "cubin" / name.name
-            if not dest.exists():
-                data = tar.extractfile(member).read()
-                part = dest.with_suffix(".part")
-                part.write_bytes(data)
-                part.replace(dest)
-                added += 1
+            added += _add(cache, name.name, tar.extractfile(member).read)
     return added
 
 
