@@ -82,3 +82,27 @@ def test_cache_option_packs_another_caches_cubins(tmp_path, capsys):
         gpu_cache.main(["--no-tests", "--cache", str(tmp_path / "nothing"), "--out", str(out)])
     assert e.value.code == 2 and "no cubin/ folder" in capsys.readouterr().err
     assert out.read_bytes() == before
+
+
+def test_send_bytes_counts_the_tracked_files_and_wheels_beside_the_pack(tmp_path, monkeypatch):
+    # v47: a 56.6 MB pack passed the old check (the pack alone) while the run refused the whole send (69.8 MB)
+    repo = tmp_path / "repo"
+    (repo / ".whl").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "tracked.py").write_bytes(b"x" * 1000)
+    (repo / "untracked.bin").write_bytes(b"y" * 5000)
+    (repo / ".whl" / "a.whl").write_bytes(b"z" * 10)
+    subprocess.run(["git", "add", "tracked.py"], cwd=repo, check=True)
+    monkeypatch.setattr(gpu_cache, "REPO", repo)
+    assert gpu_cache.send_bytes(7) == 1000 + 10 + 7
+
+
+def test_pack_uses_xz_with_the_largest_dictionary(tmp_path):
+    # a cubin repeated at a distance over the default preset's 8 MiB dictionary packs once only at preset 9
+    src = tmp_path / "a" / "cubin"
+    src.mkdir(parents=True)
+    blob = os.urandom(9 << 20)
+    (src / f"{0:064x}.cubin").write_bytes(blob)
+    (src / f"{1:064x}.cubin").write_bytes(blob)
+    gpu_cache.pack(tmp_path / "a", tmp_path / "p.tar.xz")
+    assert (tmp_path / "p.tar.xz").stat().st_size < 1.2 * len(blob)
