@@ -1,0 +1,293 @@
+// Lab (examples/chain_lab.py): a chain of batch-1 int4 g128 projections, a Llama layer's QKV -> o -> gate/up ->
+// down repeated for L layers, run by ONE persistent kernel whose producer warp streams the weights of the next
+// projection while the consumers still multiply the current one, against the same kernel launched once per
+// projection.
+// Why: in the 8B int4 decode step each projection is its own kernel, and every boundary lets DRAM idle: the last
+// blocks' tail, the wait for the previous kernel, x staged, the first weights' latency. Programmatic launch hid
+// little of it (docs/perf.md v46: the int4 step ran 1% faster with plain graphs), and the copy-engine kernels'
+// early copies gained nothing (v46), because the next kernel's blocks hold no shared memory until the previous
+// kernel's blocks leave. Here the ring of shared-memory stages simply flows on into the next projection: weights
+// are constants, so only the consumers wait at a projection boundary (a grid-wide barrier on a counter), while
+// the copies stay in flight.
+//
+// Weights in a layout made for this: each projection [N, K] in chunks of ROWS = 16 W rows x 128 k (one g128 group),
+// chunk (tile, group) at ((tile * K / 128) + group) * CHUNK bytes: the ROWS rows' 64 packed bytes each (low nibble
+// = even k, value + 8), then their ROWS float16 scales. A stage is one chunk, one 1-D bulk copy.
+// Block: W consumer warps (warp w multiplies rows 16 w .. 16 w + 15 of each chunk, as w4_bulk_lab.cu's plain
+// non-OFS form: dequantized nibbles times x in mma.sync m16n8k16, each stage's chain from zero times the rows'
+// group scale into float32), then one producer warp whose lane 0 issues the copies. Grid: one block per SM, all
+// resident (the barrier needs every block running). A projection's items (tile, group), tile-major, are split
+// into gridDim.x contiguous ranges of equal length; a block adds its sums of each tile it touched into the
+// projection's float32 output with atomics. So each output must be zero before its projection: phase p zeroes
+// phase p + 2's output (two barriers before anyone adds to it; WRAP: phases P - 2, P - 1 zero phases 0, 1 for the
+// next launch).
+// A phase's x: its input (float32, K values; gated: y = silu(in[j]) * in[K + j], the SwiGLU of gate/up's output)
+// rounded to float16 into shared memory in the order the lanes read it (w4_bulk_lab.cu's staging).
+// Modes (arguments): phases [p_begin, p_end) of the table; one launch per phase with p_end = p_begin + 1 is the
+// per-kernel baseline. HOLD: the producer starts a phase's copies only after the consumers passed its barrier
+// (the persistent kernel without the cross-phase stream).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+struct Phase {        // 40 bytes, chain_lab.py PHASE_DTYPE
+  long long w;        // byte offset of the weight chunks
+  long long in;       // byte offset of the float32 input
+  long long out;      // byte offset of the float32 output (N values)
+  int K, N, gated, pad;
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+// waits for the phase of parity to complete; traps (a launch error) after 2 s instead of hanging the device call
+__device__ __forceinline__ void bar_wait(uint64_t* bar, unsigned parity) {
+  unsigned long long t0 = 0;
+  for (unsigned tries = 0;; ++tries) {
+    unsigned done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if ((tries & 1023u) == 0u) {
+      if (t0 == 0) t0 = now_ns();
+      else if (now_ns() - t0 > 2000000000ull) __trap();
+    }
+  }
+}
+
+__device__ __forceinline__ void bar_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// bytes (a multiple of 16) at src (16-byte aligned) into dst, completing on bar
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// every block of the grid: one thread of each arrives; returns when all have. bar[0] counts arrivals, bar[1] is
+// the generation (read before arriving, so the last arrival's increment is the one waited for); bar[0] returns to
+// 0, so the barrier needs no reset between launches.
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned blocks) {
+  const unsigned gen = ld_acquire(bar + 1);
+  __threadfence();
+  if (atomicAdd(bar, 1u) == blocks - 1) {
+    atomicExch(bar, 0u);
+    __threadfence();
+    atomicAdd(bar + 1, 1u);
+  } else {
+    const unsigned long long t0 = now_ns();
+    for (unsigned tries = 1; ld_acquire(bar + 1) == gen; ++tries) {
+      if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
+    }
+  }
+  __threadfence();
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+  unsigned r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+template <unsigned MASK> __device__ __forceinline__ unsigned nibbles(unsigned a) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(0x64006400u));  // (a & b) | c
+  return r;
+}
+// 8 int4 (k 0..7 of a word) -> half2 (k0, k4), (k1, k5), (k2, k6), (k3, k7) of nibble - 8, exact (quant.cu)
+__device__ __forceinline__ void q4_pairs(unsigned u, unsigned (&p)[4]) {
+  const unsigned v = u >> 8;
+  p[0] = hsub2(nibbles<0x000F000Fu>(u), 0x64086408u);
+  p[1] = hfma2(nibbles<0x00F000F0u>(u), 0x2C002C00u, 0xD480D480u);
+  p[2] = hsub2(nibbles<0x000F000Fu>(v), 0x64086408u);
+  p[3] = hfma2(nibbles<0x00F000F0u>(v), 0x2C002C00u, 0xD480D480u);
+}
+__device__ __forceinline__ unsigned lo2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
+__device__ __forceinline__ unsigned hi2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
+__device__ __forceinline__ unsigned h2bits(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+
+template <int W> __device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+}
+
+template <int W, int STAGES>
+__device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
+                                      long long o_bar, bool wrap, bool hold) {
+  constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
+  static_assert(CHUNK % 16 == 0, "bulk copies move multiples of 16 bytes");
+  extern __shared__ unsigned char dyn_raw[];
+  unsigned char* ring = dyn_raw + ((128 - (smem_u32(dyn_raw) & 127)) & 127);
+  unsigned char* xs = ring + STAGES * CHUNK;  // the phase's x: K halves in lane order
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
+  const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], W);  // lane 0 of each consumer warp
+    }
+    go_phase = p_begin;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == W) {  // producer
+    if (lane == 0) {
+      unsigned it = 0;
+      for (int p = p_begin; p < p_end; ++p) {
+        if (hold) {
+          const unsigned long long t0 = now_ns();
+          while (go_phase < p) {
+            if (now_ns() - t0 > 2000000000ull) __trap();
+          }
+        }
+        const Phase ph = phases[p];
+        const long long n = (long long)(ph.N / ROWS) * (ph.K / 128);
+        const unsigned char* w = arena + ph.w;
+        for (long long i = n * b / G; i < n * (b + 1) / G; ++i, ++it) {
+          const int s = int(it % STAGES);
+          bar_wait(&empty[s], ((it / STAGES) & 1u) ^ 1u);
+          bar_expect(&full[s], CHUNK);
+          bulk_load(ring + s * CHUNK, w + i * CHUNK, CHUNK, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+  unsigned* gbar = reinterpret_cast<unsigned*>(arena + o_bar);
+  const int g = lane >> 2, c = lane & 3;
+  const int r_lo = 16 * warp + g, r_hi = r_lo + 8;
+  unsigned it = 0;
+  for (int p = p_begin; p < p_end; ++p) {
+    const Phase ph = phases[p];
+    if (p != p_begin) {  // every block's sums of phase p - 1 are in before anyone reads them
+      __threadfence();
+      consumers_sync<W>();
+      if (threadIdx.x == 0) {
+        grid_sync(gbar, unsigned(G));
+        go_phase = p;
+      }
+      consumers_sync<W>();
+    }
+    if (p + 2 < P || wrap) {  // phase p + 2's output: not touched until two barriers from now
+      const Phase z = phases[(p + 2) % P];
+      float* zo = reinterpret_cast<float*>(arena + z.out);
+      for (long long j = b * 32 * W + threadIdx.x; j < z.N; j += G * 32 * W) zo[j] = 0.f;
+    }
+    const int K = ph.K, groups = K / 128;
+    const float* in = reinterpret_cast<const float*>(arena + ph.in);
+    for (int v = threadIdx.x; v < K / 8; v += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
+      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
+      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);
+      float f[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      if (ph.gated) {
+        const float4 u0 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v);
+        const float4 u1 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v + 1);
+        const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = silu(f[i]) * u[i];
+      }
+      const int st = v / 16, vv = v % 16, cc = vv / 4, ww = vv % 4;
+      *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * ww + cc) * 16) =
+          make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
+    }
+    consumers_sync<W>();
+    float* out = reinterpret_cast<float*>(arena + ph.out);
+    const long long n = (long long)(ph.N / ROWS) * groups;
+    float acc0 = 0.f, acc2 = 0.f;
+    long long cur = -1;
+    for (long long i = n * b / G; i < n * (b + 1) / G; ++i, ++it) {
+      const long long tile = i / groups;
+      const int grp = int(i % groups);
+      if (tile != cur) {
+        if (cur >= 0 && c == 0) {
+          atomicAdd(out + cur * ROWS + r_lo, acc0);
+          atomicAdd(out + cur * ROWS + r_hi, acc2);
+        }
+        acc0 = acc2 = 0.f;
+        cur = tile;
+      }
+      const int s = int(it % STAGES);
+      bar_wait(&full[s], (it / STAGES) & 1u);
+      const unsigned char* stage = ring + s * CHUNK;
+      const uint4 wlo = *reinterpret_cast<const uint4*>(stage + r_lo * 64 + 16 * c);
+      const uint4 whi = *reinterpret_cast<const uint4*>(stage + r_hi * 64 + 16 * c);
+      const float slo = __half2float(*reinterpret_cast<const __half*>(stage + WBYTES + 2 * r_lo));
+      const float shi = __half2float(*reinterpret_cast<const __half*>(stage + WBYTES + 2 * r_hi));
+      __syncwarp();
+      if (lane == 0) bar_arrive(&empty[s]);
+      const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + (grp * 16 + 4 * w + c) * 16);
+        unsigned plo[4], phi[4];
+        q4_pairs(ulo[w], plo);
+        q4_pairs(uhi[w], phi);
+        mma16816(part, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
+        mma16816(part, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
+      }
+      acc0 = fmaf(slo, part[0], acc0);  // c0: A row g, x column 2c (every column is x)
+      acc2 = fmaf(shi, part[2], acc2);  // c2: A row g + 8
+    }
+    if (cur >= 0 && c == 0) {
+      atomicAdd(out + cur * ROWS + r_lo, acc0);
+      atomicAdd(out + cur * ROWS + r_hi, acc2);
+    }
+  }
+}
+
+}  // namespace
+
+// chain_<W>_<STAGES>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold): one block per SM
+#define CHAIN_LAB(W, ST)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1)                                                  \
+      chain_##W##_##ST(unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, \
+                       long long o_bar, long long wrap, long long hold) {                                       \
+    chain<W, ST>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, hold != 0);               \
+  }

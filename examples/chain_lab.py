@@ -1,0 +1,218 @@
+"""Lab: a chain of batch-1 int4 projections in one persistent kernel (examples/chain_lab.cu) against one launch each.
+
+    python3 examples/chain_lab.py                                   # 8 layers of Llama-3-8B shapes, every config
+    python3 examples/chain_lab.py --layers 4 --configs 16-12 --modes persistent,separate
+    python3 examples/chain_lab.py --ptxas                           # registers / spills only (no GPU needed)
+
+Why: the 8B int4 decode step runs each projection as its own kernel at 32-47% of the bandwidth for the narrow ones
+(docs/perf.md v42: QKV 7.69 us, o 6.23, down 14.97 alone), and DRAM idles at every boundary. Here the chain
+QKV (4096 -> 6144), o (4096 -> 4096, fed by QKV's first 4096 outputs: a stand-in for attention), gate/up (4096 ->
+28672) and down (the SwiGLU of gate/up's outputs, 14336 -> 4096), repeated for --layers layers with their own
+weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of the same code:
+  persistent: one launch for the whole chain, a grid-wide barrier between projections, the weight copies flowing
+              on into the next projection while the consumers finish this one;
+  hold:       the same launch, but each projection's copies start only after its barrier;
+  separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline.
+A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM.
+
+Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float64, x the
+GPU's own input to that phase, so errors do not compound; tolerance 2e-3 of max |y|), then the chain is timed
+as kernel_lab.py times (a captured graph of launches, median of replays). GB/s counts the packed weights and
+scales; % of 4.30 TB/s. Per layer: the chain's time / layers; the bytes of a layer are 110.5 MB (25.7 us at
+4.30 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from wgmma_lab import nvcc_sm90a
+
+SOURCE = Path(__file__).with_name("chain_lab.cu")
+PEAK = 4.30e12
+GROUP = 128
+HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
+CONFIGS = ("8-16", "8-24", "16-8", "16-12")
+MODES = ("persistent", "hold", "separate")
+SMEM_LIMIT = 232448
+PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
+                        ("gated", "<i4"), ("pad", "<i4")])
+TOLERANCE = 2e-3
+
+
+def parse_config(name: str) -> tuple[int, int]:
+    """W-S as (consumer warps, ring stages)."""
+    w, st = (int(v) for v in name.split("-"))
+    return w, st
+
+
+def chunk_bytes(w: int) -> int:
+    """One stage: 16 w rows x 64 packed bytes, then their 16 w float16 scales."""
+    return 16 * w * 66
+
+
+def smem_bytes(w: int, st: int) -> int:
+    """Dynamic shared memory: the ring, x of the widest K (float16), 128 for alignment."""
+    return st * chunk_bytes(w) + 2 * INTER + 128
+
+
+def source(configs) -> str:
+    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st})" for w, st in configs) + "\n"
+
+
+def layer_shapes() -> list[tuple[int, int, bool]]:
+    """(K, N, gated input) of a layer's phases."""
+    return [(HIDDEN, QKV, False), (HIDDEN, HIDDEN, False), (HIDDEN, 2 * INTER, False), (INTER, HIDDEN, True)]
+
+
+def chunked(wq: np.ndarray, scale: np.ndarray, rows: int) -> np.ndarray:
+    """wq uint8 [N, K/2] and scale float16 [N, K/128] as the lab's chunks (tile-major, group-minor): bytes."""
+    n, half_k = wq.shape
+    tiles, groups = n // rows, half_k // 64
+    w = wq.reshape(tiles, rows, groups, 64).transpose(0, 2, 1, 3).reshape(tiles, groups, rows * 64)
+    s = scale.reshape(tiles, rows, groups).transpose(0, 2, 1).copy().view(np.uint8).reshape(tiles, groups, rows * 2)
+    return np.ascontiguousarray(np.concatenate([w, s], axis=2)).reshape(-1)
+
+
+def dequant(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """dequant(wq) float32 [N, K]: (nibble - 8) times its group's scale (low nibble = even k)."""
+    q = np.empty((wq.shape[0], 2 * wq.shape[1]), np.float32)
+    q[:, 0::2] = (wq & 15).astype(np.float32) - 8
+    q[:, 1::2] = (wq >> 4).astype(np.float32) - 8
+    q *= np.repeat(scale.astype(np.float32), GROUP, axis=1)
+    return q
+
+
+def reference(wq: np.ndarray, scale: np.ndarray, x16: np.ndarray) -> np.ndarray:
+    """y = x16 @ dequant(wq)^T (float64)."""
+    return dequant(wq, scale).astype(np.float64) @ x16.astype(np.float64)
+
+
+def phase_input(prev: np.ndarray, k: int, gated: bool) -> np.ndarray:
+    """The float16 x a phase stages from its float32 input (gated: silu(in[:k]) * in[k:2k])."""
+    v = prev[:k].astype(np.float32)
+    if gated:
+        v = v / (1 + np.exp(-v)) * prev[k:2 * k].astype(np.float32)
+    return v.astype(np.float16)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="W-S (consumer warps, ring stages), comma-separated")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}, comma-separated")
+    ap.add_argument("--floor", action="store_true", help="also time lab_floor.py's read-only kernel on the chain's "
+                    "bytes and on one layer's")
+    ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
+    args = ap.parse_args(argv)
+    configs = [parse_config(c) for c in args.configs.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    if [m for m in modes if m not in MODES] or args.layers < 1:
+        ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
+    for w, st in configs:
+        if w < 1 or 16 * w > 256 or st < 2 or smem_bytes(w, st) > SMEM_LIMIT:
+            ap.error(f"configuration {w}-{st}: 1..16 warps, 2+ stages, shared memory {smem_bytes(w, st)} B "
+                     f"(limit {SMEM_LIMIT})")
+    cubin = nvcc_sm90a(source(configs), args.ptxas)
+    if args.ptxas:
+        return 0
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kernel_lab import time_launches
+
+    from atlasc.runtime.device import Device, KernelTable
+
+    dev = Device()
+    sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+    module = dev.load_module(cubin)
+    names = [f"chain_{w}_{st}" for w, st in configs]
+    table = KernelTable(dev, module, names)
+    rng = np.random.default_rng(0)
+    shapes = layer_shapes() * args.layers
+    P = len(shapes)
+    weights = []  # (wq, scale) per phase
+    for k, n, _ in shapes:
+        wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+        scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(21.5 * k)).astype(np.float16)
+        weights.append((wq, scale))
+    dense = [dequant(wq, s) for wq, s in weights]  # float32, for the checks (7 GB at 8 layers)
+    x0 = rng.standard_normal(HIDDEN).astype(np.float32)
+    wbytes = sum(wq.nbytes + s.nbytes for wq, s in weights)
+    print(f"{args.layers} layers, {P} projections, {wbytes / 1e6:.1f} MB of packed weights and scales "
+          f"({wbytes / PEAK * 1e6:.1f} us at 4.30 TB/s), {sms} blocks\n")
+    print("| config (W-S) | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w_cfg in sorted({w for w, _ in configs}):
+        rows = 16 * w_cfg
+        # arena: phase table, barrier, x0, outputs, chunks (each 256-aligned)
+        offs, pos = {}, 0
+
+        def place(key, nbytes, align=256):
+            nonlocal pos
+            pos = (pos + align - 1) // align * align
+            offs[key] = pos
+            pos += nbytes
+
+        place("phases", P * PHASE_DTYPE.itemsize)
+        place("bar", 256)
+        place("x0", 4 * HIDDEN)
+        for p, (_k, n, _) in enumerate(shapes):
+            place(("out", p), 4 * n)
+        for p, (k, n, _) in enumerate(shapes):
+            place(("w", p), n // rows * (k // GROUP) * chunk_bytes(w_cfg))
+        arena = dev.alloc_arena(pos + 256)
+        table_np = np.zeros(P, PHASE_DTYPE)
+        for p, (k, n, gated) in enumerate(shapes):
+            table_np[p] = (offs[("w", p)], offs["x0"] if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
+                           int(gated), 0)
+            dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
+        dev.upload(arena, offs["phases"], table_np)
+        dev.upload(arena, offs["bar"], np.zeros(64, np.uint32))
+        dev.upload(arena, offs["x0"], x0)
+
+        def zero_outputs():
+            for p, (_k, n, _) in enumerate(shapes):
+                dev.upload(arena, offs[("out", p)], np.zeros(n, np.float32))
+
+        for (w, st), name in zip(configs, names):
+            if w != w_cfg:
+                continue
+            smem = smem_bytes(w, st)
+            for mode in modes:
+                def go(_a, wrap=1, name=name, smem=smem, mode=mode):
+                    spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]
+                    for p0, p1 in spans:
+                        table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
+                                     args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold")))
+
+                zero_outputs()
+                go(arena, wrap=0)
+                dev.synchronize()
+                err = 0.0
+                prev = x0
+                for p, (k, n, gated) in enumerate(shapes):
+                    y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
+                    want = dense[p] @ phase_input(prev, k, gated).astype(np.float32)
+                    e = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max())
+                    err = max(err, e)
+                    prev = y
+                zero_outputs()  # the timed launches zero the next launch's first outputs themselves (wrap)
+                us = time_launches(dev, go, [arena])
+                launches = 1 if mode != "separate" else P
+                flag = "" if err < TOLERANCE else "  WRONG"
+                print(f"| {w}-{st} | {mode} | {launches} | {us:.1f} | {us / args.layers:.2f} | "
+                      f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | {err:.1e}{flag} |",
+                      flush=True)
+        arena.free()
+    if args.floor:
+        from lab_floor import floor_rows, print_floor
+
+        print_floor(floor_rows(dev, [wbytes, wbytes // args.layers]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""examples/chain_lab.py without a GPU: the chunk layout puts every row's group where chain_lab.cu reads it, the
+float64 reference is the compiler's int4 dequantization, the phase input is the SwiGLU the kernel stages, the
+kernels compile for sm_90a without spills, and bad options fail before any device work."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "examples"))
+import chain_lab  # noqa: E402
+
+
+def test_chunks_hold_each_rows_group_bytes_then_its_scale():
+    """Chunk (tile, group) at (tile * groups + group) * CHUNK: row r's 64 packed bytes at r * 64, its scale at
+    16 W * 64 + 2 r (chain_lab.cu's reads), for fresh random codes and scales."""
+    rng = np.random.default_rng()
+    w = 2
+    rows, n, k = 16 * w, 3 * 16 * w, 3 * 128
+    wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scale = rng.standard_normal((n, k // 128)).astype(np.float16)
+    flat = chain_lab.chunked(wq, scale, rows)
+    size = chain_lab.chunk_bytes(w)
+    assert flat.size == (n // rows) * (k // 128) * size
+    for tile in range(n // rows):
+        for grp in range(k // 128):
+            chunk = flat[(tile * (k // 128) + grp) * size:][:size]
+            for r in (0, 7, rows - 1):
+                np.testing.assert_array_equal(chunk[r * 64:(r + 1) * 64], wq[tile * rows + r, grp * 64:(grp + 1) * 64])
+                got = chunk[rows * 64 + 2 * r:][:2].view(np.float16)[0]
+                assert got == scale[tile * rows + r, grp]
+
+
+def test_reference_is_the_compilers_dequantization():
+    from atlasc.ir.ops.quant import dequant_q4
+
+    rng = np.random.default_rng()
+    n, k = 4096 + 24, 256
+    wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scale = rng.uniform(0.01, 0.1, (n, k // 128)).astype(np.float16)
+    x = rng.standard_normal(k).astype(np.float16)
+    want = dequant_q4(wq, scale, 128, None).astype(np.float64) @ x.astype(np.float64)
+    np.testing.assert_allclose(chain_lab.reference(wq, scale, x), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_phase_input_is_the_swiglu_of_the_two_halves():
+    rng = np.random.default_rng()
+    prev = rng.standard_normal(16).astype(np.float32)
+    np.testing.assert_array_equal(chain_lab.phase_input(prev, 8, False), prev[:8].astype(np.float16))
+    a, b = prev[:8].astype(np.float64), prev[8:].astype(np.float64)
+    np.testing.assert_allclose(chain_lab.phase_input(prev, 8, True).astype(np.float64), a / (1 + np.exp(-a)) * b,
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_kernels_compile_without_spills(capsys):
+    from atlasc.codegen.nvcc import NvccNotFoundError, nvcc_path
+
+    try:
+        nvcc_path()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    assert chain_lab.main(["--ptxas"]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"Compiling entry function 'chain_\d+_\d+'", out)) == len(chain_lab.CONFIGS)
+    assert "spill" in out and not re.search(r"[1-9]\d* bytes spill", out)
+
+
+@pytest.mark.parametrize("argv", [["--modes", "fused"], ["--layers", "0"], ["--configs", "32-4"],
+                                  ["--configs", "16-16"], ["--configs", "8-1"]])
+def test_bad_options_exit_before_the_device(argv):
+    with pytest.raises(SystemExit) as e:
+        chain_lab.main(argv)
+    assert e.value.code not in (0, None)
