@@ -25,7 +25,12 @@
 // rounded to float16 into shared memory in the order the lanes read it (w4_bulk_lab.cu's staging).
 // Modes (arguments): phases [p_begin, p_end) of the table; one launch per phase with p_end = p_begin + 1 is the
 // per-kernel baseline. HOLD: the producer starts a phase's copies only after the consumers passed its barrier
-// (the persistent kernel without the cross-phase stream).
+// (the persistent kernel without the cross-phase stream). COPY: the consumers only wait for each stage and release
+// it (no math, no sums; the barriers and the staging as before): what the pipeline streams without the math.
+// ILP2: each stage's 8 MMAs as two chains of 4 (two accumulator sets added at the end), so a warp's stage takes
+// half the MMA latency. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
+// phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
+// producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -154,9 +159,9 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
-template <int W, int STAGES>
+template <int W, int STAGES, bool ILP2>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
-                                      long long o_bar, bool wrap, bool hold) {
+                                      long long o_bar, bool wrap, bool hold, bool copy, long long o_times) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
   static_assert(CHUNK % 16 == 0, "bulk copies move multiples of 16 bytes");
   extern __shared__ unsigned char dyn_raw[];
@@ -167,6 +172,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long G = gridDim.x, b = blockIdx.x;
+  unsigned long long* times = o_times ? reinterpret_cast<unsigned long long*>(arena + o_times) : nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       bar_init(&full[s], 1);
@@ -189,11 +195,13 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         const Phase ph = phases[p];
         const long long n = (long long)(ph.N / ROWS) * (ph.K / 128);
         const unsigned char* w = arena + ph.w;
-        for (long long i = n * b / G; i < n * (b + 1) / G; ++i, ++it) {
+        const long long i0 = n * b / G, i1 = n * (b + 1) / G;
+        for (long long i = i0; i < i1; ++i, ++it) {
           const int s = int(it % STAGES);
           bar_wait(&empty[s], ((it / STAGES) & 1u) ^ 1u);
           bar_expect(&full[s], CHUNK);
           bulk_load(ring + s * CHUNK, w + i * CHUNK, CHUNK, &full[s]);
+          if (times && (i == i0 || i == i1 - 1)) times[(b * P + p) * 6 + (i == i0 ? 4 : 5)] = now_ns();
         }
       }
     }
@@ -205,6 +213,8 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   unsigned it = 0;
   for (int p = p_begin; p < p_end; ++p) {
     const Phase ph = phases[p];
+    unsigned long long* tp = times && threadIdx.x == 0 ? times + (b * P + p) * 6 : nullptr;
+    if (tp) tp[0] = now_ns();
     if (p != p_begin) {  // every block's sums of phase p - 1 are in before anyone reads them
       __threadfence();
       consumers_sync<W>();
@@ -214,6 +224,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       }
       consumers_sync<W>();
     }
+    if (tp) tp[1] = now_ns();
     if (p + 2 < P || wrap) {  // phase p + 2's output: not touched until two barriers from now
       const Phase z = phases[(p + 2) % P];
       float* zo = reinterpret_cast<float*>(arena + z.out);
@@ -237,6 +248,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
           make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
     }
     consumers_sync<W>();
+    if (tp) tp[2] = now_ns();
     float* out = reinterpret_cast<float*>(arena + ph.out);
     const long long n = (long long)(ph.N / ROWS) * groups;
     float acc0 = 0.f, acc2 = 0.f;
@@ -245,7 +257,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       const long long tile = i / groups;
       const int grp = int(i % groups);
       if (tile != cur) {
-        if (cur >= 0 && c == 0) {
+        if (cur >= 0 && c == 0 && !copy) {
           atomicAdd(out + cur * ROWS + r_lo, acc0);
           atomicAdd(out + cur * ROWS + r_hi, acc2);
         }
@@ -254,6 +266,11 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       }
       const int s = int(it % STAGES);
       bar_wait(&full[s], (it / STAGES) & 1u);
+      if (copy) {
+        __syncwarp();
+        if (lane == 0) bar_arrive(&empty[s]);
+        continue;
+      }
       const unsigned char* stage = ring + s * CHUNK;
       const uint4 wlo = *reinterpret_cast<const uint4*>(stage + r_lo * 64 + 16 * c);
       const uint4 whi = *reinterpret_cast<const uint4*>(stage + r_hi * 64 + 16 * c);
@@ -262,32 +279,35 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       __syncwarp();
       if (lane == 0) bar_arrive(&empty[s]);
       const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xs + (grp * 16 + 4 * w + c) * 16);
         unsigned plo[4], phi[4];
         q4_pairs(ulo[w], plo);
         q4_pairs(uhi[w], phi);
-        mma16816(part, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
-        mma16816(part, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
+        float (&d)[4] = part[ILP2 ? (w & 1) : 0];
+        mma16816(d, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
+        mma16816(d, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
       }
-      acc0 = fmaf(slo, part[0], acc0);  // c0: A row g, x column 2c (every column is x)
-      acc2 = fmaf(shi, part[2], acc2);  // c2: A row g + 8
+      acc0 = fmaf(slo, part[0][0] + part[1][0], acc0);  // c0: A row g, x column 2c (every column is x)
+      acc2 = fmaf(shi, part[0][2] + part[1][2], acc2);  // c2: A row g + 8
     }
-    if (cur >= 0 && c == 0) {
+    if (cur >= 0 && c == 0 && !copy) {
       atomicAdd(out + cur * ROWS + r_lo, acc0);
       atomicAdd(out + cur * ROWS + r_hi, acc2);
     }
+    if (tp) tp[3] = now_ns();
   }
 }
 
 }  // namespace
 
-// chain_<W>_<STAGES>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold): one block per SM
-#define CHAIN_LAB(W, ST)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1)                                                  \
-      chain_##W##_##ST(unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, \
-                       long long o_bar, long long wrap, long long hold) {                                       \
-    chain<W, ST>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, hold != 0);               \
+// chain_<W>_<STAGES>_<ILP2>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times): one block per SM
+#define CHAIN_LAB(W, ST, ILP2)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2(                      \
+      unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
+      long long wrap, long long hold, long long copy, long long o_times) {                                     \
+    chain<W, ST, ILP2 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, hold != 0,     \
+                            copy != 0, o_times);                                                                \
   }

@@ -12,13 +12,17 @@ weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of
   persistent: one launch for the whole chain, a grid-wide barrier between projections, the weight copies flowing
               on into the next projection while the consumers finish this one;
   hold:       the same launch, but each projection's copies start only after its barrier;
-  separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline.
-A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM.
+  separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline;
+  copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
+              pipeline with its barriers and staging streams.
+A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; W-S-i
+multiplies each stage as two chains of 4 MMAs instead of one of 8. --trace times each phase inside one persistent
+(and one copy) launch with the global timer: the consumers' barrier wait, x staging and items, per projection.
 
-Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float64, x the
+Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float32, x the
 GPU's own input to that phase, so errors do not compound; tolerance 2e-3 of max |y|), then the chain is timed
 as kernel_lab.py times (a captured graph of launches, median of replays). GB/s counts the packed weights and
-scales; % of 4.30 TB/s. Per layer: the chain's time / layers; the bytes of a layer are 110.5 MB (25.7 us at
+scales; % of 4.30 TB/s. Per layer: the chain's time / layers; the bytes of a layer are 112.5 MB (26.2 us at
 4.30 TB/s).
 """
 
@@ -35,18 +39,20 @@ SOURCE = Path(__file__).with_name("chain_lab.cu")
 PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
-CONFIGS = ("8-16", "8-24", "16-8", "16-12")
-MODES = ("persistent", "hold", "separate")
+CONFIGS = ("16-8", "16-12", "16-8-i", "16-12-i")
+MODES = ("persistent", "hold", "separate", "copy")
 SMEM_LIMIT = 232448
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
                         ("gated", "<i4"), ("pad", "<i4")])
 TOLERANCE = 2e-3
 
 
-def parse_config(name: str) -> tuple[int, int]:
-    """W-S as (consumer warps, ring stages)."""
-    w, st = (int(v) for v in name.split("-"))
-    return w, st
+def parse_config(name: str) -> tuple[int, int, int]:
+    """W-S or W-S-i as (consumer warps, ring stages, ILP2: the MMAs as two chains)."""
+    parts = name.split("-")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "i"):
+        raise ValueError(name)
+    return int(parts[0]), int(parts[1]), int(len(parts) == 3)
 
 
 def chunk_bytes(w: int) -> int:
@@ -60,7 +66,7 @@ def smem_bytes(w: int, st: int) -> int:
 
 
 def source(configs) -> str:
-    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st})" for w, st in configs) + "\n"
+    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i})" for w, st, i in configs) + "\n"
 
 
 def layer_shapes() -> list[tuple[int, int, bool]]:
@@ -99,20 +105,46 @@ def phase_input(prev: np.ndarray, k: int, gated: bool) -> np.ndarray:
     return v.astype(np.float16)
 
 
+def trace_table(t: np.ndarray, layers: int) -> list[str]:
+    """Per projection of a layer: medians over blocks and layers (phases after the first) of the consumers' barrier
+    wait, staging and items (us), the spread of the blocks' ends, and how far the producer's first copy of the
+    phase ran ahead of the consumers' barrier. t: u64 [blocks, P, 6] (chain_lab.cu o_times)."""
+    t = t.astype(np.int64)
+    names = ("QKV", "o", "gate/up", "down")
+    out = ["| projection | barrier wait us | staging us | items us | ends spread us | producer ahead us |",
+           "|---|---|---|---|---|---|"]
+    for j, name in enumerate(names):
+        ps = [4 * layer + j for layer in range(layers) if 4 * layer + j > 0]
+        sel = t[:, ps, :]
+        wait = np.median(sel[:, :, 1] - sel[:, :, 0]) / 1e3
+        stage = np.median(sel[:, :, 2] - sel[:, :, 1]) / 1e3
+        items = np.median(sel[:, :, 3] - sel[:, :, 2]) / 1e3
+        spread = np.median(sel[:, :, 3].max(axis=0) - sel[:, :, 3].min(axis=0)) / 1e3
+        ahead = np.median(sel[:, :, 1] - sel[:, :, 4]) / 1e3
+        out.append(f"| {name} | {wait:.2f} | {stage:.2f} | {items:.2f} | {spread:.2f} | {ahead:.2f} |")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="W-S (consumer warps, ring stages), comma-separated")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="W-S (consumer warps, ring stages) or W-S-i (the MMAs as two chains), comma-separated")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}, comma-separated")
+    ap.add_argument("--trace", action="store_true", help="also time each phase inside one persistent launch (and "
+                    "one copy launch) per configuration (globaltimer) and print where a layer goes")
     ap.add_argument("--floor", action="store_true", help="also time lab_floor.py's read-only kernel on the chain's "
                     "bytes and on one layer's")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
-    configs = [parse_config(c) for c in args.configs.split(",")]
+    try:
+        configs = [parse_config(c) for c in args.configs.split(",")]
+    except ValueError as e:
+        ap.error(f"--configs: W-S or W-S-i, not {e}")
     modes = [m.strip() for m in args.modes.split(",")]
     if [m for m in modes if m not in MODES] or args.layers < 1:
         ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
-    for w, st in configs:
+    for w, st, _ in configs:
         if w < 1 or 16 * w > 256 or st < 2 or smem_bytes(w, st) > SMEM_LIMIT:
             ap.error(f"configuration {w}-{st}: 1..16 warps, 2+ stages, shared memory {smem_bytes(w, st)} B "
                      f"(limit {SMEM_LIMIT})")
@@ -128,26 +160,38 @@ def main(argv=None) -> int:
     dev = Device()
     sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
     module = dev.load_module(cubin)
-    names = [f"chain_{w}_{st}" for w, st in configs]
+    names = [f"chain_{w}_{st}_{i}" for w, st, i in configs]
     table = KernelTable(dev, module, names)
     rng = np.random.default_rng(0)
     shapes = layer_shapes() * args.layers
     P = len(shapes)
-    weights = []  # (wq, scale) per phase
-    for k, n, _ in shapes:
-        wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-        scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(21.5 * k)).astype(np.float16)
-        weights.append((wq, scale))
-    dense = [dequant(wq, s) for wq, s in weights]  # float32, for the checks (7 GB at 8 layers)
     x0 = rng.standard_normal(HIDDEN).astype(np.float32)
+    # (wq, scale) per phase: codes 1..15 (values -7..7, mean 0, variance 56 / 3), rows of unit gain; each down
+    # projection's scales are set so that its output (on the float chain from x0) has unit spread, since the SwiGLU
+    # squares the spread (no fixed gain keeps 8 layers finite and nonzero)
+    weights, dense, prev = [], [], x0
+    for k, n, gated in shapes:
+        lo, hi = (rng.integers(1, 16, (n, k // 2), dtype=np.uint8) for _ in range(2))
+        wq = lo | (hi << 4)
+        scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(56 / 3 * 1.08 * k)).astype(np.float16)
+        d = dequant(wq, scale)  # float32, for the checks (7 GB at 8 layers)
+        y = d @ phase_input(prev, k, gated).astype(np.float32)
+        if gated:
+            scale = (scale.astype(np.float32) / y.std()).astype(np.float16)
+            d = dequant(wq, scale)
+            y = d @ phase_input(prev, k, gated).astype(np.float32)
+        weights.append((wq, scale))
+        dense.append(d)
+        prev = y
     wbytes = sum(wq.nbytes + s.nbytes for wq, s in weights)
-    print(f"{args.layers} layers, {P} projections, {wbytes / 1e6:.1f} MB of packed weights and scales "
+    print(f"{dev.name}: {args.layers} layers, {P} projections, {wbytes / 1e6:.1f} MB of packed weights and scales "
           f"({wbytes / PEAK * 1e6:.1f} us at 4.30 TB/s), {sms} blocks\n")
-    print("| config (W-S) | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err |")
-    print("|---|---|---|---|---|---|---|---|")
-    for w_cfg in sorted({w for w, _ in configs}):
+    print("| config | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err | max abs y |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    traces = []
+    for w_cfg in sorted({w for w, _, _ in configs}):
         rows = 16 * w_cfg
-        # arena: phase table, barrier, x0, outputs, chunks (each 256-aligned)
+        # arena: phase table, barrier, x0, trace, outputs, chunks (each 256-aligned)
         offs, pos = {}, 0
 
         def place(key, nbytes, align=256):
@@ -159,6 +203,7 @@ def main(argv=None) -> int:
         place("phases", P * PHASE_DTYPE.itemsize)
         place("bar", 256)
         place("x0", 4 * HIDDEN)
+        place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
             place(("out", p), 4 * n)
         for p, (k, n, _) in enumerate(shapes):
@@ -177,36 +222,49 @@ def main(argv=None) -> int:
             for p, (_k, n, _) in enumerate(shapes):
                 dev.upload(arena, offs[("out", p)], np.zeros(n, np.float32))
 
-        for (w, st), name in zip(configs, names):
+        for (w, st, ilp), name in zip(configs, names):
             if w != w_cfg:
                 continue
             smem = smem_bytes(w, st)
-            for mode in modes:
-                def go(_a, wrap=1, name=name, smem=smem, mode=mode):
-                    spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]
-                    for p0, p1 in spans:
-                        table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
-                                     args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold")))
+            label = f"{w}-{st}{'-i' if ilp else ''}"
 
-                zero_outputs()
-                go(arena, wrap=0)
-                dev.synchronize()
-                err = 0.0
-                prev = x0
-                for p, (k, n, gated) in enumerate(shapes):
-                    y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
-                    want = dense[p] @ phase_input(prev, k, gated).astype(np.float32)
-                    e = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max())
-                    err = max(err, e)
-                    prev = y
+            def launch(mode, wrap=1, times=0, name=name, smem=smem, w=w):
+                spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]
+                for p0, p1 in spans:
+                    table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
+                                 args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold"),
+                                       int(mode == "copy"), times))
+
+            for mode in modes:
+                err = top = 0.0
+                if mode != "copy":
+                    zero_outputs()
+                    launch(mode, wrap=0)
+                    dev.synchronize()
+                    prev = x0
+                    for p, (k, n, gated) in enumerate(shapes):
+                        y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
+                        want = dense[p] @ phase_input(prev, k, gated).astype(np.float32)
+                        e = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max())
+                        err, top = max(err, e), max(top, float(np.abs(want).max()))
+                        prev = y
                 zero_outputs()  # the timed launches zero the next launch's first outputs themselves (wrap)
-                us = time_launches(dev, go, [arena])
-                launches = 1 if mode != "separate" else P
-                flag = "" if err < TOLERANCE else "  WRONG"
-                print(f"| {w}-{st} | {mode} | {launches} | {us:.1f} | {us / args.layers:.2f} | "
-                      f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | {err:.1e}{flag} |",
-                      flush=True)
+                us = time_launches(dev, lambda _a, mode=mode: launch(mode), [arena])
+                ok = mode == "copy" or (err < TOLERANCE and np.isfinite(top))
+                print(f"| {label} | {mode} | {1 if mode != 'separate' else P} | {us:.1f} | {us / args.layers:.2f} | "
+                      f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | "
+                      f"{'-' if mode == 'copy' else f'{err:.1e}'}{'' if ok else '  WRONG'} | {top:.2f} |", flush=True)
+            if args.trace:
+                for mode in ("persistent", "copy"):
+                    launch(mode)  # warm
+                    launch(mode, times=offs["times"])
+                    dev.synchronize()
+                    t = dev.download(arena, offs["times"], sms * P * 6 * 8).view(np.uint64).reshape(sms, P, 6)
+                    traces.append((f"{label} {mode}", trace_table(t, args.layers)))
         arena.free()
+    for title, lines in traces:
+        print(f"\n{title} (one launch; medians over blocks and layers):")
+        print("\n".join(lines))
     if args.floor:
         from lab_floor import floor_rows, print_floor
 
