@@ -28,13 +28,19 @@
 // (the persistent kernel without the cross-phase stream). COPY: the consumers only wait for each stage and release
 // it (no math, no sums; the barriers and the staging as before): what the pipeline streams without the math.
 // ILP2: each stage's 8 MMAs as two chains of 4 (two accumulator sets added at the end), so a warp's stage takes
-// half the MMA latency. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
+// half the MMA latency. OFS: quant.cu's offset dequantization (w4_bulk_lab.cu's OFS form): the A operands are the
+// LOP3 pairs as they come (1024 + n for an even k, 1024 + 16 n for an odd one), x is staged as (x0, x4) (x2, x6)
+// (x1/16, x5/16) (x3/16, x7/16) per word, and each stage's chain starts at -(1032 S_e + 72 S_o) (S_e the sum of the
+// group's staged even x, S_o 16 times that of its staged odd x / 16): 5 instructions per 8 weights instead of 9,
+// and no byte permutes of x. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
 // phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
 // producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace {
+
+constexpr int INTER_MAX = 14336;  // the widest K of a phase (chain_lab.py INTER)
 
 struct Phase {        // 40 bytes, chain_lab.py PHASE_DTYPE
   long long w;        // byte offset of the weight chunks
@@ -153,13 +159,23 @@ __device__ __forceinline__ unsigned h2bits(float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const unsigned*>(&h);
 }
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+  unsigned r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// the two halves of a half2 (as its bits), added in float32
+__device__ __forceinline__ float half2_sum(unsigned u) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xFFFFu))) +
+         __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
+}
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
 template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
-template <int W, int STAGES, bool ILP2>
+template <int W, int STAGES, bool ILP2, bool OFS>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
                                       long long o_bar, bool wrap, bool hold, bool copy, long long o_times) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
@@ -167,6 +183,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   extern __shared__ unsigned char dyn_raw[];
   unsigned char* ring = dyn_raw + ((128 - (smem_u32(dyn_raw) & 127)) & 127);
   unsigned char* xs = ring + STAGES * CHUNK;  // the phase's x: K halves in lane order
+  __shared__ float corr[INTER_MAX / 128];        // OFS: each group's chain start (negated)
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
   __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
@@ -232,20 +249,36 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     }
     const int K = ph.K, groups = K / 128;
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
-    for (int v = threadIdx.x; v < K / 8; v += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
-      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
-      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);
-      float f[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      if (ph.gated) {
-        const float4 u0 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v);
-        const float4 u1 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v + 1);
-        const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    for (int base = 0; base < K / 8; base += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
+      const int v = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
+      float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (v < K / 8) {
+        const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
+        const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);
+        f[0] = a0.x, f[1] = a0.y, f[2] = a0.z, f[3] = a0.w, f[4] = a1.x, f[5] = a1.y, f[6] = a1.z, f[7] = a1.w;
+        if (ph.gated) {
+          const float4 u0 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v);
+          const float4 u1 = __ldcg(reinterpret_cast<const float4*>(in + K) + 2 * v + 1);
+          const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = silu(f[i]) * u[i];
+          for (int i = 0; i < 8; ++i) f[i] = silu(f[i]) * u[i];
+        }
       }
+      uint4 word = make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
       const int st = v / 16, vv = v % 16, cc = vv / 4, ww = vv % 4;
-      *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * ww + cc) * 16) =
-          make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
+      if constexpr (OFS) {
+        const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16)
+        word = make_uint4(lo2(word.x, word.z), lo2(word.y, word.w), hmul2(hi2(word.x, word.z), sixteenth),
+                          hmul2(hi2(word.y, word.w), sixteenth));
+        float se = half2_sum(word.x) + half2_sum(word.y), so = 16.f * (half2_sum(word.z) + half2_sum(word.w));
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) {
+          se += __shfl_xor_sync(0xffffffffu, se, off);
+          so += __shfl_xor_sync(0xffffffffu, so, off);
+        }
+        if (v < K / 8 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+      }
+      if (v < K / 8) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * ww + cc) * 16) = word;
     }
     consumers_sync<W>();
     if (tp) tp[2] = now_ns();
@@ -279,16 +312,25 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       __syncwarp();
       if (lane == 0) bar_arrive(&empty[s]);
       const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
-      float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const float start = OFS ? -corr[grp] : 0.f;  // the same x for both rows: one start
+      float part[2][4] = {{start, start, start, start}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xs + (grp * 16 + 4 * w + c) * 16);
-        unsigned plo[4], phi[4];
-        q4_pairs(ulo[w], plo);
-        q4_pairs(uhi[w], phi);
         float (&d)[4] = part[ILP2 ? (w & 1) : 0];
-        mma16816(d, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
-        mma16816(d, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
+        if constexpr (OFS) {
+          const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
+          mma16816(d, nibbles<0x000F000Fu>(ulo[w]), nibbles<0x000F000Fu>(uhi[w]), nibbles<0x000F000Fu>(vlo),
+                   nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
+          mma16816(d, nibbles<0x00F000F0u>(ulo[w]), nibbles<0x00F000F0u>(uhi[w]), nibbles<0x00F000F0u>(vlo),
+                   nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
+        } else {
+          unsigned plo[4], phi[4];
+          q4_pairs(ulo[w], plo);
+          q4_pairs(uhi[w], phi);
+          mma16816(d, plo[0], phi[0], plo[1], phi[1], lo2(xv.x, xv.z), hi2(xv.x, xv.z));
+          mma16816(d, plo[2], phi[2], plo[3], phi[3], lo2(xv.y, xv.w), hi2(xv.y, xv.w));
+        }
       }
       acc0 = fmaf(slo, part[0][0] + part[1][0], acc0);  // c0: A row g, x column 2c (every column is x)
       acc2 = fmaf(shi, part[0][2] + part[1][2], acc2);  // c2: A row g + 8
@@ -303,11 +345,12 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
 
 }  // namespace
 
-// chain_<W>_<STAGES>_<ILP2>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times): one block per SM
-#define CHAIN_LAB(W, ST, ILP2)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2(                      \
+// chain_<W>_<STAGES>_<ILP2>_<OFS>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times): one block
+// per SM
+#define CHAIN_LAB(W, ST, ILP2, OFS)                                                                             \
+  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS(              \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
       long long wrap, long long hold, long long copy, long long o_times) {                                     \
-    chain<W, ST, ILP2 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, hold != 0,     \
-                            copy != 0, o_times);                                                                \
+    chain<W, ST, ILP2 != 0, OFS != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0,     \
+                                      hold != 0, copy != 0, o_times);                                           \
   }

@@ -15,8 +15,9 @@ weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of
   separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline;
   copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
               pipeline with its barriers and staging streams.
-A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; W-S-i
-multiplies each stage as two chains of 4 MMAs instead of one of 8. --trace times each phase inside one persistent
+A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; flags
+after a third dash: i multiplies each stage as two chains of 4 MMAs instead of one of 8, o dequantizes by offsets
+(quant.cu's OFS: 5 instructions per 8 weights instead of 9). --trace times each phase inside one persistent
 (and one copy) launch with the global timer: the consumers' barrier wait, x staging and items, per projection.
 
 Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float32, x the
@@ -39,7 +40,7 @@ SOURCE = Path(__file__).with_name("chain_lab.cu")
 PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
-CONFIGS = ("16-8", "16-12", "16-8-i", "16-12-i")
+CONFIGS = ("16-8", "16-8-i", "16-8-o", "16-8-io", "16-12-io")
 MODES = ("persistent", "hold", "separate", "copy")
 SMEM_LIMIT = 232448
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
@@ -47,12 +48,15 @@ PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4
 TOLERANCE = 2e-3
 
 
-def parse_config(name: str) -> tuple[int, int, int]:
-    """W-S or W-S-i as (consumer warps, ring stages, ILP2: the MMAs as two chains)."""
+def parse_config(name: str) -> tuple[int, int, int, int]:
+    """W-S or W-S-flags as (consumer warps, ring stages, ILP2, OFS): flags i (the MMAs as two chains of 4) and / or
+    o (the offset dequantization)."""
     parts = name.split("-")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "i"):
+    flags = parts[2] if len(parts) == 3 else ""
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or set(flags) - {"i", "o"} \
+            or len(set(flags)) != len(flags) or (len(parts) == 3 and not flags):
         raise ValueError(name)
-    return int(parts[0]), int(parts[1]), int(len(parts) == 3)
+    return int(parts[0]), int(parts[1]), int("i" in flags), int("o" in flags)
 
 
 def chunk_bytes(w: int) -> int:
@@ -66,7 +70,7 @@ def smem_bytes(w: int, st: int) -> int:
 
 
 def source(configs) -> str:
-    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i})" for w, st, i in configs) + "\n"
+    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i}, {o})" for w, st, i, o in configs) + "\n"
 
 
 def layer_shapes() -> list[tuple[int, int, bool]]:
@@ -129,7 +133,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help="W-S (consumer warps, ring stages) or W-S-i (the MMAs as two chains), comma-separated")
+                    help="W-S (consumer warps, ring stages), W-S-i (the MMAs as two chains), W-S-o (the offset "
+                         "dequantization) or W-S-io, comma-separated")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}, comma-separated")
     ap.add_argument("--trace", action="store_true", help="also time each phase inside one persistent launch (and "
                     "one copy launch) per configuration (globaltimer) and print where a layer goes")
@@ -140,11 +145,11 @@ def main(argv=None) -> int:
     try:
         configs = [parse_config(c) for c in args.configs.split(",")]
     except ValueError as e:
-        ap.error(f"--configs: W-S or W-S-i, not {e}")
+        ap.error(f"--configs: W-S or W-S-flags (i, o), not {e}")
     modes = [m.strip() for m in args.modes.split(",")]
     if [m for m in modes if m not in MODES] or args.layers < 1:
         ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
-    for w, st, _ in configs:
+    for w, st, _, _ in configs:
         if w < 1 or 16 * w > 256 or st < 2 or smem_bytes(w, st) > SMEM_LIMIT:
             ap.error(f"configuration {w}-{st}: 1..16 warps, 2+ stages, shared memory {smem_bytes(w, st)} B "
                      f"(limit {SMEM_LIMIT})")
@@ -160,7 +165,7 @@ def main(argv=None) -> int:
     dev = Device()
     sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
     module = dev.load_module(cubin)
-    names = [f"chain_{w}_{st}_{i}" for w, st, i in configs]
+    names = [f"chain_{w}_{st}_{i}_{o}" for w, st, i, o in configs]
     table = KernelTable(dev, module, names)
     rng = np.random.default_rng(0)
     shapes = layer_shapes() * args.layers
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
     print("| config | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err | max abs y |")
     print("|---|---|---|---|---|---|---|---|---|")
     traces = []
-    for w_cfg in sorted({w for w, _, _ in configs}):
+    for w_cfg in sorted({w for w, *_ in configs}):
         rows = 16 * w_cfg
         # arena: phase table, barrier, x0, trace, outputs, chunks (each 256-aligned)
         offs, pos = {}, 0
@@ -222,11 +227,12 @@ def main(argv=None) -> int:
             for p, (_k, n, _) in enumerate(shapes):
                 dev.upload(arena, offs[("out", p)], np.zeros(n, np.float32))
 
-        for (w, st, ilp), name in zip(configs, names):
+        for (w, st, ilp, ofs), name in zip(configs, names):
             if w != w_cfg:
                 continue
             smem = smem_bytes(w, st)
-            label = f"{w}-{st}{'-i' if ilp else ''}"
+            flags = ("i" if ilp else "") + ("o" if ofs else "")
+            label = f"{w}-{st}{'-' + flags if flags else ''}"
 
             def launch(mode, wrap=1, times=0, name=name, smem=smem, w=w):
                 spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]

@@ -66,12 +66,13 @@ def test_kernels_compile_without_spills(capsys):
         pytest.skip("nvcc not found")
     assert chain_lab.main(["--ptxas"]) == 0
     out = capsys.readouterr().out
-    assert len(re.findall(r"Compiling entry function 'chain_\d+_\d+_[01]'", out)) == len(chain_lab.CONFIGS)
+    assert len(re.findall(r"Compiling entry function 'chain_\d+_\d+_[01]_[01]'", out)) == len(chain_lab.CONFIGS)
     assert "spill" in out and not re.search(r"[1-9]\d* bytes spill", out)
 
 
 @pytest.mark.parametrize("argv", [["--modes", "fused"], ["--layers", "0"], ["--configs", "32-4"],
-                                  ["--configs", "16-16"], ["--configs", "8-1"], ["--configs", "8-4-x"]])
+                                  ["--configs", "16-16"], ["--configs", "8-1"], ["--configs", "8-4-x"],
+                                  ["--configs", "8-4-ii"], ["--configs", "8-4-"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
