@@ -22,7 +22,8 @@
 // phase p + 2's output (two barriers before anyone adds to it; WRAP: phases P - 2, P - 1 zero phases 0, 1 for the
 // next launch).
 // A phase's x: its input (float32, K values; gated: y = silu(in[j]) * in[K + j], the SwiGLU of gate/up's output)
-// rounded to float16 into shared memory in the order the lanes read it (w4_bulk_lab.cu's staging).
+// rounded to float16 into shared memory in the order the lanes read it (w4_bulk_lab.cu's staging), only for the
+// groups of 128 k that the block's items use.
 // Modes (arguments): phases [p_begin, p_end) of the table; one launch per phase with p_end = p_begin + 1 is the
 // per-kernel baseline. HOLD: the producer starts a phase's copies only after the consumers passed its barrier
 // (the persistent kernel without the cross-phase stream). COPY: the consumers only wait for each stage and release
@@ -103,19 +104,21 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-// every block of the grid: one thread of each arrives; returns when all have. bar[0] counts arrivals, bar[1] is
-// the generation (read before arriving, so the last arrival's increment is the one waited for); bar[0] returns to
-// 0, so the barrier needs no reset between launches.
+// every block of the grid: one thread of each arrives; returns when all have. bar[0] counts arrivals, bar[GEN] is
+// the generation (read before arriving, so the last arrival's increment is the one waited for), on its own
+// 128-byte line so that the spinning reads do not queue behind the arrivals' atomics; bar[0] returns to 0, so the
+// barrier needs no reset between launches.
+constexpr int GEN = 32;
 __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned blocks) {
-  const unsigned gen = ld_acquire(bar + 1);
+  const unsigned gen = ld_acquire(bar + GEN);
   __threadfence();
   if (atomicAdd(bar, 1u) == blocks - 1) {
     atomicExch(bar, 0u);
     __threadfence();
-    atomicAdd(bar + 1, 1u);
+    atomicAdd(bar + GEN, 1u);
   } else {
     const unsigned long long t0 = now_ns();
-    for (unsigned tries = 1; ld_acquire(bar + 1) == gen; ++tries) {
+    for (unsigned tries = 1; ld_acquire(bar + GEN) == gen; ++tries) {
       if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
     }
   }
@@ -248,11 +251,16 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       for (long long j = b * 32 * W + threadIdx.x; j < z.N; j += G * 32 * W) zo[j] = 0.f;
     }
     const int K = ph.K, groups = K / 128;
+    const long long n = (long long)(ph.N / ROWS) * groups, i0 = n * b / G, i1 = n * (b + 1) / G;
+    // x of the groups the block's items use: those of items i0 .. i1 - 1 (one run of groups, cyclic; all of them
+    // when the run is as long as a row)
+    const int staged = int(i1 - i0 < groups ? i1 - i0 : groups);
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
-    for (int base = 0; base < K / 8; base += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
-      const int v = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
+    for (int base = 0; base < staged * 16; base += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
+      const int j = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
+      const int v = int((i0 + j / 16) % groups) * 16 + j % 16;
       float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (v < K / 8) {
+      if (j < staged * 16) {
         const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
         const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);
         f[0] = a0.x, f[1] = a0.y, f[2] = a0.z, f[3] = a0.w, f[4] = a1.x, f[5] = a1.y, f[6] = a1.z, f[7] = a1.w;
@@ -276,17 +284,16 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
           se += __shfl_xor_sync(0xffffffffu, se, off);
           so += __shfl_xor_sync(0xffffffffu, so, off);
         }
-        if (v < K / 8 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
+        if (j < staged * 16 && vv == 0) corr[st] = fmaf(1032.f, se, 72.f * so);
       }
-      if (v < K / 8) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * ww + cc) * 16) = word;
+      if (j < staged * 16) *reinterpret_cast<uint4*>(xs + (st * 16 + 4 * ww + cc) * 16) = word;
     }
     consumers_sync<W>();
     if (tp) tp[2] = now_ns();
     float* out = reinterpret_cast<float*>(arena + ph.out);
-    const long long n = (long long)(ph.N / ROWS) * groups;
     float acc0 = 0.f, acc2 = 0.f;
     long long cur = -1;
-    for (long long i = n * b / G; i < n * (b + 1) / G; ++i, ++it) {
+    for (long long i = i0; i < i1; ++i, ++it) {
       const long long tile = i / groups;
       const int grp = int(i % groups);
       if (tile != cur) {
