@@ -292,17 +292,17 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     if (tp) tp[2] = now_ns();
     float* out = reinterpret_cast<float*>(arena + ph.out);
     float acc0 = 0.f, acc2 = 0.f;
-    long long cur = -1;
-    for (long long i = i0; i < i1; ++i, ++it) {
-      const long long tile = i / groups;
-      const int grp = int(i % groups);
-      if (tile != cur) {
-        if (cur >= 0 && c == 0 && !copy) {
-          atomicAdd(out + cur * ROWS + r_lo, acc0);
-          atomicAdd(out + cur * ROWS + r_hi, acc2);
+    // the item's (tile, group), stepped along instead of divided per item (a 64-bit division is ~100 instructions)
+    int tile = int(i0 / groups), grp = int(i0 % groups);
+    for (long long i = i0; i < i1; ++i, ++it, ++grp) {
+      if (grp == groups) {  // a new tile: the last one's sums out
+        if (c == 0 && !copy) {
+          atomicAdd(out + (long long)tile * ROWS + r_lo, acc0);
+          atomicAdd(out + (long long)tile * ROWS + r_hi, acc2);
         }
         acc0 = acc2 = 0.f;
-        cur = tile;
+        grp = 0;
+        ++tile;
       }
       const int s = int(it % STAGES);
       bar_wait(&full[s], (it / STAGES) & 1u);
@@ -342,9 +342,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       acc0 = fmaf(slo, part[0][0] + part[1][0], acc0);  // c0: A row g, x column 2c (every column is x)
       acc2 = fmaf(shi, part[0][2] + part[1][2], acc2);  // c2: A row g + 8
     }
-    if (cur >= 0 && c == 0 && !copy) {
-      atomicAdd(out + cur * ROWS + r_lo, acc0);
-      atomicAdd(out + cur * ROWS + r_hi, acc2);
+    if (i1 > i0 && c == 0 && !copy) {
+      atomicAdd(out + (long long)tile * ROWS + r_lo, acc0);
+      atomicAdd(out + (long long)tile * ROWS + r_hi, acc2);
     }
     if (tp) tp[3] = now_ns();
   }
