@@ -33,7 +33,11 @@
 // LOP3 pairs as they come (1024 + n for an even k, 1024 + 16 n for an odd one), x is staged as (x0, x4) (x2, x6)
 // (x1/16, x5/16) (x3/16, x7/16) per word, and each stage's chain starts at -(1032 S_e + 72 S_o) (S_e the sum of the
 // group's staged even x, S_o 16 times that of its staged odd x / 16): 5 instructions per 8 weights instead of 9,
-// and no byte permutes of x. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
+// and no byte permutes of x. A8: W4A8 on the int8 tensor cores (act_int8.cu linear_w4a8_mma's fragments): x
+// quantized to int8 at staging with a scale per group of 128 k (max |x| / 127, so a group needs no other), the
+// codes as unsigned bytes (u & 0x0F0F0F0F, (u >> 4) & 0x0F0F0F0F) times x_q in mma.sync m16n8k32 u8 x s8, exact in
+// int32; the codes' offset 8 through the group's sum of x_q; one float FMA per stage with the weight scale times
+// x's: 4 MMAs a stage instead of 8 and 3 instructions per 8 weights. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
 // phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
 // producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
 #include <cuda_fp16.h>
@@ -162,6 +166,14 @@ __device__ __forceinline__ unsigned h2bits(float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const unsigned*>(&h);
 }
+// d += A * B for one m16n8k32 tile, A unsigned bytes (int4 codes 0..15), B signed bytes (x_q), int32
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, int b0,
+                                         int b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
   unsigned r;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -178,7 +190,7 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
-template <int W, int STAGES, bool ILP2, bool OFS>
+template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
                                       long long o_bar, bool wrap, bool hold, bool copy, long long o_times) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
@@ -186,7 +198,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   extern __shared__ unsigned char dyn_raw[];
   unsigned char* ring = dyn_raw + ((128 - (smem_u32(dyn_raw) & 127)) & 127);
   unsigned char* xs = ring + STAGES * CHUNK;  // the phase's x: K halves in lane order
-  __shared__ float corr[INTER_MAX / 128];        // OFS: each group's chain start (negated)
+  __shared__ float corr[INTER_MAX / 128];        // OFS: each group's chain start (negated); A8: x's group scale
+  __shared__ int qsum[INTER_MAX / 128];          // A8: each group's sum of x_q
+  static_assert(!(OFS && A8), "one dequantization");
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
   __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
@@ -272,8 +286,35 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
           for (int i = 0; i < 8; ++i) f[i] = silu(f[i]) * u[i];
         }
       }
-      uint4 word = make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
       const int st = v / 16, vv = v % 16, cc = vv / 4, ww = vv % 4;
+      if constexpr (A8) {  // the group's 16 words are a half-warp: its max and its sum of x_q by shuffles
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const float sx = m > 0.f ? m / 127.f : 1.f;
+        int q[8], sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = max(-127, min(127, __float2int_rn(f[i] / sx)));
+          sum += q[i];
+        }
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (j < staged * 16) {
+          if (vv == 0) {
+            corr[st] = sx;
+            qsum[st] = sum;
+          }
+          // even k then odd k, 4 bytes each (linear_w4a8_mma's B words), word v at int 2 v
+          const int even = (q[0] & 255) | (q[2] & 255) << 8 | (q[4] & 255) << 16 | (q[6] & 255) << 24;
+          const int odd = (q[1] & 255) | (q[3] & 255) << 8 | (q[5] & 255) << 16 | (q[7] & 255) << 24;
+          *reinterpret_cast<int2*>(xs + 8 * v) = make_int2(even, odd);
+        }
+        continue;
+      }
+      uint4 word = make_uint4(h2bits(f[0], f[1]), h2bits(f[2], f[3]), h2bits(f[4], f[5]), h2bits(f[6], f[7]));
       if constexpr (OFS) {
         const unsigned sixteenth = 0x2C002C00u;  // (1/16, 1/16)
         word = make_uint4(lo2(word.x, word.z), lo2(word.y, word.w), hmul2(hi2(word.x, word.z), sixteenth),
@@ -319,6 +360,23 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       __syncwarp();
       if (lane == 0) bar_arrive(&empty[s]);
       const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+      if constexpr (A8) {
+        const int4 xa = *reinterpret_cast<const int4*>(xs + 8 * (grp * 16 + 4 * c));      // words 4c, 4c + 1
+        const int4 xb = *reinterpret_cast<const int4*>(xs + 8 * (grp * 16 + 4 * c) + 16);  // words 4c + 2, 4c + 3
+        const int xe[4] = {xa.x, xa.z, xb.x, xb.z}, xo[4] = {xa.y, xa.w, xb.y, xb.w};
+        int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          int (&e)[4] = d[ILP2 ? (w & 1) : 0];
+          mma_u8s8(e, ulo[w] & 0x0F0F0F0Fu, uhi[w] & 0x0F0F0F0Fu, (ulo[w] >> 4) & 0x0F0F0F0Fu,
+                   (uhi[w] >> 4) & 0x0F0F0F0Fu, xe[w], xo[w]);
+        }
+        const float sx = corr[grp];
+        const int off = 8 * qsum[grp];  // sum (n - 8) q = sum n q - 8 sum q
+        acc0 = fmaf(slo * sx, float(d[0][0] + d[1][0] - off), acc0);
+        acc2 = fmaf(shi * sx, float(d[0][2] + d[1][2] - off), acc2);
+        continue;
+      }
       const float start = OFS ? -corr[grp] : 0.f;  // the same x for both rows: one start
       float part[2][4] = {{start, start, start, start}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -352,12 +410,12 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
 
 }  // namespace
 
-// chain_<W>_<STAGES>_<ILP2>_<OFS>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times): one block
-// per SM
-#define CHAIN_LAB(W, ST, ILP2, OFS)                                                                             \
-  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS(              \
+// chain_<W>_<STAGES>_<ILP2>_<OFS>_<A8>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times): one
+// block per SM
+#define CHAIN_LAB(W, ST, ILP2, OFS, A8)                                                                         \
+  extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
       long long wrap, long long hold, long long copy, long long o_times) {                                     \
-    chain<W, ST, ILP2 != 0, OFS != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0,     \
+    chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0,     \
                                       hold != 0, copy != 0, o_times);                                           \
   }

@@ -16,9 +16,11 @@ weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of
   copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
               pipeline with its barriers and staging streams.
 A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; flags
-after a third dash: i multiplies each stage as two chains of 4 MMAs instead of one of 8, o dequantizes by offsets
-(quant.cu's OFS: 5 instructions per 8 weights instead of 9). --trace times each phase inside one persistent
-(and one copy) launch with the global timer: the consumers' barrier wait, x staging and items, per projection.
+after a third dash: i multiplies each stage as two chains of MMAs instead of one, o dequantizes by offsets
+(quant.cu's OFS: 5 instructions per 8 weights instead of 9), a runs W4A8 (x quantized to int8 per group of 128 k
+at staging, the codes times x_q on the int8 tensor cores: 4 MMAs a stage instead of 8; checked against x_q).
+--trace times each phase inside one persistent (and one copy) launch with the global timer: the consumers' barrier
+wait, x staging and items, per projection.
 
 Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float32, x the
 GPU's own input to that phase, so errors do not compound; tolerance 2e-3 of max |y|), then the chain is timed
@@ -40,23 +42,23 @@ SOURCE = Path(__file__).with_name("chain_lab.cu")
 PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
-CONFIGS = ("16-8", "16-8-i", "16-8-o", "16-8-io", "16-12-io")
+CONFIGS = ("16-8-io", "16-11-io", "16-8-ia", "16-11-ia")
 MODES = ("persistent", "hold", "separate", "copy")
-SMEM_LIMIT = 232448
+SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
                         ("gated", "<i4"), ("pad", "<i4")])
 TOLERANCE = 2e-3
 
 
-def parse_config(name: str) -> tuple[int, int, int, int]:
-    """W-S or W-S-flags as (consumer warps, ring stages, ILP2, OFS): flags i (the MMAs as two chains of 4) and / or
-    o (the offset dequantization)."""
+def parse_config(name: str) -> tuple[int, int, int, int, int]:
+    """W-S or W-S-flags as (consumer warps, ring stages, ILP2, OFS, A8): flags i (the MMAs as two chains), and o
+    (the offset dequantization) or a (W4A8: x quantized to int8 per group of 128, int8 tensor cores)."""
     parts = name.split("-")
     flags = parts[2] if len(parts) == 3 else ""
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or set(flags) - {"i", "o"} \
-            or len(set(flags)) != len(flags) or (len(parts) == 3 and not flags):
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or set(flags) - {"i", "o", "a"} \
+            or len(set(flags)) != len(flags) or (len(parts) == 3 and not flags) or {"o", "a"} <= set(flags):
         raise ValueError(name)
-    return int(parts[0]), int(parts[1]), int("i" in flags), int("o" in flags)
+    return int(parts[0]), int(parts[1]), int("i" in flags), int("o" in flags), int("a" in flags)
 
 
 def chunk_bytes(w: int) -> int:
@@ -70,7 +72,7 @@ def smem_bytes(w: int, st: int) -> int:
 
 
 def source(configs) -> str:
-    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i}, {o})" for w, st, i, o in configs) + "\n"
+    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i}, {o}, {a})" for w, st, i, o, a in configs) + "\n"
 
 
 def layer_shapes() -> list[tuple[int, int, bool]]:
@@ -101,12 +103,18 @@ def reference(wq: np.ndarray, scale: np.ndarray, x16: np.ndarray) -> np.ndarray:
     return dequant(wq, scale).astype(np.float64) @ x16.astype(np.float64)
 
 
-def phase_input(prev: np.ndarray, k: int, gated: bool) -> np.ndarray:
-    """The float16 x a phase stages from its float32 input (gated: silu(in[:k]) * in[k:2k])."""
+def phase_input(prev: np.ndarray, k: int, gated: bool, int8: bool = False) -> np.ndarray:
+    """The x a phase stages from its float32 input (gated: silu(in[:k]) * in[k:2k]): float16, or (int8) the values
+    its int8 codes stand for, x_q * s with s = max |x| / 127 per group of 128 (float32)."""
     v = prev[:k].astype(np.float32)
     if gated:
         v = v / (1 + np.exp(-v)) * prev[k:2 * k].astype(np.float32)
-    return v.astype(np.float16)
+    if not int8:
+        return v.astype(np.float16)
+    g = v.reshape(-1, GROUP)
+    m = np.abs(g).max(axis=1, keepdims=True)
+    s = np.where(m > 0, m / np.float32(127), np.float32(1)).astype(np.float32)
+    return (np.clip(np.rint(g / s), -127, 127) * s).astype(np.float32).reshape(-1)
 
 
 def trace_table(t: np.ndarray, layers: int) -> list[str]:
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
     modes = [m.strip() for m in args.modes.split(",")]
     if [m for m in modes if m not in MODES] or args.layers < 1:
         ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
-    for w, st, _, _ in configs:
+    for w, st, *_ in configs:
         if w < 1 or 16 * w > 256 or st < 2 or smem_bytes(w, st) > SMEM_LIMIT:
             ap.error(f"configuration {w}-{st}: 1..16 warps, 2+ stages, shared memory {smem_bytes(w, st)} B "
                      f"(limit {SMEM_LIMIT})")
@@ -165,7 +173,7 @@ def main(argv=None) -> int:
     dev = Device()
     sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
     module = dev.load_module(cubin)
-    names = [f"chain_{w}_{st}_{i}_{o}" for w, st, i, o in configs]
+    names = [f"chain_{w}_{st}_{i}_{o}_{a}" for w, st, i, o, a in configs]
     table = KernelTable(dev, module, names)
     rng = np.random.default_rng(0)
     shapes = layer_shapes() * args.layers
@@ -227,11 +235,11 @@ def main(argv=None) -> int:
             for p, (_k, n, _) in enumerate(shapes):
                 dev.upload(arena, offs[("out", p)], np.zeros(n, np.float32))
 
-        for (w, st, ilp, ofs), name in zip(configs, names):
+        for (w, st, ilp, ofs, a8), name in zip(configs, names):
             if w != w_cfg:
                 continue
             smem = smem_bytes(w, st)
-            flags = ("i" if ilp else "") + ("o" if ofs else "")
+            flags = ("i" if ilp else "") + ("o" if ofs else "") + ("a" if a8 else "")
             label = f"{w}-{st}{'-' + flags if flags else ''}"
 
             def launch(mode, wrap=1, times=0, name=name, smem=smem, w=w):
@@ -250,7 +258,8 @@ def main(argv=None) -> int:
                     prev = x0
                     for p, (k, n, gated) in enumerate(shapes):
                         y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
-                        want = dense[p] @ phase_input(prev, k, gated).astype(np.float32)
+                        x16 = phase_input(prev, k, gated, int8=bool(a8))
+                        want = dense[p] @ x16.astype(np.float32)
                         e = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max())
                         err, top = max(err, e), max(top, float(np.abs(want).max()))
                         prev = y

@@ -57,6 +57,18 @@ def test_phase_input_is_the_swiglu_of_the_two_halves():
                                rtol=1e-3, atol=1e-3)
 
 
+def test_int8_phase_input_is_per_group_codes_times_scale():
+    """x_q * s with s = max |x| / 127 per group of 128: within half a step of x, the group's max exact."""
+    rng = np.random.default_rng()
+    prev = rng.standard_normal(512).astype(np.float32)
+    got = chain_lab.phase_input(prev, 256, False, int8=True)
+    for g in range(2):
+        x = prev[128 * g:128 * (g + 1)]
+        s = np.abs(x).max() / 127
+        assert np.abs(got[128 * g:128 * (g + 1)] - x).max() <= 0.5 * s * (1 + 1e-6)
+        assert np.isclose(np.abs(got[128 * g:128 * (g + 1)]).max(), np.abs(x).max(), rtol=1e-6)
+
+
 def test_kernels_compile_without_spills(capsys):
     from atlasc.codegen.nvcc import NvccNotFoundError, nvcc_path
 
@@ -66,13 +78,14 @@ def test_kernels_compile_without_spills(capsys):
         pytest.skip("nvcc not found")
     assert chain_lab.main(["--ptxas"]) == 0
     out = capsys.readouterr().out
-    assert len(re.findall(r"Compiling entry function 'chain_\d+_\d+_[01]_[01]'", out)) == len(chain_lab.CONFIGS)
+    assert len(re.findall(r"Compiling entry function 'chain_\d+_\d+_[01]_[01]_[01]'", out)) == len(chain_lab.CONFIGS)
     assert "spill" in out and not re.search(r"[1-9]\d* bytes spill", out)
 
 
 @pytest.mark.parametrize("argv", [["--modes", "fused"], ["--layers", "0"], ["--configs", "32-4"],
                                   ["--configs", "16-16"], ["--configs", "8-1"], ["--configs", "8-4-x"],
-                                  ["--configs", "8-4-ii"], ["--configs", "8-4-"]])
+                                  ["--configs", "8-4-ii"], ["--configs", "8-4-"],
+                                  ["--configs", "8-4-oa"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
