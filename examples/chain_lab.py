@@ -13,6 +13,8 @@ weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of
               on into the next projection while the consumers finish this one;
   hold:       the same launch, but each projection's copies start only after its barrier;
   separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline;
+  counted:    persistent, with a grid barrier of one atomic per block on a count that only grows (one round
+              trip fewer than persistent's generation barrier);
   copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
               pipeline with its barriers and staging streams.
 A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; flags
@@ -43,7 +45,7 @@ PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
 CONFIGS = ("16-8-io", "16-11-io", "16-8-ia", "16-11-ia")
-MODES = ("persistent", "hold", "separate", "copy")
+MODES = ("persistent", "counted", "hold", "separate", "copy")
 SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
                         ("gated", "<i4"), ("pad", "<i4")])
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
             pos += nbytes
 
         place("phases", P * PHASE_DTYPE.itemsize)
-        place("bar", 256)
+        place("bar", 512)  # generation barrier: words 0 and 32; counted barrier: word 64
         place("x0", 4 * HIDDEN)
         place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
                            int(gated), 0)
             dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
         dev.upload(arena, offs["phases"], table_np)
-        dev.upload(arena, offs["bar"], np.zeros(64, np.uint32))
+        dev.upload(arena, offs["bar"], np.zeros(128, np.uint32))
         dev.upload(arena, offs["x0"], x0)
 
         def zero_outputs():
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
                 for p0, p1 in spans:
                     table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
                                  args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold"),
-                                       int(mode == "copy"), times))
+                                       int(mode == "copy"), times, int(mode == "counted")))
 
             for mode in modes:
                 err = top = 0.0
@@ -270,7 +272,9 @@ def main(argv=None) -> int:
                       f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | "
                       f"{'-' if mode == 'copy' else f'{err:.1e}'}{'' if ok else '  WRONG'} | {top:.2f} |", flush=True)
             if args.trace:
-                for mode in ("persistent", "copy"):
+                for mode in ("persistent", "counted", "copy"):
+                    if mode not in modes:
+                        continue
                     launch(mode)  # warm
                     launch(mode, times=offs["times"])
                     dev.synchronize()
