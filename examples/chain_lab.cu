@@ -37,9 +37,10 @@
 // quantized to int8 at staging with a scale per group of 128 k (max |x| / 127, so a group needs no other), the
 // codes as unsigned bytes (u & 0x0F0F0F0F, (u >> 4) & 0x0F0F0F0F) times x_q in mma.sync m16n8k32 u8 x s8, exact in
 // int32; the codes' offset 8 through the group's sum of x_q; one float FMA per stage with the weight scale times
-// x's: 4 MMAs a stage instead of 8 and 3 instructions per 8 weights. o_times (0: none): per block and phase, globaltimer ns of the consumers' thread 0 at the
-// phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
+// x's: 4 MMAs a stage instead of 8 and 3 instructions per 8 weights. o_times (0: none): per block and phase,
+// globaltimer ns of the consumers' thread 0 at the phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
 // producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
+// Compiled after examples/lab_bulk.cuh (chain_lab.py prepends it): the mbarrier, MMA and dequantization helpers.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -53,47 +54,6 @@ struct Phase {        // 40 bytes, chain_lab.py PHASE_DTYPE
   long long out;      // byte offset of the float32 output (N values)
   int K, N, gated, pad;
 };
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ unsigned long long now_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ void bar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-// waits for the phase of parity to complete; traps (a launch error) after 2 s instead of hanging the device call
-__device__ __forceinline__ void bar_wait(uint64_t* bar, unsigned parity) {
-  unsigned long long t0 = 0;
-  for (unsigned tries = 0;; ++tries) {
-    unsigned done;
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    if ((tries & 1023u) == 0u) {
-      if (t0 == 0) t0 = now_ns();
-      else if (now_ns() - t0 > 2000000000ull) __trap();
-    }
-  }
-}
-
-__device__ __forceinline__ void bar_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
 
 // bytes (a multiple of 16) at src (16-byte aligned) into dst, completing on bar
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
@@ -150,39 +110,6 @@ __device__ __forceinline__ void grid_sync_count(unsigned* bar, unsigned blocks) 
   __threadfence();
 }
 
-__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
-  unsigned r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
-  unsigned r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-template <unsigned MASK> __device__ __forceinline__ unsigned nibbles(unsigned a) {
-  unsigned r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(0x64006400u));  // (a & b) | c
-  return r;
-}
-// 8 int4 (k 0..7 of a word) -> half2 (k0, k4), (k1, k5), (k2, k6), (k3, k7) of nibble - 8, exact (quant.cu)
-__device__ __forceinline__ void q4_pairs(unsigned u, unsigned (&p)[4]) {
-  const unsigned v = u >> 8;
-  p[0] = hsub2(nibbles<0x000F000Fu>(u), 0x64086408u);
-  p[1] = hfma2(nibbles<0x00F000F0u>(u), 0x2C002C00u, 0xD480D480u);
-  p[2] = hsub2(nibbles<0x000F000Fu>(v), 0x64086408u);
-  p[3] = hfma2(nibbles<0x00F000F0u>(v), 0x2C002C00u, 0xD480D480u);
-}
-__device__ __forceinline__ unsigned lo2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
-__device__ __forceinline__ unsigned hi2(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
 __device__ __forceinline__ unsigned h2bits(float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const unsigned*>(&h);
@@ -195,17 +122,6 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], unsigned a0, unsigned a1, 
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
-  unsigned r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-// the two halves of a half2 (as its bits), added in float32
-__device__ __forceinline__ float half2_sum(unsigned u) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xFFFFu))) +
-         __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
-}
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
 template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from wgmma_lab import nvcc_sm90a
 
+HELPERS = Path(__file__).with_name("lab_bulk.cuh")  # prepended to the lab's source
 SOURCE = Path(__file__).with_name("chain_lab.cu")
 PEAK = 4.30e12
 GROUP = 128
@@ -74,7 +75,8 @@ def smem_bytes(w: int, st: int) -> int:
 
 
 def source(configs) -> str:
-    return SOURCE.read_text() + "\n".join(f"CHAIN_LAB({w}, {st}, {i}, {o}, {a})" for w, st, i, o, a in configs) + "\n"
+    kernels = "\n".join(f"CHAIN_LAB({w}, {st}, {i}, {o}, {a})" for w, st, i, o, a in configs)
+    return HELPERS.read_text() + SOURCE.read_text() + kernels + "\n"
 
 
 def layer_shapes() -> list[tuple[int, int, bool]]:

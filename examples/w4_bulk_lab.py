@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from wgmma_lab import nvcc_sm90a
 
+HELPERS = Path(__file__).with_name("lab_bulk.cuh")  # prepended to the lab's source
 SOURCE = Path(__file__).with_name("w4_bulk_lab.cu")
 PEAK = 4.30e12
 GROUP = 128
@@ -65,7 +66,8 @@ def smem_bytes(w: int, st: int, k_run: int, kw: int = 1) -> int:
 
 
 def source(configs) -> str:
-    return SOURCE.read_text() + "\n".join(f"W4_BULK_LAB({', '.join(map(str, c))})" for c in configs) + "\n"
+    kernels = "\n".join(f"W4_BULK_LAB({', '.join(map(str, c))})" for c in configs)
+    return HELPERS.read_text() + SOURCE.read_text() + kernels + "\n"
 
 
 def compile_cubin(configs, ptxas: bool = False) -> bytes:
