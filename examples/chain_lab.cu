@@ -40,6 +40,12 @@
 // x's: 4 MMAs a stage instead of 8 and 3 instructions per 8 weights. o_times (0: none): per block and phase,
 // globaltimer ns of the consumers' thread 0 at the phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
 // producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
+// FLAGS (not yet run on a GPU): no grid barrier. A block adds one to each output tile's counter once its sums of the
+// tile are in (the tile's contributing blocks are known from the static split); a block of the next projection
+// waits only for the tiles its groups of x come from (count = launch number x contributors: the counters only grow,
+// and the launch number, o_bar word 96, goes up when a launch's last block ends). Outputs alternate between two
+// buffers by the launch number's parity; a launch zeroes the other buffers for the next one, since with no barrier
+// no phase knows when the others are done with a buffer of its own launch.
 // Compiled after examples/lab_bulk.cuh (chain_lab.py prepends it): the mbarrier, MMA and dequantization helpers.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -48,12 +54,17 @@ namespace {
 
 constexpr int INTER_MAX = 14336;  // the widest K of a phase (chain_lab.py INTER)
 
-struct Phase {        // 40 bytes, chain_lab.py PHASE_DTYPE
+struct Phase {        // 56 bytes, chain_lab.py PHASE_DTYPE
   long long w;        // byte offset of the weight chunks
   long long in;       // byte offset of the float32 input
   long long out;      // byte offset of the float32 output (N values)
   int K, N, gated, pad;
+  long long out2;     // FLAGS: the output of odd launches (out: even ones)
+  long long ready;    // FLAGS: byte offset of the output's tile counters (N / ROWS u32, they only grow)
 };
+
+// FLAGS: the block owning item i of a projection of n items split into G contiguous runs (n * b / G ..)
+__device__ __forceinline__ long long owner(long long i, long long n, long long G) { return ((i + 1) * G + n - 1) / n - 1; }
 
 // bytes (a multiple of 16) at src (16-byte aligned) into dst, completing on bar
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
@@ -100,6 +111,7 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned blocks) {
 // itself, with relaxed loads (no fence per poll; the fence after the loop orders what follows). (Wraps after
 // 2^32 / blocks barriers: ~32 million on 132 blocks, far beyond a lab run.)
 constexpr int COUNT = 64;
+constexpr int EPOCH = 96, DONE = 100;  // FLAGS: the launch number and the count of blocks that ended it
 __device__ __forceinline__ void grid_sync_count(unsigned* bar, unsigned blocks) {
   __threadfence();
   const unsigned target = (atomicAdd(bar + COUNT, 1u) / blocks + 1) * blocks;
@@ -130,7 +142,7 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
 template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
                                       long long o_bar, bool wrap, bool hold, bool copy, long long o_times,
-                                      bool counted) {
+                                      bool counted, bool flags) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
   static_assert(CHUNK % 16 == 0, "bulk copies move multiples of 16 bytes");
   extern __shared__ unsigned char dyn_raw[];
@@ -141,6 +153,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   static_assert(!(OFS && A8), "one dequantization");
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
   __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
+  __shared__ unsigned launch_no;     // FLAGS: this launch's number
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long G = gridDim.x, b = blockIdx.x;
@@ -151,6 +164,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       bar_init(&empty[s], W);  // lane 0 of each consumer warp
     }
     go_phase = p_begin;
+    if (flags) launch_no = ld_relaxed(reinterpret_cast<const unsigned*>(arena + o_bar) + EPOCH);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -187,7 +201,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     const Phase ph = phases[p];
     unsigned long long* tp = times && threadIdx.x == 0 ? times + (b * P + p) * 6 : nullptr;
     if (tp) tp[0] = now_ns();
-    if (p != p_begin) {  // every block's sums of phase p - 1 are in before anyone reads them
+    const bool odd = flags && (launch_no & 1u);
+    const long long out_off = odd ? ph.out2 : ph.out;
+    if (p != p_begin && !flags) {  // every block's sums of phase p - 1 are in before anyone reads them
       __threadfence();
       consumers_sync<W>();
       if (threadIdx.x == 0) {
@@ -197,8 +213,10 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       }
       consumers_sync<W>();
     }
-    if (tp) tp[1] = now_ns();
-    if (p + 2 < P || wrap) {  // phase p + 2's output: not touched until two barriers from now
+    if (flags) {  // the other parity's output of this phase, zero for the next launch
+      float* zo = reinterpret_cast<float*>(arena + (odd ? ph.out : ph.out2));
+      for (long long j = b * 32 * W + threadIdx.x; j < ph.N; j += G * 32 * W) zo[j] = 0.f;
+    } else if (p + 2 < P || wrap) {  // phase p + 2's output: not touched until two barriers from now
       const Phase z = phases[(p + 2) % P];
       float* zo = reinterpret_cast<float*>(arena + z.out);
       for (long long j = b * 32 * W + threadIdx.x; j < z.N; j += G * 32 * W) zo[j] = 0.f;
@@ -209,6 +227,24 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     // when the run is as long as a row)
     const int staged = int(i1 - i0 < groups ? i1 - i0 : groups);
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
+    if (flags && p > 0) {  // wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half)
+      const Phase q = phases[p - 1];
+      in = reinterpret_cast<const float*>(arena + (odd ? q.out2 : q.out));
+      const unsigned* ready = reinterpret_cast<const unsigned*>(arena + q.ready);
+      const long long nq = (long long)(q.N / ROWS) * (q.K / 128), gq = q.K / 128;
+      for (int j = threadIdx.x; j < staged * (ph.gated ? 2 : 1); j += 32 * W) {
+        const int k = int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
+        const long long t = k / ROWS;
+        const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
+        const unsigned long long t0 = now_ns();
+        for (unsigned tries = 1; int(ld_relaxed(ready + t) - want) < 0; ++tries) {
+          if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
+        }
+      }
+      __threadfence();
+      consumers_sync<W>();
+      if (tp) tp[1] = now_ns();  // the trace's "barrier wait": here, the wait for the input tiles
+    }
     for (int base = 0; base < staged * 16; base += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
       const int j = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
       const int v = int((i0 + j / 16) % groups) * 16 + j % 16;
@@ -270,7 +306,13 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     }
     consumers_sync<W>();
     if (tp) tp[2] = now_ns();
-    float* out = reinterpret_cast<float*>(arena + ph.out);
+    float* out = reinterpret_cast<float*>(arena + out_off);
+    unsigned* ready = reinterpret_cast<unsigned*>(arena + ph.ready);
+    auto tile_done = [&](int t) {  // FLAGS: every warp's sums of tile t are in: count this block
+      __threadfence();
+      consumers_sync<W>();
+      if (threadIdx.x == 0) atomicAdd(ready + t, 1u);
+    };
     float acc0 = 0.f, acc2 = 0.f;
     // the item's (tile, group), stepped along instead of divided per item (a 64-bit division is ~100 instructions)
     int tile = int(i0 / groups), grp = int(i0 % groups);
@@ -280,6 +322,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
           atomicAdd(out + (long long)tile * ROWS + r_lo, acc0);
           atomicAdd(out + (long long)tile * ROWS + r_hi, acc2);
         }
+        if (flags) tile_done(tile);
         acc0 = acc2 = 0.f;
         grp = 0;
         ++tile;
@@ -343,18 +386,28 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       atomicAdd(out + (long long)tile * ROWS + r_lo, acc0);
       atomicAdd(out + (long long)tile * ROWS + r_hi, acc2);
     }
+    if (flags && i1 > i0) tile_done(tile);
     if (tp) tp[3] = now_ns();
+  }
+  if (flags && threadIdx.x == 0) {  // the launch's last block to end moves the launch number on
+    unsigned* sync = reinterpret_cast<unsigned*>(arena + o_bar);
+    __threadfence();
+    if (atomicAdd(sync + DONE, 1u) == unsigned(G) - 1u) {
+      atomicExch(sync + DONE, 0u);
+      __threadfence();
+      atomicAdd(sync + EPOCH, 1u);
+    }
   }
 }
 
 }  // namespace
 
 // chain_<W>_<STAGES>_<ILP2>_<OFS>_<A8>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times,
-// counted): one block per SM; counted: grid_sync_count instead of grid_sync
+// counted, flags): one block per SM; counted: grid_sync_count instead of grid_sync; flags: FLAGS
 #define CHAIN_LAB(W, ST, ILP2, OFS, A8)                                                                         \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
-      long long wrap, long long hold, long long copy, long long o_times, long long counted) {                  \
+      long long wrap, long long hold, long long copy, long long o_times, long long counted, long long flags) {  \
     chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0,     \
-                                      hold != 0, copy != 0, o_times, counted != 0);                             \
+                                      hold != 0, copy != 0, o_times, counted != 0, flags != 0);                 \
   }

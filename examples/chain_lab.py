@@ -15,6 +15,9 @@ weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of
   separate:   one launch per projection (captured in one graph, plain edges): the per-kernel baseline;
   counted:    persistent, with a grid barrier of one atomic per block on a count that only grows (one round
               trip fewer than persistent's generation barrier);
+  flags:      persistent with no grid barrier: each output tile counts the blocks that have added their sums to it,
+              and a block of the next projection waits only for the tiles its groups of x come from (not yet run
+              on a GPU);
   copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
               pipeline with its barriers and staging streams.
 A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; flags
@@ -46,10 +49,10 @@ PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
 CONFIGS = ("16-8-io", "16-11-io", "16-8-ia", "16-11-ia")
-MODES = ("persistent", "counted", "hold", "separate", "copy")
+MODES = ("persistent", "counted", "flags", "hold", "separate", "copy")
 SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
-                        ("gated", "<i4"), ("pad", "<i4")])
+                        ("gated", "<i4"), ("pad", "<i4"), ("out2", "<i8"), ("ready", "<i8")])
 TOLERANCE = 2e-3
 
 
@@ -223,21 +226,29 @@ def main(argv=None) -> int:
         place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
             place(("out", p), 4 * n)
+            place(("out2", p), 4 * n)
+            place(("ready", p), 4 * (n // rows))
         for p, (k, n, _) in enumerate(shapes):
             place(("w", p), n // rows * (k // GROUP) * chunk_bytes(w_cfg))
         arena = dev.alloc_arena(pos + 256)
         table_np = np.zeros(P, PHASE_DTYPE)
         for p, (k, n, gated) in enumerate(shapes):
             table_np[p] = (offs[("w", p)], offs["x0"] if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
-                           int(gated), 0)
+                           int(gated), 0, offs[("out2", p)], offs[("ready", p)])
             dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
         dev.upload(arena, offs["phases"], table_np)
         dev.upload(arena, offs["bar"], np.zeros(128, np.uint32))
         dev.upload(arena, offs["x0"], x0)
 
-        def zero_outputs():
+        def zero_outputs(counters: bool = False):
+            """Zero every output (both buffers); counters: also the tile counters and the launch number (flags)."""
             for p, (_k, n, _) in enumerate(shapes):
                 dev.upload(arena, offs[("out", p)], np.zeros(n, np.float32))
+                dev.upload(arena, offs[("out2", p)], np.zeros(n, np.float32))
+                if counters:
+                    dev.upload(arena, offs[("ready", p)], np.zeros(n // rows, np.uint32))
+            if counters:
+                dev.upload(arena, offs["bar"], np.zeros(128, np.uint32))
 
         for (w, st, ilp, ofs, a8), name in zip(configs, names):
             if w != w_cfg:
@@ -251,12 +262,12 @@ def main(argv=None) -> int:
                 for p0, p1 in spans:
                     table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
                                  args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold"),
-                                       int(mode == "copy"), times, int(mode == "counted")))
+                                       int(mode == "copy"), times, int(mode == "counted"), int(mode == "flags")))
 
             for mode in modes:
                 err = top = 0.0
                 if mode != "copy":
-                    zero_outputs()
+                    zero_outputs(counters=True)  # launch number 0: the flags mode writes the even buffers
                     launch(mode, wrap=0)
                     dev.synchronize()
                     prev = x0
@@ -274,7 +285,7 @@ def main(argv=None) -> int:
                       f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | "
                       f"{'-' if mode == 'copy' else f'{err:.1e}'}{'' if ok else '  WRONG'} | {top:.2f} |", flush=True)
             if args.trace:
-                for mode in ("persistent", "counted", "copy"):
+                for mode in ("persistent", "counted", "flags", "copy"):
                     if mode not in modes:
                         continue
                     launch(mode)  # warm
