@@ -38,14 +38,17 @@
 // codes as unsigned bytes (u & 0x0F0F0F0F, (u >> 4) & 0x0F0F0F0F) times x_q in mma.sync m16n8k32 u8 x s8, exact in
 // int32; the codes' offset 8 through the group's sum of x_q; one float FMA per stage with the weight scale times
 // x's: 4 MMAs a stage instead of 8 and 3 instructions per 8 weights. o_times (0: none): per block and phase,
-// globaltimer ns of the consumers' thread 0 at the phase's start (its previous items done), after the barrier, after the staging, after its items, and of the
-// producer at its first and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
+// globaltimer ns of the consumers' thread 0 at the phase's start (its previous items done), after the barrier
+// (FLAGS: after the wait for its input tiles), after the staging, after its items, and of the producer at its first
+// and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
 // FLAGS (not yet run on a GPU): no grid barrier. A block adds one to each output tile's counter once its sums of the
 // tile are in (the tile's contributing blocks are known from the static split); a block of the next projection
 // waits only for the tiles its groups of x come from (count = launch number x contributors: the counters only grow,
 // and the launch number, o_bar word 96, goes up when a launch's last block ends). Outputs alternate between two
 // buffers by the launch number's parity; a launch zeroes the other buffers for the next one, since with no barrier
-// no phase knows when the others are done with a buffer of its own launch.
+// no phase knows when the others are done with a buffer of its own launch. A FLAGS launch runs every phase
+// (p_begin 0, p_end P), and each phase has at least one item per block (contributors counts every block between a
+// tile's first and last owners): chain_lab.py checks both.
 // Compiled after examples/lab_bulk.cuh (chain_lab.py prepends it): the mbarrier, MMA and dequantization helpers.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -64,7 +67,9 @@ struct Phase {        // 56 bytes, chain_lab.py PHASE_DTYPE
 };
 
 // FLAGS: the block owning item i of a projection of n items split into G contiguous runs (n * b / G ..)
-__device__ __forceinline__ long long owner(long long i, long long n, long long G) { return ((i + 1) * G + n - 1) / n - 1; }
+__device__ __forceinline__ long long owner(long long i, long long n, long long G) {
+  return ((i + 1) * G + n - 1) / n - 1;
+}
 
 // bytes (a multiple of 16) at src (16-byte aligned) into dst, completing on bar
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
@@ -213,6 +218,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       }
       consumers_sync<W>();
     }
+    if (tp && !flags) tp[1] = now_ns();
     if (flags) {  // the other parity's output of this phase, zero for the next launch
       float* zo = reinterpret_cast<float*>(arena + (odd ? ph.out : ph.out2));
       for (long long j = b * 32 * W + threadIdx.x; j < ph.N; j += G * 32 * W) zo[j] = 0.f;
@@ -234,11 +240,12 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       const long long nq = (long long)(q.N / ROWS) * (q.K / 128), gq = q.K / 128;
       for (int j = threadIdx.x; j < staged * (ph.gated ? 2 : 1); j += 32 * W) {
         const int k = int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
-        const long long t = k / ROWS;
-        const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
-        const unsigned long long t0 = now_ns();
-        for (unsigned tries = 1; int(ld_relaxed(ready + t) - want) < 0; ++tries) {
-          if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
+        for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // the tiles of in[k .. k + 127] (several: ROWS < 128)
+          const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
+          const unsigned long long t0 = now_ns();
+          for (unsigned tries = 1; int(ld_relaxed(ready + t) - want) < 0; ++tries) {
+            if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
+          }
         }
       }
       __threadfence();
@@ -308,10 +315,12 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     if (tp) tp[2] = now_ns();
     float* out = reinterpret_cast<float*>(arena + out_off);
     unsigned* ready = reinterpret_cast<unsigned*>(arena + ph.ready);
-    auto tile_done = [&](int t) {  // FLAGS: every warp's sums of tile t are in: count this block
-      __threadfence();
-      consumers_sync<W>();
-      if (threadIdx.x == 0) atomicAdd(ready + t, 1u);
+    auto tile_done = [&](int t) {  // FLAGS: every warp's sums of tile t are in: count this block (the barrier, then
+      consumers_sync<W>();        // one cumulative fence before the release, as the grid barriers do)
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(ready + t, 1u);
+      }
     };
     float acc0 = 0.f, acc2 = 0.f;
     // the item's (tile, group), stepped along instead of divided per item (a 64-bit division is ~100 instructions)
@@ -408,6 +417,6 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
       long long wrap, long long hold, long long copy, long long o_times, long long counted, long long flags) {  \
-    chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0,     \
+    chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, \
                                       hold != 0, copy != 0, o_times, counted != 0, flags != 0);                 \
   }

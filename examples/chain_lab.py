@@ -179,6 +179,9 @@ def main(argv=None) -> int:
 
     dev = Device()
     sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+    small = [f"{w}-{st}" for w, st, *_ in configs for k, n, _ in layer_shapes() if n // (16 * w) * (k // GROUP) < sms]
+    if small and "flags" in modes:  # chain_lab.cu FLAGS counts a tile's contributors assuming no block is idle
+        sys.exit(f"--modes flags needs at least one item per block in every projection: not so for {small[0]}")
     module = dev.load_module(cubin)
     names = [f"chain_{w}_{st}_{i}_{o}_{a}" for w, st, i, o, a in configs]
     table = KernelTable(dev, module, names)
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
             pos += nbytes
 
         place("phases", P * PHASE_DTYPE.itemsize)
-        place("bar", 512)  # generation barrier: words 0 and 32; counted barrier: word 64
+        place("bar", 512)  # generation barrier: words 0 and 32; counted barrier: word 64; flags: words 96 and 100
         place("x0", 4 * HIDDEN)
         place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
@@ -288,6 +291,7 @@ def main(argv=None) -> int:
                 for mode in ("persistent", "counted", "flags", "copy"):
                     if mode not in modes:
                         continue
+                    zero_outputs(counters=True)  # launch number 0 again (flags), the outputs of every mode zero
                     launch(mode)  # warm
                     launch(mode, times=offs["times"])
                     dev.synchronize()
