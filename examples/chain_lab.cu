@@ -240,7 +240,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       const long long nq = (long long)(q.N / ROWS) * (q.K / 128), gq = q.K / 128;
       for (int j = threadIdx.x; j < staged * (ph.gated ? 2 : 1); j += 32 * W) {
         const int k = int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
-        for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // the tiles of in[k .. k + 127] (several: ROWS < 128)
+        for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
           const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
           const unsigned long long t0 = now_ns();
           for (unsigned tries = 1; int(ld_relaxed(ready + t) - want) < 0; ++tries) {
