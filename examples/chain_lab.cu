@@ -46,9 +46,9 @@
 // waits only for the tiles its groups of x come from (count = launch number x contributors: the counters only grow,
 // and the launch number, o_bar word 96, goes up when a launch's last block ends). Outputs alternate between two
 // buffers by the launch number's parity; a launch zeroes the other buffers for the next one, since with no barrier
-// no phase knows when the others are done with a buffer of its own launch. A FLAGS launch runs every phase
-// (p_begin 0, p_end P), and each phase has at least one item per block (contributors counts every block between a
-// tile's first and last owners): chain_lab.py checks both.
+// no phase knows when the others are done with a buffer of its own launch. A FLAGS launch must run every phase
+// (p_begin 0, p_end P: chain_lab.py launches it so), and each phase must give every block an item (contributors
+// counts every block between a tile's first and last owners: chain_lab.py refuses configurations without).
 // Compiled after examples/lab_bulk.cuh (chain_lab.py prepends it): the mbarrier, MMA and dequantization helpers.
 #include <cuda_fp16.h>
 #include <stdint.h>

@@ -1,14 +1,15 @@
 """Lab: a chain of batch-1 int4 projections in one persistent kernel (examples/chain_lab.cu) against one launch each.
 
     python3 examples/chain_lab.py                                   # 8 layers of Llama-3-8B shapes, every config
-    python3 examples/chain_lab.py --layers 4 --configs 16-12 --modes persistent,separate
+    python3 examples/chain_lab.py --layers 4 --configs 16-11-io --modes persistent,separate
     python3 examples/chain_lab.py --ptxas                           # registers / spills only (no GPU needed)
 
 Why: the 8B int4 decode step runs each projection as its own kernel at 32-47% of the bandwidth for the narrow ones
 (docs/perf.md v42: QKV 7.69 us, o 6.23, down 14.97 alone), and DRAM idles at every boundary. Here the chain
 QKV (4096 -> 6144), o (4096 -> 4096, fed by QKV's first 4096 outputs: a stand-in for attention), gate/up (4096 ->
 28672) and down (the SwiGLU of gate/up's outputs, 14336 -> 4096), repeated for --layers layers with their own
-weights (3.5 MB... 58.7 MB each, so nothing stays in L2), runs in three modes of the same code:
+weights (8.7 to 60.6 MB a projection with the scales, 112.5 MB a layer, so nothing stays in L2), runs in these modes
+of the same code:
   persistent: one launch for the whole chain, a grid-wide barrier between projections, the weight copies flowing
               on into the next projection while the consumers finish this one;
   hold:       the same launch, but each projection's copies start only after its barrier;
@@ -24,8 +25,8 @@ A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring
 after a third dash: i multiplies each stage as two chains of MMAs instead of one, o dequantizes by offsets
 (quant.cu's OFS: 5 instructions per 8 weights instead of 9), a runs W4A8 (x quantized to int8 per group of 128 k
 at staging, the codes times x_q on the int8 tensor cores: 4 MMAs a stage instead of 8; checked against x_q).
---trace times each phase inside one persistent (and one copy) launch with the global timer: the consumers' barrier
-wait, x staging and items, per projection.
+--trace times each phase inside one launch of each of persistent, counted, flags and copy (those in --modes) with
+the global timer: the consumers' barrier wait, x staging and items, per projection.
 
 Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float32, x the
 GPU's own input to that phase, so errors do not compound; tolerance 2e-3 of max |y|), then the chain is timed
@@ -96,20 +97,6 @@ def chunked(wq: np.ndarray, scale: np.ndarray, rows: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([w, s], axis=2)).reshape(-1)
 
 
-def dequant(wq: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """dequant(wq) float32 [N, K]: (nibble - 8) times its group's scale (low nibble = even k)."""
-    q = np.empty((wq.shape[0], 2 * wq.shape[1]), np.float32)
-    q[:, 0::2] = (wq & 15).astype(np.float32) - 8
-    q[:, 1::2] = (wq >> 4).astype(np.float32) - 8
-    q *= np.repeat(scale.astype(np.float32), GROUP, axis=1)
-    return q
-
-
-def reference(wq: np.ndarray, scale: np.ndarray, x16: np.ndarray) -> np.ndarray:
-    """y = x16 @ dequant(wq)^T (float64)."""
-    return dequant(wq, scale).astype(np.float64) @ x16.astype(np.float64)
-
-
 def phase_input(prev: np.ndarray, k: int, gated: bool, int8: bool = False) -> np.ndarray:
     """The x a phase stages from its float32 input (gated: silu(in[:k]) * in[k:2k]): float16, or (int8) the values
     its int8 codes stand for, x_q * s with s = max |x| / 127 per group of 128 (float32)."""
@@ -148,11 +135,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help="W-S (consumer warps, ring stages), W-S-i (the MMAs as two chains), W-S-o (the offset "
-                         "dequantization) or W-S-io, comma-separated")
+                    help="W-S (consumer warps, ring stages) or W-S-flags, flags of i (the MMAs as two chains) and "
+                         "o (the offset dequantization) or a (W4A8), comma-separated")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}, comma-separated")
-    ap.add_argument("--trace", action="store_true", help="also time each phase inside one persistent launch (and "
-                    "one copy launch) per configuration (globaltimer) and print where a layer goes")
+    ap.add_argument("--trace", action="store_true", help="also time each phase inside one launch of each barrier "
+                    "mode and copy per configuration (globaltimer) and print where a layer goes")
     ap.add_argument("--floor", action="store_true", help="also time lab_floor.py's read-only kernel on the chain's "
                     "bytes and on one layer's")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
@@ -160,7 +147,7 @@ def main(argv=None) -> int:
     try:
         configs = [parse_config(c) for c in args.configs.split(",")]
     except ValueError as e:
-        ap.error(f"--configs: W-S or W-S-flags (i, o), not {e}")
+        ap.error(f"--configs: W-S or W-S-flags (i, and o or a), not {e}")
     modes = [m.strip() for m in args.modes.split(",")]
     if [m for m in modes if m not in MODES] or args.layers < 1:
         ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
@@ -175,6 +162,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from kernel_lab import time_launches
 
+    from atlasc.ir.ops.quant import dequant_q4
     from atlasc.runtime.device import Device, KernelTable
 
     dev = Device()
@@ -197,11 +185,11 @@ def main(argv=None) -> int:
         lo, hi = (rng.integers(1, 16, (n, k // 2), dtype=np.uint8) for _ in range(2))
         wq = lo | (hi << 4)
         scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(56 / 3 * 1.08 * k)).astype(np.float16)
-        d = dequant(wq, scale)  # float32, for the checks (7 GB at 8 layers)
+        d = dequant_q4(wq, scale, GROUP)  # float32, for the checks (7 GB at 8 layers)
         y = d @ phase_input(prev, k, gated).astype(np.float32)
         if gated:
             scale = (scale.astype(np.float32) / y.std()).astype(np.float16)
-            d = dequant(wq, scale)
+            d = dequant_q4(wq, scale, GROUP)
             y = d @ phase_input(prev, k, gated).astype(np.float32)
         weights.append((wq, scale))
         dense.append(d)

@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACK = REPO / ".gpu-cache.tar.xz"
 CARRY_LIMIT = 64 << 20  # bytes a device run sends in all: the tracked files, .whl and this pack
 # xz's largest dictionary (64 MiB) finds the kernels repeated across cubins: the 307-cubin pack of v46 took 56.6 MB
-# at the default preset, 41.1 MB at this one (xz -9e), so that it fits the limit beside the tree
+# at the default preset, 41.1 MB at this one (measured with the xz command, `xz -9e -T2`), so that it fits the
+# limit beside the tree
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
 

@@ -1,6 +1,6 @@
 """examples/chain_lab.py without a GPU: the chunk layout puts every row's group where chain_lab.cu reads it, the
-float64 reference is the compiler's int4 dequantization, the phase input is the SwiGLU the kernel stages, the
-kernels compile for sm_90a without spills, and bad options fail before any device work."""
+phase input is the SwiGLU (or the int8 codes) the kernel stages, the kernels compile for sm_90a without spills, and
+bad options fail before any device work. (The lab's numpy check uses the compiler's dequant_q4.)"""
 
 from __future__ import annotations
 
@@ -34,18 +34,6 @@ def test_chunks_hold_each_rows_group_bytes_then_its_scale():
                 np.testing.assert_array_equal(chunk[r * 64:(r + 1) * 64], wq[tile * rows + r, grp * 64:(grp + 1) * 64])
                 got = chunk[rows * 64 + 2 * r:][:2].view(np.float16)[0]
                 assert got == scale[tile * rows + r, grp]
-
-
-def test_reference_is_the_compilers_dequantization():
-    from atlasc.ir.ops.quant import dequant_q4
-
-    rng = np.random.default_rng()
-    n, k = 4096 + 24, 256
-    wq = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-    scale = rng.uniform(0.01, 0.1, (n, k // 128)).astype(np.float16)
-    x = rng.standard_normal(k).astype(np.float16)
-    want = dequant_q4(wq, scale, 128, None).astype(np.float64) @ x.astype(np.float64)
-    np.testing.assert_allclose(chain_lab.reference(wq, scale, x), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 def test_phase_input_is_the_swiglu_of_the_two_halves():
