@@ -41,7 +41,13 @@
 // globaltimer ns of the consumers' thread 0 at the phase's start (its previous items done), after the barrier
 // (FLAGS: after the wait for its input tiles), after the staging, after its items, and of the producer at its first
 // and last copy of the phase: 6 u64 at ((block * P) + p) * 6.
-// FLAGS (not yet run on a GPU): no grid barrier. A block adds one to each output tile's counter once its sums of the
+// INFLIGHT D (a launch argument, 0: off): the producer starts copy `it` only once copy it - D has landed, so at
+// most D copies are in flight while the ring can still hold S landed stages. Why: with every stage in flight
+// (132 blocks x S x ~17 KB, 18-25 MB) the memory system's queues hold ~6 us of traffic, and every other access
+// waits behind it: the barrier's atomics and polls (4.7-9.4 us per barrier in copy mode, v48) and x's staging.
+// STREAM (with COPY): no barrier and no staging either: the ring's copies and their waits alone, the pipeline's
+// own rate over the chain's bytes.
+// FLAGS (first run on a GPU in v48): no grid barrier. A block adds one to each output tile's counter once its sums of the
 // tile are in (the tile's contributing blocks are known from the static split); a block of the next projection
 // waits only for the tiles its groups of x come from (count = launch number x contributors: the counters only grow,
 // and the launch number, o_bar word 96, goes up when a launch's last block ends). Outputs alternate between two
@@ -117,6 +123,7 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned blocks) {
 // 2^32 / blocks barriers: ~32 million on 132 blocks, far beyond a lab run.)
 constexpr int COUNT = 64;
 constexpr int EPOCH = 96, DONE = 100;  // FLAGS: the launch number and the count of blocks that ended it
+constexpr int LEAN = 128;              // LEAN: the arrivals' count, on a line of its own
 __device__ __forceinline__ void grid_sync_count(unsigned* bar, unsigned blocks) {
   __threadfence();
   const unsigned target = (atomicAdd(bar + COUNT, 1u) / blocks + 1) * blocks;
@@ -125,6 +132,19 @@ __device__ __forceinline__ void grid_sync_count(unsigned* bar, unsigned blocks) 
     if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
   }
   __threadfence();
+}
+
+// LEAN: the fewest round trips to L2 on the last arrival's path. The count only grows and each block knows the
+// count that ends its k-th barrier of the launch (base + k * blocks, base read at the start: no block can pass the
+// first barrier before every block has arrived, so the count then is base + fewer than blocks), so the arrival is a
+// red (no value back) whose release orders the block's writes (after the block's bar.sync, cumulative: the
+// cooperative-groups grid barrier's pattern, with no fence by every thread), and the polls are acquire loads.
+__device__ __forceinline__ void grid_sync_lean(unsigned* count, unsigned target) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+  const unsigned long long t0 = now_ns();
+  for (unsigned tries = 1; int(ld_acquire(count) - target) < 0; ++tries) {
+    if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
+  }
 }
 
 __device__ __forceinline__ unsigned h2bits(float a, float b) {
@@ -147,7 +167,7 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
 template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
                                       long long o_bar, bool wrap, bool hold, bool copy, long long o_times,
-                                      bool counted, bool flags) {
+                                      int barrier, bool flags, int inflight, bool stream) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
   static_assert(CHUNK % 16 == 0, "bulk copies move multiples of 16 bytes");
   extern __shared__ unsigned char dyn_raw[];
@@ -159,6 +179,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
   __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
   __shared__ unsigned launch_no;     // FLAGS: this launch's number
+  __shared__ unsigned lean_base;     // LEAN: the count before this launch's first barrier
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long G = gridDim.x, b = blockIdx.x;
@@ -170,6 +191,8 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     }
     go_phase = p_begin;
     if (flags) launch_no = ld_relaxed(reinterpret_cast<const unsigned*>(arena + o_bar) + EPOCH);
+    const unsigned c0 = ld_relaxed(reinterpret_cast<const unsigned*>(arena + o_bar) + LEAN);
+    lean_base = c0 - c0 % gridDim.x;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -189,6 +212,10 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         const long long i0 = n * b / G, i1 = n * (b + 1) / G;
         for (long long i = i0; i < i1; ++i, ++it) {
           const int s = int(it % STAGES);
+          if (inflight > 0 && it >= unsigned(inflight)) {  // INFLIGHT: copy it - D has landed before copy it starts
+            const unsigned back = it - unsigned(inflight);
+            bar_wait(&full[back % STAGES], (back / STAGES) & 1u);
+          }
           bar_wait(&empty[s], ((it / STAGES) & 1u) ^ 1u);
           bar_expect(&full[s], CHUNK);
           bulk_load(ring + s * CHUNK, w + i * CHUNK, CHUNK, &full[s]);
@@ -201,18 +228,19 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   unsigned* gbar = reinterpret_cast<unsigned*>(arena + o_bar);
   const int g = lane >> 2, c = lane & 3;
   const int r_lo = 16 * warp + g, r_hi = r_lo + 8;
-  unsigned it = 0;
+  unsigned it = 0, barriers = 0;
   for (int p = p_begin; p < p_end; ++p) {
     const Phase ph = phases[p];
     unsigned long long* tp = times && threadIdx.x == 0 ? times + (b * P + p) * 6 : nullptr;
     if (tp) tp[0] = now_ns();
     const bool odd = flags && (launch_no & 1u);
     const long long out_off = odd ? ph.out2 : ph.out;
-    if (p != p_begin && !flags) {  // every block's sums of phase p - 1 are in before anyone reads them
-      __threadfence();
+    if (p != p_begin && !flags && !stream) {  // every block's sums of phase p - 1 are in before anyone reads them
+      if (barrier != 2) __threadfence();
       consumers_sync<W>();
       if (threadIdx.x == 0) {
-        if (counted) grid_sync_count(gbar, unsigned(G));
+        if (barrier == 2) grid_sync_lean(gbar + LEAN, lean_base + ++barriers * unsigned(G));
+        else if (barrier == 1) grid_sync_count(gbar, unsigned(G));
         else grid_sync(gbar, unsigned(G));
         go_phase = p;
       }
@@ -243,16 +271,17 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
           const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
           const unsigned long long t0 = now_ns();
-          for (unsigned tries = 1; int(ld_relaxed(ready + t) - want) < 0; ++tries) {
+          for (unsigned tries = 1; int((barrier == 2 ? ld_acquire(ready + t) : ld_relaxed(ready + t)) - want) < 0;
+               ++tries) {
             if ((tries & 1023u) == 0u && now_ns() - t0 > 2000000000ull) __trap();
           }
         }
       }
-      __threadfence();
+      if (barrier != 2) __threadfence();  // LEAN: the acquire polls, then the block's bar.sync
       consumers_sync<W>();
       if (tp) tp[1] = now_ns();  // the trace's "barrier wait": here, the wait for the input tiles
     }
-    for (int base = 0; base < staged * 16; base += 32 * W) {  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
+    for (int base = 0; base < (stream ? 0 : staged * 16); base += 32 * W) {  // STREAM: no x  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
       const int j = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
       const int v = int((i0 + j / 16) % groups) * 16 + j % 16;
       float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -318,8 +347,12 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     auto tile_done = [&](int t) {  // FLAGS: every warp's sums of tile t are in: count this block (the barrier, then
       consumers_sync<W>();        // one cumulative fence before the release, as the grid barriers do)
       if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ready + t, 1u);
+        if (barrier == 2) {  // LEAN: the release red (cumulative after the bar.sync)
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ready + t) : "memory");
+        } else {
+          __threadfence();
+          atomicAdd(ready + t, 1u);
+        }
       }
     };
     float acc0 = 0.f, acc2 = 0.f;
@@ -412,11 +445,14 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
 }  // namespace
 
 // chain_<W>_<STAGES>_<ILP2>_<OFS>_<A8>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times,
-// counted, flags): one block per SM; counted: grid_sync_count instead of grid_sync; flags: FLAGS
+// barrier, flags, inflight, stream): one block per SM; barrier: 0 grid_sync, 1 grid_sync_count, 2 LEAN (also the
+// FLAGS mode's signals and polls); flags: FLAGS; inflight: INFLIGHT (0: no cap); stream: STREAM (with copy)
 #define CHAIN_LAB(W, ST, ILP2, OFS, A8)                                                                         \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
-      long long wrap, long long hold, long long copy, long long o_times, long long counted, long long flags) {  \
+      long long wrap, long long hold, long long copy, long long o_times, long long barrier, long long flags,   \
+      long long inflight, long long stream) {                                                                   \
     chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, \
-                                      hold != 0, copy != 0, o_times, counted != 0, flags != 0);                 \
+                                      hold != 0, copy != 0, o_times, int(barrier), flags != 0, int(inflight),   \
+                                      stream != 0);                                                             \
   }

@@ -17,16 +17,21 @@ of the same code:
   counted:    persistent, with a grid barrier of one atomic per block on a count that only grows (one round
               trip fewer than persistent's generation barrier);
   flags:      persistent with no grid barrier: each output tile counts the blocks that have added their sums to it,
-              and a block of the next projection waits only for the tiles its groups of x come from (not yet run
-              on a GPU);
+              and a block of the next projection waits only for the tiles its groups of x come from;
+  lean:       persistent, with the barrier of the fewest L2 round trips: a release red per block on a count that
+              only grows, acquire polls, no fence by every thread (chain_lab.cu LEAN);
+  flags-lean: flags with LEAN's release red per tile and acquire polls;
   copy:       the persistent launch whose consumers only wait for each stage and release it (no math): what the
-              pipeline with its barriers and staging streams.
+              pipeline with its barriers and staging streams; copy-lean: the same with the lean barrier;
+  stream:     copy with no barrier and no staging: the ring's own rate over the chain's bytes.
 A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring stages, one block per SM; flags
 after a third dash: i multiplies each stage as two chains of MMAs instead of one, o dequantizes by offsets
 (quant.cu's OFS: 5 instructions per 8 weights instead of 9), a runs W4A8 (x quantized to int8 per group of 128 k
 at staging, the codes times x_q on the int8 tensor cores: 4 MMAs a stage instead of 8; checked against x_q).
---trace times each phase inside one launch of each of persistent, counted, flags and copy (those in --modes) with
-the global timer: the consumers' barrier wait, x staging and items, per projection.
+--inflight D[,D..] caps the copies in flight per block at D (0: every ring stage; each D a row of its own): the
+queues behind a full ring may slow every other memory access, the barrier's included (chain_lab.cu INFLIGHT).
+--trace times each phase inside one launch of each mode in --modes but hold and separate with the global timer:
+the consumers' barrier wait, x staging and items, per projection.
 
 Each mode's first launch is checked phase by phase against numpy (y = fp16(x) @ dequant(W)^T in float32, x the
 GPU's own input to that phase, so errors do not compound; tolerance 2e-3 of max |y|), then the chain is timed
@@ -50,7 +55,9 @@ PEAK = 4.30e12
 GROUP = 128
 HIDDEN, QKV, INTER = 4096, 6144, 14336  # Llama-3-8B
 CONFIGS = ("16-8-io", "16-11-io", "16-8-ia", "16-11-ia")
-MODES = ("persistent", "counted", "flags", "hold", "separate", "copy")
+MODES = ("persistent", "counted", "lean", "flags", "flags-lean", "hold", "separate", "copy", "copy-lean", "stream")
+COPY_MODES = ("copy", "copy-lean", "stream")  # no math: nothing to check
+TRACED = ("persistent", "counted", "lean", "flags", "flags-lean", "copy", "copy-lean", "stream")
 SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
                         ("gated", "<i4"), ("pad", "<i4"), ("out2", "<i8"), ("ready", "<i8")])
@@ -142,6 +149,8 @@ def main(argv=None) -> int:
                     "mode and copy per configuration (globaltimer) and print where a layer goes")
     ap.add_argument("--floor", action="store_true", help="also time lab_floor.py's read-only kernel on the chain's "
                     "bytes and on one layer's")
+    ap.add_argument("--inflight", default="0", help="copies in flight per block, below the stages (0: no cap), "
+                    "comma-separated: each value runs every mode")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     try:
@@ -149,12 +158,18 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(f"--configs: W-S or W-S-flags (i, and o or a), not {e}")
     modes = [m.strip() for m in args.modes.split(",")]
+    try:
+        inflights = [int(d) for d in args.inflight.split(",")]
+    except ValueError:
+        ap.error(f"--inflight: comma-separated integers, not {args.inflight!r}")
     if [m for m in modes if m not in MODES] or args.layers < 1:
         ap.error(f"--modes takes {', '.join(MODES)}; --layers at least 1")
     for w, st, *_ in configs:
         if w < 1 or 16 * w > 256 or st < 2 or smem_bytes(w, st) > SMEM_LIMIT:
             ap.error(f"configuration {w}-{st}: 1..16 warps, 2+ stages, shared memory {smem_bytes(w, st)} B "
                      f"(limit {SMEM_LIMIT})")
+        if [d for d in inflights if not 0 <= d < st]:
+            ap.error(f"--inflight: 0 (no cap) or 1 .. {st - 1} for configuration {w}-{st}, not {args.inflight}")
     cubin = nvcc_sm90a(source(configs), args.ptxas)
     if args.ptxas:
         return 0
@@ -168,7 +183,7 @@ def main(argv=None) -> int:
     dev = Device()
     sms = dev.device.get_attribute(dev.cuda.device_attribute.MULTIPROCESSOR_COUNT)
     small = [f"{w}-{st}" for w, st, *_ in configs for k, n, _ in layer_shapes() if n // (16 * w) * (k // GROUP) < sms]
-    if small and "flags" in modes:  # chain_lab.cu FLAGS counts a tile's contributors assuming no block is idle
+    if small and {"flags", "flags-lean"} & set(modes):  # chain_lab.cu FLAGS: a tile's contributors, no idle block
         sys.exit(f"--modes flags needs at least one item per block in every projection: not so for {small[0]}")
     module = dev.load_module(cubin)
     names = [f"chain_{w}_{st}_{i}_{o}_{a}" for w, st, i, o, a in configs]
@@ -212,7 +227,7 @@ def main(argv=None) -> int:
             pos += nbytes
 
         place("phases", P * PHASE_DTYPE.itemsize)
-        place("bar", 512)  # generation barrier: words 0 and 32; counted barrier: word 64; flags: words 96 and 100
+        place("bar", 1024)  # generation barrier: words 0, 32; counted: 64; flags: 96, 100; lean: 128
         place("x0", 4 * HIDDEN)
         place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
@@ -228,7 +243,7 @@ def main(argv=None) -> int:
                            int(gated), 0, offs[("out2", p)], offs[("ready", p)])
             dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
         dev.upload(arena, offs["phases"], table_np)
-        dev.upload(arena, offs["bar"], np.zeros(128, np.uint32))
+        dev.upload(arena, offs["bar"], np.zeros(256, np.uint32))
         dev.upload(arena, offs["x0"], x0)
 
         def zero_outputs(counters: bool = False):
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
                 if counters:
                     dev.upload(arena, offs[("ready", p)], np.zeros(n // rows, np.uint32))
             if counters:
-                dev.upload(arena, offs["bar"], np.zeros(128, np.uint32))
+                dev.upload(arena, offs["bar"], np.zeros(256, np.uint32))
 
         for (w, st, ilp, ofs, a8), name in zip(configs, names):
             if w != w_cfg:
@@ -248,18 +263,21 @@ def main(argv=None) -> int:
             flags = ("i" if ilp else "") + ("o" if ofs else "") + ("a" if a8 else "")
             label = f"{w}-{st}{'-' + flags if flags else ''}"
 
-            def launch(mode, wrap=1, times=0, name=name, smem=smem, w=w):
+            def launch(mode, wrap=1, times=0, inflight=0, name=name, smem=smem, w=w):
                 spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]
                 for p0, p1 in spans:
                     table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
                                  args=(offs["phases"], P, p0, p1, offs["bar"], wrap, int(mode == "hold"),
-                                       int(mode == "copy"), times, int(mode == "counted"), int(mode == "flags")))
+                                       int(mode in COPY_MODES), times,
+                                       1 if mode == "counted" else 2 if mode.endswith("lean") else 0,
+                                       int(mode.startswith("flags")), inflight, int(mode == "stream")))
 
-            for mode in modes:
+            for mode, d in ((m, d) for m in modes for d in inflights):
+                row = f"{label} d{d}" if d else label
                 err = top = 0.0
-                if mode != "copy":
+                if mode not in COPY_MODES:
                     zero_outputs(counters=True)  # launch number 0: the flags mode writes the even buffers
-                    launch(mode, wrap=0)
+                    launch(mode, wrap=0, inflight=d)
                     dev.synchronize()
                     prev = x0
                     for p, (k, n, gated) in enumerate(shapes):
@@ -270,21 +288,22 @@ def main(argv=None) -> int:
                         err, top = max(err, e), max(top, float(np.abs(want).max()))
                         prev = y
                 zero_outputs()  # the timed launches zero the next launch's first outputs themselves (wrap)
-                us = time_launches(dev, lambda _a, mode=mode: launch(mode), [arena])
-                ok = mode == "copy" or (err < TOLERANCE and np.isfinite(top))
-                print(f"| {label} | {mode} | {1 if mode != 'separate' else P} | {us:.1f} | {us / args.layers:.2f} | "
+                us = time_launches(dev, lambda _a, mode=mode, d=d: launch(mode, inflight=d), [arena])
+                ok = mode in COPY_MODES or (err < TOLERANCE and np.isfinite(top))
+                print(f"| {row} | {mode} | {1 if mode != 'separate' else P} | {us:.1f} | {us / args.layers:.2f} | "
                       f"{wbytes / us / 1e3:.0f} | {100 * wbytes / (us * 1e-6) / PEAK:.1f} | "
-                      f"{'-' if mode == 'copy' else f'{err:.1e}'}{'' if ok else '  WRONG'} | {top:.2f} |", flush=True)
+                      f"{'-' if mode in COPY_MODES else f'{err:.1e}'}{'' if ok else '  WRONG'} | {top:.2f} |",
+                      flush=True)
             if args.trace:
-                for mode in ("persistent", "counted", "flags", "copy"):
+                for mode, d in ((m, d) for m in TRACED for d in inflights):
                     if mode not in modes:
                         continue
                     zero_outputs(counters=True)  # launch number 0 again (flags), the outputs of every mode zero
-                    launch(mode)  # warm
-                    launch(mode, times=offs["times"])
+                    launch(mode, inflight=d)  # warm
+                    launch(mode, times=offs["times"], inflight=d)
                     dev.synchronize()
                     t = dev.download(arena, offs["times"], sms * P * 6 * 8).view(np.uint64).reshape(sms, P, 6)
-                    traces.append((f"{label} {mode}", trace_table(t, args.layers)))
+                    traces.append((f"{label}{f' d{d}' if d else ''} {mode}", trace_table(t, args.layers)))
         arena.free()
     for title, lines in traces:
         print(f"\n{title} (one launch; medians over blocks and layers):")

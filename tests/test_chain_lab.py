@@ -73,7 +73,8 @@ def test_kernels_compile_without_spills(capsys):
 @pytest.mark.parametrize("argv", [["--modes", "fused"], ["--layers", "0"], ["--configs", "32-4"],
                                   ["--configs", "16-16"], ["--configs", "8-1"], ["--configs", "8-4-x"],
                                   ["--configs", "8-4-ii"], ["--configs", "8-4-"],
-                                  ["--configs", "8-4-oa"]])
+                                  ["--configs", "8-4-oa"], ["--configs", "16-8", "--inflight", "8"],
+                                  ["--configs", "16-8", "--inflight", "-1"], ["--inflight", "two"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
