@@ -136,7 +136,8 @@ __device__ __forceinline__ void grid_sync_count(unsigned* bar, unsigned blocks) 
 
 // LEAN: the fewest round trips to L2 on the last arrival's path. The count only grows and each block knows the
 // count that ends its k-th barrier of the launch (base + k * blocks, base read at the start: no block can pass the
-// first barrier before every block has arrived, so the count then is base + fewer than blocks), so the arrival is a
+// first barrier before every block has arrived, so the count then is base + fewer than blocks; this needs every
+// launch on the count to use the same grid, as chain_lab.py's do, and the count zeroed with it), so the arrival is a
 // red (no value back) whose release orders the block's writes (after the block's bar.sync, cumulative: the
 // cooperative-groups grid barrier's pattern, with no fence by every thread), and the polls are acquire loads.
 __device__ __forceinline__ void grid_sync_lean(unsigned* count, unsigned target) {
@@ -180,6 +181,8 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
   __shared__ volatile int go_phase;  // HOLD: the last phase whose barrier the consumers passed
   __shared__ unsigned launch_no;     // FLAGS: this launch's number
   __shared__ unsigned lean_base;     // LEAN: the count before this launch's first barrier
+  if (inflight >= STAGES) inflight = 0;  // INFLIGHT's parity holds only below STAGES (chain_lab.py refuses more)
+  stream = stream && copy;               // STREAM skips the staging: only without math
   const Phase* phases = reinterpret_cast<const Phase*>(arena + o_phases);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long G = gridDim.x, b = blockIdx.x;
