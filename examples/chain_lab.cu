@@ -45,6 +45,11 @@
 // most D copies are in flight while the ring can still hold S landed stages. Why: with every stage in flight
 // (132 blocks x S x ~17 KB, 18-25 MB) the memory system's queues hold ~6 us of traffic, and every other access
 // waits behind it: the barrier's atomics and polls (4.7-9.4 us per barrier in copy mode, v48) and x's staging.
+// NORM (a phase flag, chain_lab.py --norm: QKV and gate/up): the layer's residual stream. The phase's input (o's or
+// down's output, zeros for the first QKV) is added to hin (the stream before it: x0, or the h of phase p - 2) over
+// all of K; each block stores its slice of that h at hout (phase p + 2 reads it after two barriers, or after every
+// block's signals of phase p + 1 in FLAGS, which follow its store) and stages h / rms(h) for its groups. So such a
+// phase needs all of its input: FLAGS waits for every tile of phase p - 1.
 // STREAM (with COPY): no barrier and no staging either: the ring's copies and their waits alone, the pipeline's
 // own rate over the chain's bytes.
 // FLAGS (first run on a GPU in v48): no grid barrier. A block adds one to each output tile's counter once its sums of the
@@ -62,14 +67,20 @@
 namespace {
 
 constexpr int INTER_MAX = 14336;  // the widest K of a phase (chain_lab.py INTER)
+// NORM: h (float32, K = 4096) in the x area past the staged x (4096 halves at most for a NORM phase): 8 KB + 16 KB of
+// the area's 2 x INTER_MAX bytes
+constexpr int H_SMEM = 8192;
+static_assert(H_SMEM + 4 * 4096 <= 2 * INTER_MAX, "h fits the x area");
 
-struct Phase {        // 56 bytes, chain_lab.py PHASE_DTYPE
+struct Phase {        // 72 bytes, chain_lab.py PHASE_DTYPE
   long long w;        // byte offset of the weight chunks
   long long in;       // byte offset of the float32 input
   long long out;      // byte offset of the float32 output (N values)
-  int K, N, gated, pad;
+  int K, N, gated, norm;
   long long out2;     // FLAGS: the output of odd launches (out: even ones)
   long long ready;    // FLAGS: byte offset of the output's tile counters (N / ROWS u32, they only grow)
+  long long hin;      // NORM: the residual stream before this phase's input is added (K floats)
+  long long hout;     // NORM: the residual stream after (K floats; each block writes its slice)
 };
 
 // FLAGS: the block owning item i of a projection of n items split into G contiguous runs (n * b / G ..)
@@ -264,13 +275,14 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     // when the run is as long as a row)
     const int staged = int(i1 - i0 < groups ? i1 - i0 : groups);
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
-    if (flags && p > 0) {  // wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half)
+    // FLAGS: wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half); NORM: for all
+    if (flags && p > 0) {
       const Phase q = phases[p - 1];
       in = reinterpret_cast<const float*>(arena + (odd ? q.out2 : q.out));
       const unsigned* ready = reinterpret_cast<const unsigned*>(arena + q.ready);
       const long long nq = (long long)(q.N / ROWS) * (q.K / 128), gq = q.K / 128;
-      for (int j = threadIdx.x; j < staged * (ph.gated ? 2 : 1); j += 32 * W) {
-        const int k = int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
+      for (int j = threadIdx.x; j < (ph.norm ? groups : staged * (ph.gated ? 2 : 1)); j += 32 * W) {
+        const int k = ph.norm ? j * 128 : int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
         for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
           const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
           const unsigned long long t0 = now_ns();
@@ -284,11 +296,44 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       consumers_sync<W>();
       if (tp) tp[1] = now_ns();  // the trace's "barrier wait": here, the wait for the input tiles
     }
-    for (int base = 0; base < (stream ? 0 : staged * 16); base += 32 * W) {  // STREAM: no x  // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group
+    // NORM: h = hin + in over all of K (the block's slice of it stored), then the staged x are h / rms(h)
+    float rinv = 1.f;
+    const float* hin = reinterpret_cast<const float*>(arena + ph.hin);
+    if (ph.norm && !stream) {
+      __shared__ float ss_warp[16];
+      float4* hout = reinterpret_cast<float4*>(arena + ph.hout);
+      float4* hsm = reinterpret_cast<float4*>(xs + H_SMEM);  // h for the staging below, in shared memory
+      const int q0 = int(K / 4 * b / G), q1 = int(K / 4 * (b + 1) / G);  // the block's float4s of h
+      float ss = 0.f;
+      for (int q = threadIdx.x; q < K / 4; q += 32 * W) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(hin) + q);
+        const float4 d = __ldcg(reinterpret_cast<const float4*>(in) + q);
+        const float4 h = make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w);
+        ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
+        if (q >= q0 && q < q1) hout[q] = h;
+        hsm[q] = h;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane == 0) ss_warp[warp] = ss;
+      consumers_sync<W>();
+      ss = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) ss += ss_warp[w];
+      rinv = rsqrtf(ss / float(K) + 1e-5f);
+      consumers_sync<W>();  // ss_warp read by all before the next phase's writes
+    }
+    // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group (STREAM: no x)
+    for (int base = 0; base < (stream ? 0 : staged * 16); base += 32 * W) {
       const int j = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
       const int v = int((i0 + j / 16) % groups) * 16 + j % 16;
       float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (j < staged * 16) {
+      if (j < staged * 16 && ph.norm) {  // h from the norm's pass (staged x_v after the consumers_sync there)
+        const float4* hsm = reinterpret_cast<const float4*>(xs + H_SMEM);
+        const float4 h0 = hsm[2 * v], h1 = hsm[2 * v + 1];
+        f[0] = h0.x * rinv, f[1] = h0.y * rinv, f[2] = h0.z * rinv, f[3] = h0.w * rinv;
+        f[4] = h1.x * rinv, f[5] = h1.y * rinv, f[6] = h1.z * rinv, f[7] = h1.w * rinv;
+      } else if (j < staged * 16) {
         const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
         const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);
         f[0] = a0.x, f[1] = a0.y, f[2] = a0.z, f[3] = a0.w, f[4] = a1.x, f[5] = a1.y, f[6] = a1.z, f[7] = a1.w;

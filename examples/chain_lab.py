@@ -28,6 +28,8 @@ A configuration W-S is W consumer warps (chunks of 16 W rows x 128 k) and S ring
 after a third dash: i multiplies each stage as two chains of MMAs instead of one, o dequantizes by offsets
 (quant.cu's OFS: 5 instructions per 8 weights instead of 9), a runs W4A8 (x quantized to int8 per group of 128 k
 at staging, the codes times x_q on the int8 tensor cores: 4 MMAs a stage instead of 8; checked against x_q).
+--norm adds a layer's residual stream: QKV and gate/up stage the RMSNorm (no gain) of h plus their input (down's and
+o's outputs), each block storing its slice of the new h, so these phases wait for all of their input.
 --inflight D[,D..] caps the copies in flight per block at D (0: every ring stage; each D a row of its own): the
 queues behind a full ring may slow every other memory access, the barrier's included (chain_lab.cu INFLIGHT).
 --trace times each phase inside one launch of each mode in --modes but hold and separate with the global timer:
@@ -60,7 +62,9 @@ COPY_MODES = ("copy", "copy-lean", "stream")  # no math: nothing to check
 TRACED = ("persistent", "counted", "lean", "flags", "flags-lean", "copy", "copy-lean", "stream")
 SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
-                        ("gated", "<i4"), ("pad", "<i4"), ("out2", "<i8"), ("ready", "<i8")])
+                        ("gated", "<i4"), ("norm", "<i4"), ("out2", "<i8"), ("ready", "<i8"), ("hin", "<i8"),
+                        ("hout", "<i8")])
+EPS = 1e-5  # chain_lab.cu NORM's
 TOLERANCE = 2e-3
 
 
@@ -118,6 +122,13 @@ def phase_input(prev: np.ndarray, k: int, gated: bool, int8: bool = False) -> np
     return (np.clip(np.rint(g / s), -127, 127) * s).astype(np.float32).reshape(-1)
 
 
+def normed(h_prev: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """--norm: the residual stream after a phase's input is added (h = h_prev + acc, float32) and the RMSNorm of it
+    (no gain) that the phase stages."""
+    h = h_prev.astype(np.float32) + acc.astype(np.float32)
+    return h, (h / np.sqrt(np.mean(h * h, dtype=np.float64) + EPS)).astype(np.float32)
+
+
 def trace_table(t: np.ndarray, layers: int) -> list[str]:
     """Per projection of a layer: medians over blocks and layers (phases after the first) of the consumers' barrier
     wait, staging and items (us), the spread of the blocks' ends, and how far the producer's first copy of the
@@ -151,6 +162,8 @@ def main(argv=None) -> int:
                     "bytes and on one layer's")
     ap.add_argument("--inflight", default="0", help="copies in flight per block, below the stages (0: no cap), "
                     "comma-separated: each value runs every mode")
+    ap.add_argument("--norm", action="store_true", help="a layer's residual stream: QKV and gate/up stage the RMSNorm "
+                    "of h + their input (o's and down's outputs added to h), so they wait for all of it")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     try:
@@ -195,8 +208,13 @@ def main(argv=None) -> int:
     # (wq, scale) per phase: codes 1..15 (values -7..7, mean 0, variance 56 / 3), rows of unit gain; each down
     # projection's scales are set so that its output (on the float chain from x0) has unit spread, since the SwiGLU
     # squares the spread (no fixed gain keeps 8 layers finite and nonzero)
-    weights, dense, prev = [], [], x0
-    for k, n, gated in shapes:
+    def is_norm(p: int) -> bool:
+        return args.norm and p % 4 in (0, 2)  # QKV and gate/up
+
+    weights, dense, prev, hs = [], [], x0, {}
+    for p, (k, n, gated) in enumerate(shapes):
+        if is_norm(p):
+            hs[p], prev = normed(x0 if p == 0 else hs[p - 2], np.zeros(k, np.float32) if p == 0 else prev[:k])
         lo, hi = (rng.integers(1, 16, (n, k // 2), dtype=np.uint8) for _ in range(2))
         wq = lo | (hi << 4)
         scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(56 / 3 * 1.08 * k)).astype(np.float16)
@@ -211,7 +229,8 @@ def main(argv=None) -> int:
         prev = y
     wbytes = sum(wq.nbytes + s.nbytes for wq, s in weights)
     print(f"{dev.name}: {args.layers} layers, {P} projections, {wbytes / 1e6:.1f} MB of packed weights and scales "
-          f"({wbytes / PEAK * 1e6:.1f} us at 4.30 TB/s), {sms} blocks\n")
+          f"({wbytes / PEAK * 1e6:.1f} us at 4.30 TB/s), {sms} blocks"
+          f"{', the residual stream and RMSNorm before QKV and gate/up' if args.norm else ''}\n")
     print("| config | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err | max abs y |")
     print("|---|---|---|---|---|---|---|---|---|")
     traces = []
@@ -229,22 +248,29 @@ def main(argv=None) -> int:
         place("phases", P * PHASE_DTYPE.itemsize)
         place("bar", 1024)  # generation barrier: words 0, 32; counted: 64; flags: 96, 100; lean: 128
         place("x0", 4 * HIDDEN)
+        place("zeros", 4 * HIDDEN)  # --norm: the first QKV's input added to x0
         place("times", sms * P * 6 * 8)
         for p, (_k, n, _) in enumerate(shapes):
             place(("out", p), 4 * n)
             place(("out2", p), 4 * n)
             place(("ready", p), 4 * (n // rows))
+            if is_norm(p):
+                place(("h", p), 4 * HIDDEN)
         for p, (k, n, _) in enumerate(shapes):
             place(("w", p), n // rows * (k // GROUP) * chunk_bytes(w_cfg))
         arena = dev.alloc_arena(pos + 256)
         table_np = np.zeros(P, PHASE_DTYPE)
         for p, (k, n, gated) in enumerate(shapes):
-            table_np[p] = (offs[("w", p)], offs["x0"] if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
-                           int(gated), 0, offs[("out2", p)], offs[("ready", p)])
+            first_in = offs["zeros"] if is_norm(0) else offs["x0"]
+            table_np[p] = (offs[("w", p)], first_in if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
+                           int(gated), int(is_norm(p)), offs[("out2", p)], offs[("ready", p)],
+                           (offs["x0"] if p == 0 else offs[("h", p - 2)]) if is_norm(p) else 0,
+                           offs[("h", p)] if is_norm(p) else 0)
             dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
         dev.upload(arena, offs["phases"], table_np)
         dev.upload(arena, offs["bar"], np.zeros(256, np.uint32))
         dev.upload(arena, offs["x0"], x0)
+        dev.upload(arena, offs["zeros"], np.zeros(HIDDEN, np.float32))
 
         def zero_outputs(counters: bool = False):
             """Zero every output (both buffers); counters: also the tile counters and the launch number (flags)."""
@@ -279,9 +305,15 @@ def main(argv=None) -> int:
                     zero_outputs(counters=True)  # launch number 0: the flags mode writes the even buffers
                     launch(mode, wrap=0, inflight=d)
                     dev.synchronize()
-                    prev = x0
+                    prev, h_gpu = x0, {}
                     for p, (k, n, gated) in enumerate(shapes):
                         y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
+                        if is_norm(p):  # the blocks' slices of h against h_prev + the input, both the GPU's
+                            h_want, prev = normed(x0 if p == 0 else h_gpu[p - 2],
+                                                  np.zeros(k, np.float32) if p == 0 else prev[:k])
+                            h_gpu[p] = dev.download(arena, offs[("h", p)], 4 * HIDDEN).view(np.float32)
+                            err = max(err, float(np.nan_to_num(np.abs(h_gpu[p] - h_want), nan=np.inf).max()
+                                                 / np.abs(h_want).max()))
                         x16 = phase_input(prev, k, gated, int8=bool(a8))
                         want = dense[p] @ x16.astype(np.float32)
                         e = float(np.nan_to_num(np.abs(y - want), nan=np.inf).max() / np.abs(want).max())

@@ -79,3 +79,19 @@ def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
     assert e.value.code not in (0, None)
+
+
+def test_phase_table_matches_the_kernel_struct():
+    """chain_lab.cu's Phase: 8 eight-byte offsets and 4 ints, 72 bytes, in this order."""
+    assert chain_lab.PHASE_DTYPE.itemsize == 72
+    assert chain_lab.PHASE_DTYPE.names == ("w", "inp", "out", "K", "N", "gated", "norm", "out2", "ready", "hin", "hout")
+    assert chain_lab.PHASE_DTYPE.fields["out2"][1] == 40
+
+
+def test_normed_is_the_residual_sum_and_its_rms_norm():
+    rng = np.random.default_rng()
+    h_prev, acc = rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float32)
+    h, x = chain_lab.normed(h_prev, acc)
+    np.testing.assert_array_equal(h, h_prev + acc)
+    np.testing.assert_allclose(np.sqrt(np.mean(x.astype(np.float64) ** 2)), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(x * np.sqrt(np.mean(h.astype(np.float64) ** 2) + chain_lab.EPS), h, rtol=1e-5)
