@@ -81,6 +81,7 @@ struct Phase {        // 72 bytes, chain_lab.py PHASE_DTYPE
   long long ready;    // FLAGS: byte offset of the output's tile counters (N / ROWS u32, they only grow)
   long long hin;      // NORM: the residual stream before this phase's input is added (K floats)
   long long hout;     // NORM: the residual stream after (K floats; each block writes its slice)
+  int attn, ctx;      // ATTN: a decode attention phase over ctx keys (hin / hout: the K / V cache, float16)
 };
 
 // FLAGS: the block owning item i of a projection of n items split into G contiguous runs (n * b / G ..)
@@ -174,6 +175,82 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], unsigned a0, unsigned a1, 
 
 template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+}
+
+// ATTN: Llama-3-8B's GQA decode attention for KV head h by one block's W consumer warps: the 4 query heads
+// 4h .. 4h + 3 (qkv[512 h ..], float32) over ctx keys; the new key and value (qkv[4096 + 128 h ..], qkv[5120 +
+// 128 h ..]) go to the cache's last row first (float16, [KV_HEADS, ctx, 128] each). out[512 h + 128 i + d]: head
+// 4h + i's softmax(q k / sqrt(128)) v, float32. sm: 4 x 128 q, 4 x 128 sums, 4 inverse totals, 4 x ctx scores.
+constexpr int KV_HEADS = 8, ATTN_CTX_MAX = 1024;
+template <int W>
+__device__ __forceinline__ void attend(const float* qkv, __half* kc, __half* vc, int ctx, int h, float* sm,
+                                       float* out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* qs = sm;
+  float* os = sm + 512;
+  float* inv = sm + 1024;
+  float* sc = sm + 1028;
+  kc += (long long)h * ctx * 128;
+  vc += (long long)h * ctx * 128;
+  for (int i = threadIdx.x; i < 512; i += 32 * W) {
+    qs[i] = __ldcg(qkv + 512 * h + i) * 0.08838834764831845f;  // 1 / sqrt(128)
+    os[i] = 0.f;
+  }
+  for (int i = threadIdx.x; i < 128; i += 32 * W) {
+    kc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 4096 + 128 * h + i));
+    vc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 5120 + 128 * h + i));
+  }
+  consumers_sync<W>();
+  for (int j = warp; j < ctx; j += W) {  // a warp per key: lane d4 holds k[4 d4 .. 4 d4 + 3]
+    const uint2 kw = __ldcg(reinterpret_cast<const uint2*>(kc + (long long)j * 128) + lane);
+    const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&kw.x));
+    const float2 k23 = __half22float2(*reinterpret_cast<const __half2*>(&kw.y));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 q = reinterpret_cast<const float4*>(qs + 128 * i)[lane];
+      float s = q.x * k01.x + q.y * k01.y + q.z * k23.x + q.w * k23.y;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) sc[i * ctx + j] = s;
+    }
+  }
+  consumers_sync<W>();
+  if (warp < 4) {  // warp i: head i's softmax weights (unnormalized) and 1 / their total
+    float m = -INFINITY;
+    for (int j = lane; j < ctx; j += 32) m = fmaxf(m, sc[warp * ctx + j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float total = 0.f;
+    for (int j = lane; j < ctx; j += 32) {
+      const float e = __expf(sc[warp * ctx + j] - m);
+      sc[warp * ctx + j] = e;
+      total += e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane == 0) inv[warp] = 1.f / total;
+  }
+  consumers_sync<W>();
+  float acc[4][4] = {};
+  for (int j = warp; j < ctx; j += W) {
+    const uint2 vw = __ldcg(reinterpret_cast<const uint2*>(vc + (long long)j * 128) + lane);
+    const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&vw.x));
+    const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&vw.y));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float w = sc[i * ctx + j];
+      acc[i][0] = fmaf(w, v01.x, acc[i][0]);
+      acc[i][1] = fmaf(w, v01.y, acc[i][1]);
+      acc[i][2] = fmaf(w, v23.x, acc[i][2]);
+      acc[i][3] = fmaf(w, v23.y, acc[i][3]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int d = 0; d < 4; ++d) atomicAdd(os + 128 * i + 4 * lane + d, acc[i][d]);
+  consumers_sync<W>();
+  for (int i = threadIdx.x; i < 512; i += 32 * W) out[512 * h + i] = os[i] * inv[i / 128];
 }
 
 template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
@@ -275,16 +352,21 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     // when the run is as long as a row)
     const int staged = int(i1 - i0 < groups ? i1 - i0 : groups);
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
-    // FLAGS: wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half); NORM: for all
-    if (flags && p > 0) {
+    // FLAGS: wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half); NORM and
+    // ATTN: for all (ATTN: only the blocks with a KV head); after ATTN a tile is a KV head's 512 outputs
+    if (flags && p > 0 && !(ph.attn && b >= KV_HEADS)) {
       const Phase q = phases[p - 1];
       in = reinterpret_cast<const float*>(arena + (odd ? q.out2 : q.out));
       const unsigned* ready = reinterpret_cast<const unsigned*>(arena + q.ready);
       const long long nq = (long long)(q.N / ROWS) * (q.K / 128), gq = q.K / 128;
-      for (int j = threadIdx.x; j < (ph.norm ? groups : staged * (ph.gated ? 2 : 1)); j += 32 * W) {
-        const int k = ph.norm ? j * 128 : int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
-        for (long long t = k / ROWS; t <= (k + 127) / ROWS; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
-          const unsigned want = (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
+      const bool all = ph.norm || ph.attn;
+      for (int j = threadIdx.x; j < (ph.attn ? q.N / 128 : ph.norm ? groups : staged * (ph.gated ? 2 : 1));
+           j += 32 * W) {
+        const int k = all ? j * 128 : int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
+        const int per = q.attn ? 4 * 128 : ROWS;  // outputs a counter stands for
+        for (long long t = k / per; t <= (k + 127) / per; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
+          const unsigned want = q.attn ? launch_no + 1u
+              : (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
           const unsigned long long t0 = now_ns();
           for (unsigned tries = 1; int((barrier == 2 ? ld_acquire(ready + t) : ld_relaxed(ready + t)) - want) < 0;
                ++tries) {
@@ -295,6 +377,28 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       if (barrier != 2) __threadfence();  // LEAN: the acquire polls, then the block's bar.sync
       consumers_sync<W>();
       if (tp) tp[1] = now_ns();  // the trace's "barrier wait": here, the wait for the input tiles
+    }
+    if (ph.attn) {  // ATTN: block h < KV_HEADS attends for KV head h; the others go on to the next phase
+      if (tp && flags && b >= KV_HEADS) tp[1] = now_ns();  // they skipped the wait
+      if (tp) tp[2] = now_ns();
+      if (b < KV_HEADS && !stream) {
+        attend<W>(in, reinterpret_cast<__half*>(arena + ph.hin), reinterpret_cast<__half*>(arena + ph.hout),
+                  ph.ctx, int(b), reinterpret_cast<float*>(xs), reinterpret_cast<float*>(arena + out_off));
+        if (flags) {
+          consumers_sync<W>();
+          if (threadIdx.x == 0) {
+            unsigned* ready = reinterpret_cast<unsigned*>(arena + ph.ready) + b;
+            if (barrier == 2) {
+              asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ready) : "memory");
+            } else {
+              __threadfence();
+              atomicAdd(ready, 1u);
+            }
+          }
+        }
+      }
+      if (tp) tp[3] = now_ns();
+      continue;
     }
     // NORM: h = hin + in over all of K (the block's slice of it stored), then the staged x are h / rms(h)
     float rinv = 1.f;

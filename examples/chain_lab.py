@@ -63,7 +63,7 @@ TRACED = ("persistent", "counted", "lean", "flags", "flags-lean", "copy", "copy-
 SMEM_LIMIT = 232448 - 1280  # a block's shared memory, less the kernel's static arrays (ptxas: up to 1104 bytes)
 PHASE_DTYPE = np.dtype([("w", "<i8"), ("inp", "<i8"), ("out", "<i8"), ("K", "<i4"), ("N", "<i4"),
                         ("gated", "<i4"), ("norm", "<i4"), ("out2", "<i8"), ("ready", "<i8"), ("hin", "<i8"),
-                        ("hout", "<i8")])
+                        ("hout", "<i8"), ("attn", "<i4"), ("ctx", "<i4")])
 EPS = 1e-5  # chain_lab.cu NORM's
 TOLERANCE = 2e-3
 
@@ -94,9 +94,28 @@ def source(configs) -> str:
     return HELPERS.read_text() + SOURCE.read_text() + kernels + "\n"
 
 
-def layer_shapes() -> list[tuple[int, int, bool]]:
-    """(K, N, gated input) of a layer's phases."""
-    return [(HIDDEN, QKV, False), (HIDDEN, HIDDEN, False), (HIDDEN, 2 * INTER, False), (INTER, HIDDEN, True)]
+def layer_shapes(attn: bool = False) -> list[tuple[int, int, bool]]:
+    """(K, N, gated input) of a layer's phases; attn: the attention phase after QKV, as K = 0."""
+    return [(HIDDEN, QKV, False)] + [(0, HIDDEN, False)] * attn + [(HIDDEN, HIDDEN, False),
+                                                                   (HIDDEN, 2 * INTER, False), (INTER, HIDDEN, True)]
+
+
+def layer_names(attn: bool = False) -> list[str]:
+    return ["QKV"] + ["attention"] * attn + ["o", "gate/up", "down"]
+
+
+def attention(qkv: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
+    """--attn: chain_lab.cu attend's result for all 8 KV heads: the 32 query heads qkv[:4096] over the caches kc,
+    vc (float16 [8, ctx, 128]) whose last row becomes the new key qkv[4096:5120] and value qkv[5120:6144] rounded to
+    float16; softmax(q k / sqrt(128)) v per head, float32 [4096]."""
+    k, v = kc.astype(np.float32), vc.astype(np.float32)
+    k[:, -1] = qkv[4096:5120].reshape(8, 128).astype(np.float16)
+    v[:, -1] = qkv[5120:6144].reshape(8, 128).astype(np.float16)
+    q = qkv[:4096].reshape(8, 4, 128).astype(np.float32) / np.sqrt(np.float32(128))
+    s = np.einsum("hid,hjd->hij", q, k)
+    w = np.exp(s - s.max(axis=2, keepdims=True))
+    w /= w.sum(axis=2, keepdims=True)
+    return np.einsum("hij,hjd->hid", w, v).reshape(-1).astype(np.float32)
 
 
 def chunked(wq: np.ndarray, scale: np.ndarray, rows: int) -> np.ndarray:
@@ -129,20 +148,22 @@ def normed(h_prev: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return h, (h / np.sqrt(np.mean(h * h, dtype=np.float64) + EPS)).astype(np.float32)
 
 
-def trace_table(t: np.ndarray, layers: int) -> list[str]:
+def trace_table(t: np.ndarray, layers: int, names: list[str]) -> list[str]:
     """Per projection of a layer: medians over blocks and layers (phases after the first) of the consumers' barrier
     wait, staging and items (us), the spread of the blocks' ends, and how far the producer's first copy of the
-    phase ran ahead of the consumers' barrier. t: u64 [blocks, P, 6] (chain_lab.cu o_times)."""
+    phase ran ahead of the consumers' barrier (the attention phase's items: the slowest block's, since only 8 blocks
+    attend). t: u64 [blocks, P, 6] (chain_lab.cu o_times); names: a layer's phases."""
     t = t.astype(np.int64)
-    names = ("QKV", "o", "gate/up", "down")
+    per = len(names)
     out = ["| projection | barrier wait us | staging us | items us | ends spread us | producer ahead us |",
            "|---|---|---|---|---|---|"]
     for j, name in enumerate(names):
-        ps = [4 * layer + j for layer in range(layers) if 4 * layer + j > 0]
+        ps = [per * layer + j for layer in range(layers) if per * layer + j > 0]
         sel = t[:, ps, :]
         wait = np.median(sel[:, :, 1] - sel[:, :, 0]) / 1e3
         stage = np.median(sel[:, :, 2] - sel[:, :, 1]) / 1e3
-        items = np.median(sel[:, :, 3] - sel[:, :, 2]) / 1e3
+        items = np.median((sel[:, :, 3] - sel[:, :, 2]).max(axis=0) if name == "attention"
+                          else sel[:, :, 3] - sel[:, :, 2]) / 1e3
         spread = np.median(sel[:, :, 3].max(axis=0) - sel[:, :, 3].min(axis=0)) / 1e3
         ahead = np.median(sel[:, :, 1] - sel[:, :, 4]) / 1e3
         out.append(f"| {name} | {wait:.2f} | {stage:.2f} | {items:.2f} | {spread:.2f} | {ahead:.2f} |")
@@ -164,6 +185,8 @@ def main(argv=None) -> int:
                     "comma-separated: each value runs every mode")
     ap.add_argument("--norm", action="store_true", help="a layer's residual stream: QKV and gate/up stage the RMSNorm "
                     "of h + their input (o's and down's outputs added to h), so they wait for all of it")
+    ap.add_argument("--attn", type=int, default=0, metavar="CTX", help="a decode attention phase over CTX keys "
+                    "(2 .. 1024; a block per KV head) between QKV and o, instead of o reading QKV's first outputs")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     try:
@@ -183,6 +206,8 @@ def main(argv=None) -> int:
                      f"(limit {SMEM_LIMIT})")
         if [d for d in inflights if not 0 <= d < st]:
             ap.error(f"--inflight: 0 (no cap) or 1 .. {st - 1} for configuration {w}-{st}, not {args.inflight}")
+    if args.attn and not 2 <= args.attn <= 1024:
+        ap.error(f"--attn: 2 .. 1024 keys (chain_lab.cu ATTN_CTX_MAX), not {args.attn}")
     cubin = nvcc_sm90a(source(configs), args.ptxas)
     if args.ptxas:
         return 0
@@ -202,19 +227,31 @@ def main(argv=None) -> int:
     names = [f"chain_{w}_{st}_{i}_{o}_{a}" for w, st, i, o, a in configs]
     table = KernelTable(dev, module, names)
     rng = np.random.default_rng(0)
-    shapes = layer_shapes() * args.layers
+    shapes = layer_shapes(bool(args.attn)) * args.layers
+    names_layer = layer_names(bool(args.attn))
     P = len(shapes)
     x0 = rng.standard_normal(HIDDEN).astype(np.float32)
     # (wq, scale) per phase: codes 1..15 (values -7..7, mean 0, variance 56 / 3), rows of unit gain; each down
     # projection's scales are set so that its output (on the float chain from x0) has unit spread, since the SwiGLU
     # squares the spread (no fixed gain keeps 8 layers finite and nonzero)
     def is_norm(p: int) -> bool:
-        return args.norm and p % 4 in (0, 2)  # QKV and gate/up
+        return args.norm and names_layer[p % len(names_layer)] in ("QKV", "gate/up")
 
+    def prev_norm(p: int) -> int:
+        """The norm phase before p (whose h p adds to), -1 for the first (x0)."""
+        return max([q for q in range(p) if is_norm(q)], default=-1)
+
+    caches = {}  # --attn: per attention phase, the K and V caches (float16 [8, ctx, 128]; the last row the GPU's)
     weights, dense, prev, hs = [], [], x0, {}
     for p, (k, n, gated) in enumerate(shapes):
+        if k == 0:
+            caches[p] = tuple(rng.standard_normal((8, args.attn, 128)).astype(np.float16) for _ in range(2))
+            prev = attention(prev, *caches[p])
+            weights.append(None)
+            dense.append(None)
+            continue
         if is_norm(p):
-            hs[p], prev = normed(x0 if p == 0 else hs[p - 2], np.zeros(k, np.float32) if p == 0 else prev[:k])
+            hs[p], prev = normed(x0 if p == 0 else hs[prev_norm(p)], np.zeros(k, np.float32) if p == 0 else prev[:k])
         lo, hi = (rng.integers(1, 16, (n, k // 2), dtype=np.uint8) for _ in range(2))
         wq = lo | (hi << 4)
         scale = (rng.uniform(0.5, 1.5, (n, k // GROUP)) / np.sqrt(56 / 3 * 1.08 * k)).astype(np.float16)
@@ -227,10 +264,11 @@ def main(argv=None) -> int:
         weights.append((wq, scale))
         dense.append(d)
         prev = y
-    wbytes = sum(wq.nbytes + s.nbytes for wq, s in weights)
-    print(f"{dev.name}: {args.layers} layers, {P} projections, {wbytes / 1e6:.1f} MB of packed weights and scales "
+    wbytes = sum(w[0].nbytes + w[1].nbytes for w in weights if w is not None)
+    print(f"{dev.name}: {args.layers} layers, {P} phases, {wbytes / 1e6:.1f} MB of packed weights and scales "
           f"({wbytes / PEAK * 1e6:.1f} us at 4.30 TB/s), {sms} blocks"
-          f"{', the residual stream and RMSNorm before QKV and gate/up' if args.norm else ''}\n")
+          f"{', the residual stream and RMSNorm before QKV and gate/up' if args.norm else ''}"
+          f"{f', attention over {args.attn} keys' if args.attn else ''}\n")
     print("| config | mode | launches | us per chain | us per layer | GB/s | % of 4.30 TB/s | max err | max abs y |")
     print("|---|---|---|---|---|---|---|---|---|")
     traces = []
@@ -253,20 +291,30 @@ def main(argv=None) -> int:
         for p, (_k, n, _) in enumerate(shapes):
             place(("out", p), 4 * n)
             place(("out2", p), 4 * n)
-            place(("ready", p), 4 * (n // rows))
+            place(("ready", p), 4 * max(n // rows, 8))  # attention: a counter per KV head
             if is_norm(p):
                 place(("h", p), 4 * HIDDEN)
+            if k == 0:
+                place(("kc", p), caches[p][0].nbytes)
+                place(("vc", p), caches[p][1].nbytes)
         for p, (k, n, _) in enumerate(shapes):
-            place(("w", p), n // rows * (k // GROUP) * chunk_bytes(w_cfg))
+            if k:
+                place(("w", p), n // rows * (k // GROUP) * chunk_bytes(w_cfg))
         arena = dev.alloc_arena(pos + 256)
         table_np = np.zeros(P, PHASE_DTYPE)
         for p, (k, n, gated) in enumerate(shapes):
             first_in = offs["zeros"] if is_norm(0) else offs["x0"]
             table_np[p] = (offs[("w", p)], first_in if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
                            int(gated), int(is_norm(p)), offs[("out2", p)], offs[("ready", p)],
-                           (offs["x0"] if p == 0 else offs[("h", p - 2)]) if is_norm(p) else 0,
-                           offs[("h", p)] if is_norm(p) else 0)
-            dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
+                           offs["x0"] if p == 0 and is_norm(p) else offs[("h", prev_norm(p))] if is_norm(p)
+                           else offs[("kc", p)] if k == 0 else 0,
+                           offs[("h", p)] if is_norm(p) else offs[("vc", p)] if k == 0 else 0,
+                           int(k == 0), args.attn if k == 0 else 0)
+            if k == 0:
+                dev.upload(arena, offs[("kc", p)], caches[p][0])
+                dev.upload(arena, offs[("vc", p)], caches[p][1])
+            else:
+                dev.upload(arena, offs[("w", p)], chunked(*weights[p], rows))
         dev.upload(arena, offs["phases"], table_np)
         dev.upload(arena, offs["bar"], np.zeros(256, np.uint32))
         dev.upload(arena, offs["x0"], x0)
@@ -308,8 +356,14 @@ def main(argv=None) -> int:
                     prev, h_gpu = x0, {}
                     for p, (k, n, gated) in enumerate(shapes):
                         y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
+                        if k == 0:  # attention: against numpy on the GPU's QKV outputs
+                            want = attention(prev, *caches[p])
+                            err = max(err, float(np.nan_to_num(np.abs(y - want), nan=np.inf).max()
+                                                 / np.abs(want).max()))
+                            prev = y
+                            continue
                         if is_norm(p):  # the blocks' slices of h against h_prev + the input, both the GPU's
-                            h_want, prev = normed(x0 if p == 0 else h_gpu[p - 2],
+                            h_want, prev = normed(x0 if p == 0 else h_gpu[prev_norm(p)],
                                                   np.zeros(k, np.float32) if p == 0 else prev[:k])
                             h_gpu[p] = dev.download(arena, offs[("h", p)], 4 * HIDDEN).view(np.float32)
                             err = max(err, float(np.nan_to_num(np.abs(h_gpu[p] - h_want), nan=np.inf).max()
@@ -335,7 +389,7 @@ def main(argv=None) -> int:
                     launch(mode, times=offs["times"], inflight=d)
                     dev.synchronize()
                     t = dev.download(arena, offs["times"], sms * P * 6 * 8).view(np.uint64).reshape(sms, P, 6)
-                    traces.append((f"{label}{f' d{d}' if d else ''} {mode}", trace_table(t, args.layers)))
+                    traces.append((f"{label}{f' d{d}' if d else ''} {mode}", trace_table(t, args.layers, names_layer)))
         arena.free()
     for title, lines in traces:
         print(f"\n{title} (one launch; medians over blocks and layers):")

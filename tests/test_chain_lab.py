@@ -74,7 +74,8 @@ def test_kernels_compile_without_spills(capsys):
                                   ["--configs", "16-16"], ["--configs", "8-1"], ["--configs", "8-4-x"],
                                   ["--configs", "8-4-ii"], ["--configs", "8-4-"],
                                   ["--configs", "8-4-oa"], ["--configs", "16-8", "--inflight", "8"],
-                                  ["--configs", "16-8", "--inflight", "-1"], ["--inflight", "two"]])
+                                  ["--configs", "16-8", "--inflight", "-1"], ["--inflight", "two"],
+                                  ["--attn", "1"], ["--attn", "1025"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
@@ -82,9 +83,10 @@ def test_bad_options_exit_before_the_device(argv):
 
 
 def test_phase_table_matches_the_kernel_struct():
-    """chain_lab.cu's Phase: 8 eight-byte offsets and 4 ints, 72 bytes, in this order."""
-    assert chain_lab.PHASE_DTYPE.itemsize == 72
-    assert chain_lab.PHASE_DTYPE.names == ("w", "inp", "out", "K", "N", "gated", "norm", "out2", "ready", "hin", "hout")
+    """chain_lab.cu's Phase: 8 eight-byte offsets and 6 ints, 80 bytes, in this order."""
+    assert chain_lab.PHASE_DTYPE.itemsize == 80
+    assert chain_lab.PHASE_DTYPE.names == ("w", "inp", "out", "K", "N", "gated", "norm", "out2", "ready", "hin", "hout",
+                                           "attn", "ctx")
     assert chain_lab.PHASE_DTYPE.fields["out2"][1] == 40
 
 
@@ -95,3 +97,31 @@ def test_normed_is_the_residual_sum_and_its_rms_norm():
     np.testing.assert_array_equal(h, h_prev + acc)
     np.testing.assert_allclose(np.sqrt(np.mean(x.astype(np.float64) ** 2)), 1.0, rtol=1e-5)
     np.testing.assert_allclose(x * np.sqrt(np.mean(h.astype(np.float64) ** 2) + chain_lab.EPS), h, rtol=1e-5)
+
+
+def test_attention_reference_is_gqa_softmax_with_the_new_row():
+    """chain_lab.attention against a per-head loop: query head i reads KV head i // 4, the caches' last row replaced by
+    the new key / value rounded to float16, fresh random inputs."""
+    rng = np.random.default_rng()
+    ctx = 5
+    qkv = rng.standard_normal(6144).astype(np.float32)
+    kc, vc = (rng.standard_normal((8, ctx, 128)).astype(np.float16) for _ in range(2))
+    got = chain_lab.attention(qkv, kc, vc).reshape(32, 128)
+    for i in range(32):
+        h = i // 4
+        k = kc[h].astype(np.float64)
+        v = vc[h].astype(np.float64)
+        k[-1] = qkv[4096 + 128 * h:4096 + 128 * (h + 1)].astype(np.float16)
+        v[-1] = qkv[5120 + 128 * h:5120 + 128 * (h + 1)].astype(np.float16)
+        s = k @ qkv[128 * i:128 * (i + 1)].astype(np.float64) / np.sqrt(128)
+        w = np.exp(s - s.max())
+        np.testing.assert_allclose(got[i], (w / w.sum()) @ v, rtol=1e-4, atol=1e-5)
+    kc0 = kc.copy()
+    chain_lab.attention(qkv, kc, vc)
+    np.testing.assert_array_equal(kc, kc0)  # the caches are not written
+
+
+def test_layer_phases_with_attention():
+    assert chain_lab.layer_names(True) == ["QKV", "attention", "o", "gate/up", "down"]
+    assert [k for k, _, _ in chain_lab.layer_shapes(True)] == [4096, 0, 4096, 4096, 14336]
+    assert len(chain_lab.layer_shapes(False)) == len(chain_lab.layer_names(False)) == 4
