@@ -288,7 +288,7 @@ def main(argv=None) -> int:
         place("x0", 4 * HIDDEN)
         place("zeros", 4 * HIDDEN)  # --norm: the first QKV's input added to x0
         place("times", sms * P * 6 * 8)
-        for p, (_k, n, _) in enumerate(shapes):
+        for p, (k, n, _) in enumerate(shapes):
             place(("out", p), 4 * n)
             place(("out2", p), 4 * n)
             place(("ready", p), 4 * max(n // rows, 8))  # attention: a counter per KV head
@@ -304,8 +304,8 @@ def main(argv=None) -> int:
         table_np = np.zeros(P, PHASE_DTYPE)
         for p, (k, n, gated) in enumerate(shapes):
             first_in = offs["zeros"] if is_norm(0) else offs["x0"]
-            table_np[p] = (offs[("w", p)], first_in if p == 0 else offs[("out", p - 1)], offs[("out", p)], k, n,
-                           int(gated), int(is_norm(p)), offs[("out2", p)], offs[("ready", p)],
+            table_np[p] = (offs[("w", p)] if k else 0, first_in if p == 0 else offs[("out", p - 1)],
+                           offs[("out", p)], k, n, int(gated), int(is_norm(p)), offs[("out2", p)], offs[("ready", p)],
                            offs["x0"] if p == 0 and is_norm(p) else offs[("h", prev_norm(p))] if is_norm(p)
                            else offs[("kc", p)] if k == 0 else 0,
                            offs[("h", p)] if is_norm(p) else offs[("vc", p)] if k == 0 else 0,
