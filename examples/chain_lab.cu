@@ -50,6 +50,9 @@
 // all of K; each block stores its slice of that h at hout (phase p + 2 reads it after two barriers, or after every
 // block's signals of phase p + 1 in FLAGS, which follow its store) and stages h / rms(h) for its groups. So such a
 // phase needs all of its input: FLAGS waits for every tile of phase p - 1.
+// ATTN (a phase with attn = 1, chain_lab.py --attn: between QKV and o): decode attention split over the grid, a
+// block per (KV head, run of keys) writing a partial (attend_run); MERGE: o's staging weighs the runs of its groups'
+// heads. FLAGS: a counter per KV head counts its runs; o waits for its heads' counters.
 // STREAM (with COPY): no barrier and no staging either: the ring's copies and their waits alone, the pipeline's
 // own rate over the chain's bytes.
 // FLAGS (first run on a GPU in v48): no grid barrier. A block adds one to each output tile's counter once its sums of the
@@ -177,44 +180,51 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
 }
 
-// ATTN: Llama-3-8B's GQA decode attention for KV head h by one block's W consumer warps: the 4 query heads
-// 4h .. 4h + 3 (qkv[512 h ..], float32) over ctx keys; the new key and value (qkv[4096 + 128 h ..], qkv[5120 +
-// 128 h ..]) go to the cache's last row first (float16, [KV_HEADS, ctx, 128] each). out[512 h + 128 i + d]: head
-// 4h + i's softmax(q k / sqrt(128)) v, float32. sm: 4 x 128 q, 4 x 128 sums, 4 inverse totals, 4 x ctx scores.
-constexpr int KV_HEADS = 8, ATTN_CTX_MAX = 1024;
+// ATTN: Llama-3-8B's GQA decode attention, split over the grid: item (h, r) of KV_HEADS x R, run r of the ctx keys
+// (runs of L = ceil(ctx / R), some possibly empty) for KV head h, by one block's W consumer warps: the 4 query heads
+// 4h .. 4h + 3 (qkv[512 h ..], float32) over the run's keys of the float16 caches [KV_HEADS, ctx, 128]; the run
+// holding key ctx - 1 first writes the new key and value (qkv[4096 + 128 h ..], qkv[5120 + 128 h ..]) there. The
+// partial at part + (h R + r) * PART: for head i, the unnormalized sum of exp(s - m_i) v (128 floats at 128 i),
+// m_i (at 512 + i) and the total of exp(s - m_i) (at 516 + i), s = q k / sqrt(128); an empty run: m = -inf, 0s.
+// The o phase's staging merges the runs (chain_lab.py merge_partials). sm: 4 x 128 q, 4 x 128 sums, 4 x L scores.
+constexpr int KV_HEADS = 8, ATTN_CTX_MAX = 1024, PART = 520, RUNS_MAX = 32;
 template <int W>
-__device__ __forceinline__ void attend(const float* qkv, __half* kc, __half* vc, int ctx, int h, float* sm,
-                                       float* out) {
+__device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half* vc, int ctx, int h, int r, int R,
+                                           float* sm, float* part) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int L = (ctx + R - 1) / R, j_lo = r * L, j_hi = min(ctx, j_lo + L), n = max(0, j_hi - j_lo);
   float* qs = sm;
   float* os = sm + 512;
-  float* inv = sm + 1024;
-  float* sc = sm + 1028;
+  float* sc = sm + 1024;
+  float* out = part + (long long)(h * R + r) * PART;
   kc += (long long)h * ctx * 128;
   vc += (long long)h * ctx * 128;
   for (int i = threadIdx.x; i < 512; i += 32 * W) {
     qs[i] = __ldcg(qkv + 512 * h + i) * 0.08838834764831845f;  // 1 / sqrt(128)
     os[i] = 0.f;
   }
-  for (int i = threadIdx.x; i < 128; i += 32 * W) {
-    kc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 4096 + 128 * h + i));
-    vc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 5120 + 128 * h + i));
+  if (ctx - 1 >= j_lo && ctx - 1 < j_hi) {
+    for (int i = threadIdx.x; i < 128; i += 32 * W) {
+      kc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 4096 + 128 * h + i));
+      vc[(ctx - 1) * 128 + i] = __float2half_rn(__ldcg(qkv + 5120 + 128 * h + i));
+    }
   }
   consumers_sync<W>();
-  // a warp per key, BATCH keys' loads issued together (one at a time, each waited for, took ~22 us at 256 keys):
-  // lane d4 holds k[4 d4 .. 4 d4 + 3]
+  // a warp per key, BATCH keys' loads issued together (one at a time, each waited for, took 22 us at 256 keys with
+  // a block per KV head, v48 run 8): lane d4 holds k[4 d4 .. 4 d4 + 3]
   constexpr int BATCH = 8;
-  for (int j0 = warp; j0 < ctx; j0 += BATCH * W) {
+  for (int u0 = warp; u0 < n; u0 += BATCH * W) {
     uint2 kw[BATCH];
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const int j = j0 + u * W;
-      kw[u] = j < ctx ? __ldcg(reinterpret_cast<const uint2*>(kc + (long long)j * 128) + lane) : make_uint2(0u, 0u);
+      const int j = j_lo + u0 + u * W;
+      kw[u] = u0 + u * W < n ? __ldcg(reinterpret_cast<const uint2*>(kc + (long long)j * 128) + lane)
+                             : make_uint2(0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const int j = j0 + u * W;  // warp-uniform
-      if (j >= ctx) break;
+      const int jj = u0 + u * W;  // warp-uniform
+      if (jj >= n) break;
       const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&kw[u].x));
       const float2 k23 = __half22float2(*reinterpret_cast<const __half2*>(&kw[u].y));
 #pragma unroll
@@ -223,44 +233,48 @@ __device__ __forceinline__ void attend(const float* qkv, __half* kc, __half* vc,
         float s = q.x * k01.x + q.y * k01.y + q.z * k23.x + q.w * k23.y;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) sc[i * ctx + j] = s;
+        if (lane == 0) sc[i * L + jj] = s;
       }
     }
   }
   consumers_sync<W>();
-  if (warp < 4) {  // warp i: head i's softmax weights (unnormalized) and 1 / their total
+  if (warp < 4) {  // warp i: head i's exp(s - m) in place, m and their total into the partial
     float m = -INFINITY;
-    for (int j = lane; j < ctx; j += 32) m = fmaxf(m, sc[warp * ctx + j]);
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[warp * L + j]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float total = 0.f;
-    for (int j = lane; j < ctx; j += 32) {
-      const float e = __expf(sc[warp * ctx + j] - m);
-      sc[warp * ctx + j] = e;
+    for (int j = lane; j < n; j += 32) {
+      const float e = __expf(sc[warp * L + j] - m);
+      sc[warp * L + j] = e;
       total += e;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
-    if (lane == 0) inv[warp] = 1.f / total;
+    if (lane == 0) {
+      out[512 + warp] = m;
+      out[516 + warp] = total;
+    }
   }
   consumers_sync<W>();
   float acc[4][4] = {};
-  for (int j0 = warp; j0 < ctx; j0 += BATCH * W) {
+  for (int u0 = warp; u0 < n; u0 += BATCH * W) {
     uint2 vw[BATCH];
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const int j = j0 + u * W;
-      vw[u] = j < ctx ? __ldcg(reinterpret_cast<const uint2*>(vc + (long long)j * 128) + lane) : make_uint2(0u, 0u);
+      const int j = j_lo + u0 + u * W;
+      vw[u] = u0 + u * W < n ? __ldcg(reinterpret_cast<const uint2*>(vc + (long long)j * 128) + lane)
+                             : make_uint2(0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const int j = j0 + u * W;
-      if (j >= ctx) break;
+      const int jj = u0 + u * W;
+      if (jj >= n) break;
       const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&vw[u].x));
       const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&vw[u].y));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float w = sc[i * ctx + j];
+        const float w = sc[i * L + jj];
         acc[i][0] = fmaf(w, v01.x, acc[i][0]);
         acc[i][1] = fmaf(w, v01.y, acc[i][1]);
         acc[i][2] = fmaf(w, v23.x, acc[i][2]);
@@ -273,7 +287,7 @@ __device__ __forceinline__ void attend(const float* qkv, __half* kc, __half* vc,
 #pragma unroll
     for (int d = 0; d < 4; ++d) atomicAdd(os + 128 * i + 4 * lane + d, acc[i][d]);
   consumers_sync<W>();
-  for (int i = threadIdx.x; i < 512; i += 32 * W) out[512 * h + i] = os[i] * inv[i / 128];
+  for (int i = threadIdx.x; i < 512; i += 32 * W) out[i] = os[i];
 }
 
 template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
@@ -376,8 +390,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     const int staged = int(i1 - i0 < groups ? i1 - i0 : groups);
     const float* in = reinterpret_cast<const float*>(arena + ph.in);
     // FLAGS: wait for the tiles of phase p - 1 that hold this block's groups of x (and their up half); NORM and
-    // ATTN: for all (ATTN: only the blocks with a KV head); after ATTN a tile is a KV head's 512 outputs
-    if (flags && p > 0 && !(ph.attn && b >= KV_HEADS)) {
+    // ATTN: for all (ATTN: only the blocks with an item); after ATTN a counter is a KV head's, counting its runs
+    const int runs = min(int(G) / KV_HEADS, RUNS_MAX);  // ATTN: each KV head's keys in this many runs, a block each
+    if (flags && p > 0 && !(ph.attn && b >= KV_HEADS * runs)) {
       const Phase q = phases[p - 1];
       in = reinterpret_cast<const float*>(arena + (odd ? q.out2 : q.out));
       const unsigned* ready = reinterpret_cast<const unsigned*>(arena + q.ready);
@@ -388,7 +403,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         const int k = all ? j * 128 : int((i0 + j % staged) % groups) * 128 + (j >= staged ? K : 0);
         const int per = q.attn ? 4 * 128 : ROWS;  // outputs a counter stands for
         for (long long t = k / per; t <= (k + 127) / per; ++t) {  // in[k .. k + 127]: several tiles if ROWS < 128
-          const unsigned want = q.attn ? launch_no + 1u
+          const unsigned want = q.attn ? (launch_no + 1u) * unsigned(runs)
               : (launch_no + 1u) * unsigned(owner((t + 1) * gq - 1, nq, G) - owner(t * gq, nq, G) + 1);
           const unsigned long long t0 = now_ns();
           for (unsigned tries = 1; int((barrier == 2 ? ld_acquire(ready + t) : ld_relaxed(ready + t)) - want) < 0;
@@ -401,16 +416,17 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       consumers_sync<W>();
       if (tp) tp[1] = now_ns();  // the trace's "barrier wait": here, the wait for the input tiles
     }
-    if (ph.attn) {  // ATTN: block h < KV_HEADS attends for KV head h; the others go on to the next phase
-      if (tp && flags && b >= KV_HEADS) tp[1] = now_ns();  // they skipped the wait
+    if (ph.attn) {  // ATTN: block b < KV_HEADS x runs attends for item (b % KV_HEADS, b / KV_HEADS); the others go on
+      if (tp && flags && b >= KV_HEADS * runs) tp[1] = now_ns();  // they skipped the wait
       if (tp) tp[2] = now_ns();
-      if (b < KV_HEADS && !stream) {
-        attend<W>(in, reinterpret_cast<__half*>(arena + ph.hin), reinterpret_cast<__half*>(arena + ph.hout),
-                  ph.ctx, int(b), reinterpret_cast<float*>(xs), reinterpret_cast<float*>(arena + out_off));
+      if (b < KV_HEADS * runs && !stream) {
+        attend_run<W>(in, reinterpret_cast<__half*>(arena + ph.hin), reinterpret_cast<__half*>(arena + ph.hout),
+                      ph.ctx, int(b % KV_HEADS), int(b / KV_HEADS), runs, reinterpret_cast<float*>(xs),
+                      reinterpret_cast<float*>(arena + out_off));
         if (flags) {
           consumers_sync<W>();
           if (threadIdx.x == 0) {
-            unsigned* ready = reinterpret_cast<unsigned*>(arena + ph.ready) + b;
+            unsigned* ready = reinterpret_cast<unsigned*>(arena + ph.ready) + b % KV_HEADS;
             if (barrier == 2) {
               asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ready) : "memory");
             } else {
@@ -450,6 +466,27 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       rinv = rsqrtf(ss / float(K) + 1e-5f);
       consumers_sync<W>();  // ss_warp read by all before the next phase's writes
     }
+    // MERGE (the phase after ATTN, o): each staged group (a query head) gets its runs' weights exp(m_r - M) / total
+    // into shared memory (past the staged x, as NORM's h), a warp per group, a lane per run
+    const bool merge = p > 0 && phases[p - 1].attn && !stream;
+    float* mw = reinterpret_cast<float*>(xs + H_SMEM);
+    if (merge) {
+      for (int j = warp; j < staged; j += W) {
+        const int gq = int((i0 + j) % groups), h = gq / 4, i = gq % 4;
+        const float* pr = in + (long long)(h * runs + lane) * PART;
+        const float m = lane < runs ? __ldcg(pr + 512 + i) : -INFINITY;
+        const float l = lane < runs ? __ldcg(pr + 516 + i) : 0.f;
+        float big = m;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, off));
+        const float e = m == -INFINITY ? 0.f : __expf(m - big);
+        float total = e * l;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+        if (lane < runs) mw[gq * RUNS_MAX + lane] = e / total;
+      }
+      consumers_sync<W>();
+    }
     // word v: k 8 v .. 8 v + 7, at slot 4 w + c of its group (STREAM: no x)
     for (int base = 0; base < (stream ? 0 : staged * 16); base += 32 * W) {
       const int j = base + threadIdx.x;  // uniform trip count: OFS's half-warps (a group each) shuffle
@@ -460,6 +497,18 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         const float4 h0 = hsm[2 * v], h1 = hsm[2 * v + 1];
         f[0] = h0.x * rinv, f[1] = h0.y * rinv, f[2] = h0.z * rinv, f[3] = h0.w * rinv;
         f[4] = h1.x * rinv, f[5] = h1.y * rinv, f[6] = h1.z * rinv, f[7] = h1.w * rinv;
+      } else if (j < staged * 16 && merge) {  // x = the runs' sums weighted (MERGE)
+        const int gq = v / 16, h = gq / 4, d0 = 128 * (gq % 4) + 8 * (v % 16);
+#pragma unroll 4
+        for (int r = 0; r < runs; ++r) {
+          const float w = mw[gq * RUNS_MAX + r];
+          const float* pr = in + (long long)(h * runs + r) * PART + d0;
+          const float4 a0 = __ldcg(reinterpret_cast<const float4*>(pr));
+          const float4 a1 = __ldcg(reinterpret_cast<const float4*>(pr) + 1);
+          f[0] = fmaf(w, a0.x, f[0]), f[1] = fmaf(w, a0.y, f[1]), f[2] = fmaf(w, a0.z, f[2]);
+          f[3] = fmaf(w, a0.w, f[3]), f[4] = fmaf(w, a1.x, f[4]), f[5] = fmaf(w, a1.y, f[5]);
+          f[6] = fmaf(w, a1.z, f[6]), f[7] = fmaf(w, a1.w, f[7]);
+        }
       } else if (j < staged * 16) {
         const float4 a0 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v);
         const float4 a1 = __ldcg(reinterpret_cast<const float4*>(in) + 2 * v + 1);

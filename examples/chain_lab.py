@@ -30,6 +30,9 @@ after a third dash: i multiplies each stage as two chains of MMAs instead of one
 at staging, the codes times x_q on the int8 tensor cores: 4 MMAs a stage instead of 8; checked against x_q).
 --norm adds a layer's residual stream: QKV and gate/up stage the RMSNorm (no gain) of h plus their input (down's and
 o's outputs), each block storing its slice of the new h, so these phases wait for all of their input.
+--attn CTX puts a decode attention phase over CTX keys between QKV and o (o otherwise reads QKV's first outputs):
+each KV head's keys in runs, a block per (KV head, run) writing a partial, merged at o's staging (chain_lab.cu ATTN,
+MERGE).
 --inflight D[,D..] caps the copies in flight per block at D (0: every ring stage; each D a row of its own): the
 queues behind a full ring may slow every other memory access, the barrier's included (chain_lab.cu INFLIGHT).
 --trace times each phase inside one launch of each mode in --modes but hold and separate with the global timer:
@@ -98,6 +101,49 @@ def layer_shapes(attn: bool = False) -> list[tuple[int, int, bool]]:
     """(K, N, gated input) of a layer's phases; attn: the attention phase after QKV, as K = 0."""
     return [(HIDDEN, QKV, False)] + [(0, HIDDEN, False)] * attn + [(HIDDEN, HIDDEN, False),
                                                                    (HIDDEN, 2 * INTER, False), (INTER, HIDDEN, True)]
+
+
+PART = 520  # chain_lab.cu ATTN: a run's partial, floats
+
+
+def attention_runs(sms: int) -> int:
+    """The runs each KV head's keys are split into: a block per (KV head, run) (chain_lab.cu `runs`)."""
+    return min(sms // 8, 32)
+
+
+def attention_partials(qkv: np.ndarray, kc: np.ndarray, vc: np.ndarray, runs: int) -> np.ndarray:
+    """chain_lab.cu attend_run's partials, float32 [8, runs, PART]: for KV head h and run r (keys r L .. r L + L - 1,
+    L = ceil(ctx / runs)), per query head i of the 4: sum exp(s - m_i) v at 128 i, m_i at 512 + i, the total at 516 + i
+    (an empty run: m = -inf and zeros). The caches' last row is the new key / value as in attention()."""
+    ctx = kc.shape[1]
+    k, v = kc.astype(np.float32), vc.astype(np.float32)
+    k[:, -1] = qkv[4096:5120].reshape(8, 128).astype(np.float16)
+    v[:, -1] = qkv[5120:6144].reshape(8, 128).astype(np.float16)
+    q = qkv[:4096].reshape(8, 4, 128).astype(np.float32) / np.sqrt(np.float32(128))
+    run = -(-ctx // runs)
+    out = np.zeros((8, runs, PART), np.float32)
+    for r in range(runs):
+        lo, hi = r * run, min(ctx, (r + 1) * run)
+        if lo >= hi:
+            out[:, r, 512:516] = -np.inf
+            continue
+        s = np.einsum("hid,hjd->hij", q, k[:, lo:hi])
+        m = s.max(axis=2)
+        e = np.exp(s - m[:, :, None])
+        out[:, r, :512] = np.einsum("hij,hjd->hid", e, v[:, lo:hi]).reshape(8, 512)
+        out[:, r, 512:516], out[:, r, 516:520] = m, e.sum(axis=2)
+    return out
+
+
+def merge_partials(parts: np.ndarray) -> np.ndarray:
+    """The o phase's input from attention_partials' layout (MERGE): per query head, the runs' sums weighted by
+    exp(m_r - M) over the weighted totals, float32 [4096]."""
+    m, tot = parts[:, :, 512:516], parts[:, :, 516:520]  # [8, runs, 4]
+    big = m.max(axis=1, keepdims=True)
+    e = np.where(np.isneginf(m), 0.0, np.exp(m - big))
+    w = e / (e * tot).sum(axis=1, keepdims=True)  # [8, runs, 4]
+    sums = parts[:, :, :512].reshape(parts.shape[0], parts.shape[1], 4, 128)
+    return np.einsum("hri,hrid->hid", w, sums).reshape(-1).astype(np.float32)
 
 
 def layer_names(attn: bool = False) -> list[str]:
@@ -186,7 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--norm", action="store_true", help="a layer's residual stream: QKV and gate/up stage the RMSNorm "
                     "of h + their input (o's and down's outputs added to h), so they wait for all of it")
     ap.add_argument("--attn", type=int, default=0, metavar="CTX", help="a decode attention phase over CTX keys "
-                    "(2 .. 1024; a block per KV head) between QKV and o, instead of o reading QKV's first outputs")
+                    "(2 .. 1024; a block per KV head and run of keys, merged at o's staging) between QKV and o, "
+                    "instead of o reading QKV's first outputs")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     try:
@@ -227,7 +274,8 @@ def main(argv=None) -> int:
     names = [f"chain_{w}_{st}_{i}_{o}_{a}" for w, st, i, o, a in configs]
     table = KernelTable(dev, module, names)
     rng = np.random.default_rng(0)
-    shapes = layer_shapes(bool(args.attn)) * args.layers
+    runs = attention_runs(sms)
+    shapes = [(k, n if k else 8 * runs * PART, g) for k, n, g in layer_shapes(bool(args.attn))] * args.layers
     names_layer = layer_names(bool(args.attn))
     P = len(shapes)
     x0 = rng.standard_normal(HIDDEN).astype(np.float32)
@@ -356,11 +404,14 @@ def main(argv=None) -> int:
                     prev, h_gpu = x0, {}
                     for p, (k, n, gated) in enumerate(shapes):
                         y = dev.download(arena, offs[("out", p)], 4 * n).view(np.float32)
-                        if k == 0:  # attention: against numpy on the GPU's QKV outputs
-                            want = attention(prev, *caches[p])
-                            err = max(err, float(np.nan_to_num(np.abs(y - want), nan=np.inf).max()
-                                                 / np.abs(want).max()))
-                            prev = y
+                        if k == 0:  # attention: the runs' partials against numpy on the GPU's QKV outputs
+                            want = attention_partials(prev, *caches[p], runs)
+                            got = y.reshape(want.shape)
+                            ok_m = np.array_equal(np.isneginf(got[:, :, 512:516]), np.isneginf(want[:, :, 512:516]))
+                            diff = np.where(np.isneginf(want), 0, np.abs(got - want))
+                            scale = np.abs(np.where(np.isneginf(want), 0, want)).max()
+                            err = max(err, float(np.nan_to_num(diff, nan=np.inf).max() / scale) if ok_m else np.inf)
+                            prev = merge_partials(got)
                             continue
                         if is_norm(p):  # the blocks' slices of h against h_prev + the input, both the GPU's
                             h_want, prev = normed(x0 if p == 0 else h_gpu[prev_norm(p)],

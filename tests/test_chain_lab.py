@@ -125,3 +125,22 @@ def test_layer_phases_with_attention():
     assert chain_lab.layer_names(True) == ["QKV", "attention", "o", "gate/up", "down"]
     assert [k for k, _, _ in chain_lab.layer_shapes(True)] == [4096, 0, 4096, 4096, 14336]
     assert len(chain_lab.layer_shapes(False)) == len(chain_lab.layer_names(False)) == 4
+
+
+@pytest.mark.parametrize("ctx,runs", [(256, 16), (5, 16), (37, 3), (2, 1)])
+def test_attention_runs_merge_to_the_whole(ctx, runs):
+    """chain_lab.cu's split (a partial per KV head and run of keys, some runs empty when ctx < runs) merged at o's
+    staging gives the attention over all keys, fresh random inputs."""
+    rng = np.random.default_rng()
+    qkv = (3 * rng.standard_normal(6144)).astype(np.float32)
+    kc, vc = (rng.standard_normal((8, ctx, 128)).astype(np.float16) for _ in range(2))
+    parts = chain_lab.attention_partials(qkv, kc, vc, runs)
+    assert parts.shape == (8, runs, chain_lab.PART)
+    assert np.isneginf(parts[:, :, 512:516]).any() == (-(-ctx // runs) * (runs - 1) >= ctx)
+    np.testing.assert_allclose(chain_lab.merge_partials(parts), chain_lab.attention(qkv, kc, vc), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_attention_runs_fill_the_grid():
+    assert chain_lab.attention_runs(132) == 16 and chain_lab.attention_runs(8) == 1
+    assert chain_lab.attention_runs(1000) == 32  # chain_lab.cu RUNS_MAX: a lane per run in the merge
