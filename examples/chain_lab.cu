@@ -188,6 +188,18 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
 // m_i (at 512 + i) and the total of exp(s - m_i) (at 516 + i), s = q k / sqrt(128); an empty run: m = -inf, 0s.
 // The o phase's staging merges the runs (chain_lab.py merge_partials). sm: 4 x 128 q, 4 x 128 sums, 4 x L scores.
 constexpr int KV_HEADS = 8, ATTN_CTX_MAX = 1024, PART = 520, RUNS_MAX = 32;
+
+// a warp's BATCH rows of a cache (rows j_lo + u0 + u W, u < BATCH, those below n of the run), lane d4's 4 halves of
+// each, the loads issued together (zeros past the run)
+template <int BATCH, int W>
+__device__ __forceinline__ void load_keys(uint2 (&w)[BATCH], const __half* rows, int j_lo, int u0, int n, int lane) {
+#pragma unroll
+  for (int u = 0; u < BATCH; ++u) {
+    const int j = j_lo + u0 + u * W;
+    w[u] = u0 + u * W < n ? __ldcg(reinterpret_cast<const uint2*>(rows + (long long)j * 128) + lane)
+                          : make_uint2(0u, 0u);
+  }
+}
 template <int W>
 __device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half* vc, int ctx, int h, int r, int R,
                                            float* sm, float* part) {
@@ -215,12 +227,7 @@ __device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half*
   constexpr int BATCH = 8;
   for (int u0 = warp; u0 < n; u0 += BATCH * W) {
     uint2 kw[BATCH];
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      const int j = j_lo + u0 + u * W;
-      kw[u] = u0 + u * W < n ? __ldcg(reinterpret_cast<const uint2*>(kc + (long long)j * 128) + lane)
-                             : make_uint2(0u, 0u);
-    }
+    load_keys<BATCH, W>(kw, kc, j_lo, u0, n, lane);
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
       const int jj = u0 + u * W;  // warp-uniform
@@ -260,12 +267,7 @@ __device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half*
   float acc[4][4] = {};
   for (int u0 = warp; u0 < n; u0 += BATCH * W) {
     uint2 vw[BATCH];
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      const int j = j_lo + u0 + u * W;
-      vw[u] = u0 + u * W < n ? __ldcg(reinterpret_cast<const uint2*>(vc + (long long)j * 128) + lane)
-                             : make_uint2(0u, 0u);
-    }
+    load_keys<BATCH, W>(vw, vc, j_lo, u0, n, lane);
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
       const int jj = u0 + u * W;
