@@ -75,7 +75,7 @@ constexpr int INTER_MAX = 14336;  // the widest K of a phase (chain_lab.py INTER
 constexpr int H_SMEM = 8192;
 static_assert(H_SMEM + 4 * 4096 <= 2 * INTER_MAX, "h fits the x area");
 
-struct Phase {        // 72 bytes, chain_lab.py PHASE_DTYPE
+struct Phase {        // 80 bytes, chain_lab.py PHASE_DTYPE
   long long w;        // byte offset of the weight chunks
   long long in;       // byte offset of the float32 input
   long long out;      // byte offset of the float32 output (N values)
@@ -188,6 +188,8 @@ template <int W> __device__ __forceinline__ void consumers_sync() {
 // m_i (at 512 + i) and the total of exp(s - m_i) (at 516 + i), s = q k / sqrt(128); an empty run: m = -inf, 0s.
 // The o phase's staging merges the runs (chain_lab.py merge_partials). sm: 4 x 128 q, 4 x 128 sums, 4 x L scores.
 constexpr int KV_HEADS = 8, ATTN_CTX_MAX = 1024, PART = 520, RUNS_MAX = 32;
+static_assert(4 * (1024 + 4 * ATTN_CTX_MAX) <= 2 * INTER_MAX, "attend_run's q, sums and scores fit the x area");
+static_assert(H_SMEM + 4 * 32 * RUNS_MAX <= 2 * INTER_MAX, "MERGE's weights fit the x area past the staged x");
 
 // a warp's BATCH rows of a cache (rows j_lo + u0 + u W, u < BATCH, those below n of the run), lane d4's 4 halves of
 // each, the loads issued together (zeros past the run)
@@ -245,22 +247,22 @@ __device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half*
     }
   }
   consumers_sync<W>();
-  if (warp < 4) {  // warp i: head i's exp(s - m) in place, m and their total into the partial
+  for (int i = warp; i < 4; i += W) {  // head i's exp(s - m) in place, m and their total into the partial
     float m = -INFINITY;
-    for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[warp * L + j]);
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[i * L + j]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float total = 0.f;
     for (int j = lane; j < n; j += 32) {
-      const float e = __expf(sc[warp * L + j] - m);
-      sc[warp * L + j] = e;
+      const float e = __expf(sc[i * L + j] - m);
+      sc[i * L + j] = e;
       total += e;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
     if (lane == 0) {
-      out[512 + warp] = m;
-      out[516 + warp] = total;
+      out[512 + i] = m;
+      out[516 + i] = total;
     }
   }
   consumers_sync<W>();
