@@ -1,7 +1,10 @@
-"""Lab: a chain of batch-1 int4 projections in one persistent kernel (examples/chain_lab.cu) against one launch each.
+"""Lab: batch-1 int4 decode layers (their projections; with --norm and --attn their norms, residuals and attention)
+in one persistent kernel (examples/chain_lab.cu) against one launch each.
 
     python3 examples/chain_lab.py                                   # 8 layers of Llama-3-8B shapes, every config
     python3 examples/chain_lab.py --layers 4 --configs 16-11-io --modes persistent,separate
+    python3 examples/chain_lab.py --configs 16-11-io --modes flags-lean --inflight 2 --norm --attn 256 --trace
+                                                                    # the best form so far (docs/perf.md v48)
     python3 examples/chain_lab.py --ptxas                           # registers / spills only (no GPU needed)
 
 Why: the 8B int4 decode step runs each projection as its own kernel at 32-47% of the bandwidth for the narrow ones
