@@ -226,8 +226,8 @@ def main(argv=None) -> int:
                     help="W-S (consumer warps, ring stages) or W-S-flags, flags of i (the MMAs as two chains) and "
                          "o (the offset dequantization) or a (W4A8), comma-separated")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}, comma-separated")
-    ap.add_argument("--trace", action="store_true", help="also time each phase inside one launch of each barrier "
-                    "mode and copy per configuration (globaltimer) and print where a layer goes")
+    ap.add_argument("--trace", action="store_true", help="also time each phase inside one launch of each mode "
+                    "but hold and separate per configuration (globaltimer) and print where a layer goes")
     ap.add_argument("--floor", action="store_true", help="also time lab_floor.py's read-only kernel on the chain's "
                     "bytes and on one layer's")
     ap.add_argument("--inflight", default="0", help="copies in flight per block, below the stages (0: no cap), "
