@@ -28,6 +28,12 @@
 // memory), so a block's first STAGES stages are on their way while that kernel drains; the consumer warps wait
 // (atlas::pdl_enter) before they read x. The grid still completes only after its waits, so a kernel waiting on it
 // waits on everything before it.
+// INFLIGHT D (quant_bulk.py inflight_choice; 0: no cap): the producer starts copy it only once copy it - D has landed,
+// so at most D copies per block are in flight while the ring still holds STAGES landed stages. With every stage of
+// every block in flight the memory system's queues hold microseconds of traffic that x's staging and the split's
+// atomics wait behind (examples/chain_lab.cu INFLIGHT: one launch per projection 60.96 -> 52.52 us a layer at D = 2,
+// H100, docs/perf.md v48). HOLD (quant_bulk.py hold_choice): the producer warp stays until the consumers have taken
+// the last stage, so its lanes trigger the dependents (the wrapper's pdl_leave) near the end, not at the start.
 // Everything here compiles to nothing outside sm_90a (the emitter asks for it only in an sm90-only compile).
 namespace atlas {
 
@@ -123,8 +129,8 @@ __device__ __forceinline__ void qb_stage_x(const SRC& src, int s0, int iters, un
 // row_b(j0), and warp w's A rows g / g + 8 are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
 // The emitter checks that row_a and row_b step by one across each tile: always for linear.cu LinGated (rows j and
 // N/2 + j); for LinRotary (the merged QKV projection's rotary and cache append) when P divides D / 2 and R / 2.
-template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, bool EARLY, typename SRC,
-          typename EPI = LinNoEpi>
+template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, bool EARLY, int INFLIGHT, bool HOLD,
+          typename SRC, typename EPI = LinNoEpi>
 __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* __restrict__ scale, SRC src,
                                                   const __half* __restrict__ bias, long long bias_stride,
                                                   const View<__half, R>& y, long long M, int N, int K,
@@ -132,6 +138,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
                                                   EPI epi = EPI()) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert((BITS == 4 || BITS == 8) && (BITS == 4 || !OFS), "int4 (with or without OFS) or int8");
+  static_assert(INFLIGHT >= 0 && INFLIGHT < STAGES, "INFLIGHT: fewer copies in flight than stages (0: no cap)");
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int SK = qb_stage_k<BITS>(), WPS = SK / 8, LW = WPS / 4;
   constexpr int ROWS = 16 * W;                  // weight rows per stage
@@ -169,6 +176,10 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
       for (int it = 0; it < iters; ++it) {
         const int s = it % STAGES;
         const unsigned f = tma_smem_u32(&full[s]);
+        if (INFLIGHT > 0 && it >= INFLIGHT) {  // copy it - INFLIGHT has landed (its slot is not refilled before it)
+          const int back = it - INFLIGHT;
+          tma_bar_wait(tma_smem_u32(&full[back % STAGES]), (back / STAGES) & 1);
+        }
         tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
         tma_bar_expect(f, W_STAGE);
         if constexpr (GATED) {
@@ -178,7 +189,11 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
           tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
         }
       }
+      // HOLD: stay until the consumers hold the last stage in registers, so that the producer's lanes reach the
+      // wrapper's pdl_leave near the block's end, not at its start (common.cuh: the trigger at the end)
+      if (HOLD && iters > 0) tma_bar_wait(tma_smem_u32(&empty[(iters - 1) % STAGES]), ((iters - 1) / STAGES) & 1);
     }
+    __syncwarp();
     return;
   }
   if constexpr (EARLY) pdl_enter();  // x (and the norm's operands) may come from the previous kernel

@@ -37,7 +37,9 @@ against 600.9 for the default kernels; with plain graphs 620.3 against 595.0. Pr
 start, costs the path its step.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
-ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu. int4's offset
+ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
+flight per block at D (below the stages; default 0, no cap) and ATLAS_QUANT_BULK_HOLD=1 keeps the producer warp until
+the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; A/B switches, v49). int4's offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
 weights of at least OFS_MIN_N rows).
 """
@@ -59,6 +61,11 @@ KS_ENV = "ATLAS_QUANT_BULK_KS"
 # the narrow ones (QKV, o), so a step A/B can put only the wide ones on it (v44 run 2: the step lost 12.5%).
 MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
 EARLY_ENV = "ATLAS_QUANT_BULK_EARLY"  # 0: the wrapper's wait first (v44's form); 1 (default): copies before the wait
+# =D: at most D copies in flight per block (quant_bulk.cu INFLIGHT; 0, the default: no cap)
+INFLIGHT_ENV = "ATLAS_QUANT_BULK_INFLIGHT"
+# =1: the producer warp stays until the consumers took its last stage (quant_bulk.cu HOLD); 0 (default): it returns
+# once its copies are issued
+HOLD_ENV = "ATLAS_QUANT_BULK_HOLD"
 KS_VALUES = ("1", "2", "4", "8", "16")
 CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
@@ -68,7 +75,7 @@ WEIGHT_INPUT = {"NormLinearQ": 3, "NormLinearRotary": 5}  # the packed weight's 
 # an sm90 block's shared memory, less 2 KB for the static arrays (the barriers, and a norm source's row offsets and
 # scratch from linear_prologue._norm_source: ~0.8 KB)
 SMEM_LIMIT = 227 * 1024 - 2048
-BLOCKS_TARGET = 264  # the K split aims for two blocks per SM of an H200 (132 SMs)
+SMS = 132  # the K split aims for config()'s blocks per SM of an H200 (132 SMs)
 MIN_RUN = 4  # stages each K run keeps at least
 I32 = 1 << 31
 
@@ -90,6 +97,21 @@ def early_choice() -> bool:
     """ATLAS_QUANT_BULK_EARLY (default on: the producer's copies start before the wait for the previous kernel);
     CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
     return env_switch(EARLY_ENV, True, CodegenError)
+
+
+def inflight_choice() -> int:
+    """ATLAS_QUANT_BULK_INFLIGHT as an int (0 when unset: no cap); CodegenError unless a non-negative integer.
+    plan() lowers a cap of at least the stages to 0."""
+    value = os.environ.get(INFLIGHT_ENV, "") or "0"
+    if not value.isdigit():
+        raise CodegenError(f"{INFLIGHT_ENV}={value!r} is not a count of copies (expected a non-negative integer)")
+    return int(value)
+
+
+def hold_choice() -> bool:
+    """ATLAS_QUANT_BULK_HOLD (default off: the producer warp returns once its copies are issued); CodegenError unless
+    0 or 1."""
+    return env_switch(HOLD_ENV, False, CodegenError)
 
 
 def min_n_choice() -> int:
@@ -125,13 +147,14 @@ def ks_choice() -> str:
 
 def ks_split(tiles: int, steps: int) -> int:
     """K runs for `tiles` tiles of `steps` stages: forced by ATLAS_QUANT_BULK_KS, or the largest power of two up to
-    16 that keeps tiles x runs <= BLOCKS_TARGET and every run >= MIN_RUN stages (at least 1); never more runs than
-    stages."""
+    16 that keeps tiles x runs <= SMS x config()'s blocks per SM and every run >= MIN_RUN stages (at least 1); never
+    more runs than stages."""
     mode = ks_choice()
     if mode != "auto":
         return min(int(mode), steps)
+    target = SMS * config()[2]
     ks = 1
-    while ks < 16 and tiles * ks * 2 <= BLOCKS_TARGET and steps // (ks * 2) >= MIN_RUN:
+    while ks < 16 and tiles * ks * 2 <= target and steps // (ks * 2) >= MIN_RUN:
         ks *= 2
     return ks
 
@@ -140,7 +163,8 @@ def record() -> dict:
     """The path's settings for the artifact's codegen choices: the switch, the configuration and the K split mode,
     each validated whether or not the switch is on (CodegenError naming a bad one)."""
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
-            "quant_bulk_min_n": min_n_choice(), "quant_bulk_early": early_choice()}
+            "quant_bulk_min_n": min_n_choice(), "quant_bulk_early": early_choice(),
+            "quant_bulk_inflight": inflight_choice(), "quant_bulk_hold": hold_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
@@ -267,6 +291,8 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
     early = early_choice()
+    inflight = inflight_choice() if inflight_choice() < stages else 0
+    hold = hold_choice()
     r = len(node.inputs[0].shape)
     src = src or f"atlas::QbPlain<{r}>{{x}}"
     wq_v = node.inputs[WEIGHT_INPUT.get(node.op, 1)]
@@ -278,10 +304,11 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
         *head,
         f"  {SM90A_MARKER}",
         f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
-        f"{str(early).lower()}>({tw}, wscale, {src}, "
+        f"{str(early).lower()}, {inflight}, {str(hold).lower()}>({tw}, wscale, {src}, "
         f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks}{', ' + epi if epi else ''});",
     ])
-    choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs, "early": early}
+    choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs, "early": early,
+              "inflight": inflight, "hold": hold}
     if norm_k:
         choice["norm"] = True
     if epi:

@@ -6,9 +6,10 @@ An sm90-only compile of one-row LinearQ4 nodes (symmetric, groups of 128) and Li
 with a bias (one or two stages, a partial tile) and K 256 x N 1000 (a partial tile of the 128-row default); each
 node is checked to be the copy-engine kernel, then run
 twice in one arena (the K split's counters must be left at 0) against the reference interpreter, with the offset
-dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, and two other
-configurations (ATLAS_QUANT_BULK_CONFIG). NormLinearQ (the norm source, staged by the consumer warps) over K 4096,
-int4 and int8: plain with N 1000 (a partial tile); with the residual add, its sum output and the SwiGLU epilogue
+dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, two other
+configurations (ATLAS_QUANT_BULK_CONFIG), and with the copies in flight capped and the producer held
+(ATLAS_QUANT_BULK_INFLIGHT, ATLAS_QUANT_BULK_HOLD). NormLinearQ (the norm source, staged by the consumer warps) over
+K 4096, int4 and int8: plain with N 1000 (a partial tile); with the residual add, its sum output and the SwiGLU epilogue
 (N 2 x 500 pairs, bias); and with SwiGLU alone over N 2 x 4096 (64 tiles of 64 pairs). NormLinearRotary (the merged
 QKV projection with the rotary and the KV-cache append; 4 q and 2 kv heads of 128 dims, K 4096) at past 0 and 7:
 int4 with the residual add and full rotary, int8 with a bias and tables per batch row, int4 without rotary, and
@@ -155,6 +156,18 @@ def test_bulk_int4_matches_reference(monkeypatch, ofs, ks):
 @pytest.mark.parametrize("config", ["4-8-4", "16-4-1"])
 def test_bulk_int4_configurations(monkeypatch, config):
     _check(monkeypatch, ATLAS_QUANT_BULK_CONFIG=config)
+
+
+@pytest.mark.parametrize("config, inflight, hold", [("", "2", "1"), ("16-11-1", "2", "1"), ("16-11-1", "1", "0")])
+@pytest.mark.parametrize("build", ["plain", "norm"])
+def test_bulk_inflight_and_hold(monkeypatch, config, inflight, hold, build):
+    """ATLAS_QUANT_BULK_INFLIGHT (the producer's copies in flight capped) and ATLAS_QUANT_BULK_HOLD (the producer warp
+    kept until its last stage is taken) at the default and the lab's 16-warp, 11-stage configuration: the same
+    results, run twice in one arena (the K split's counters back at 0)."""
+    env = {"ATLAS_QUANT_BULK_INFLIGHT": inflight, "ATLAS_QUANT_BULK_HOLD": hold, "ATLAS_QUANT_OFS": "1"}
+    if config:
+        env["ATLAS_QUANT_BULK_CONFIG"] = config
+    _check(monkeypatch, build_bulk if build == "plain" else build_bulk_norm, **env)
 
 
 @pytest.mark.parametrize("ofs", ["0", "1"])

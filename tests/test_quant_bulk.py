@@ -189,8 +189,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
     for ofs in ("0", "1"):
         monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
         _, mod = _module(build_bulk())
-        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false), true>\(",
-                           mod.source)
+        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false), true, 0, "
+                           r"false>\(", mod.source)
         assert flags == [(str(b), "true" if ofs == "1" and b == 4 else "false") for _ in CASES for b in BITS]
         assert_builds_without_spills(mod, tmp_path)
 
@@ -199,7 +199,9 @@ def test_builds_without_spills(monkeypatch, tmp_path):
                                         (quant_bulk.CONFIG_ENV, "32-4-1"), (quant_bulk.CONFIG_ENV, "8-1-2"),
                                         (quant_bulk.CONFIG_ENV, "16-4-4"),
                                         (quant_bulk.KS_ENV, "3"), (quant_bulk.MIN_N_ENV, "-1"),
-                                        (quant_bulk.MIN_N_ENV, "16k"), (quant_bulk.EARLY_ENV, "2")])
+                                        (quant_bulk.MIN_N_ENV, "16k"), (quant_bulk.EARLY_ENV, "2"),
+                                        (quant_bulk.INFLIGHT_ENV, "-1"), (quant_bulk.INFLIGHT_ENV, "two"),
+                                        (quant_bulk.HOLD_ENV, "yes")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)
@@ -226,8 +228,8 @@ def test_early_copies_wait_inside(monkeypatch, tmp_path, early):
     kernels = [k for k in _kernels(mod.source) if CALL in k]
     assert len(kernels) == len(graph.nodes)
     for kernel in kernels:
-        assert re.search(rf"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), {flag}>\(",
-                         kernel)
+        assert re.search(rf"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), {flag}, 0, "
+                         r"false>\(", kernel)
         waits = kernel.count("atlas::pdl_enter();")
         assert waits == (0 if early == "1" else 1)
         if early == "0":
@@ -235,6 +237,26 @@ def test_early_copies_wait_inside(monkeypatch, tmp_path, early):
     assert mod.choices["quant_bulk_early"] is (early == "1")
     assert all(c["early"] is (early == "1") for c in mod.choices["kernels"].values())
     if early == "0":
+        assert_builds_without_spills(mod, tmp_path)
+
+
+@pytest.mark.parametrize("inflight, hold", [("2", "1"), ("1", "0"), ("6", "1")])
+def test_inflight_and_hold_reach_the_kernels(monkeypatch, tmp_path, inflight, hold):
+    """ATLAS_QUANT_BULK_INFLIGHT=D and ATLAS_QUANT_BULK_HOLD: every bulk call takes D (lowered to 0, no cap, where D is
+    not below the call's stages: the default configuration has 6) and HOLD, the choices record both, and the
+    module builds for sm_90a without spills."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    monkeypatch.setenv(quant_bulk.INFLIGHT_ENV, inflight)
+    monkeypatch.setenv(quant_bulk.HOLD_ENV, hold)
+    graph, mod = _module(build_bulk())
+    calls = re.findall(r"atlas::linear_quant_bulk<\d+, \d, \d+, (\d+), (?:true|false), (?:true|false), "
+                       r"(?:true|false), (\d+), (true|false)>\(", mod.source)
+    flag = "true" if hold == "1" else "false"
+    assert len(calls) == len(graph.nodes)
+    assert all(d == (inflight if int(inflight) < int(stages) else "0") and h == flag for stages, d, h in calls)
+    assert mod.choices["quant_bulk_inflight"] == int(inflight) and mod.choices["quant_bulk_hold"] is (hold == "1")
+    assert all(c["hold"] is (hold == "1") for c in mod.choices["kernels"].values())
+    if inflight == "2":
         assert_builds_without_spills(mod, tmp_path)
 
 

@@ -41,7 +41,9 @@ def _bulk_settings() -> tuple:
 
     return (("quant_bulk_config", list(CONFIG), "ATLAS_QUANT_BULK_CONFIG"),
             ("quant_bulk_ks", "auto", "ATLAS_QUANT_BULK_KS"), ("quant_bulk_min_n", 0, "ATLAS_QUANT_BULK_MIN_N"),
-            ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"))
+            ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"),
+            ("quant_bulk_inflight", 0, "ATLAS_QUANT_BULK_INFLIGHT"),
+            ("quant_bulk_hold", False, "ATLAS_QUANT_BULK_HOLD"))
 
 
 def _opt_ins(choices: dict) -> str:
