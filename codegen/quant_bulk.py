@@ -9,7 +9,8 @@ Lab: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes. Measu
 runs 1-2): the copy engine streams within 1-10% of the read-only floor, but each block's consumers (the per-stage
 chain of loads, dequantization and MMAs) bound it. The kernels beat quant.cu's float-x ones in the lab only on the
 wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower (H100; on the H200, v46:
-16.8% slower). So the path is off, for A/B.
+16.8% slower). So the path is off, for A/B. v49 (H100) capped the copies in flight and held the producer warp to the
+block's end: the int4 step then gains 5% (below); not yet measured on the H200, so still off.
 
 ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
 kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
@@ -38,8 +39,12 @@ start, costs the path its step.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
-flight per block at D (below the stages; default 0, no cap) and ATLAS_QUANT_BULK_HOLD=1 keeps the producer warp until
-the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; A/B switches, v49). int4's offset
+flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default; 0: v44-v46's
+form) keeps the producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD).
+H100, 8-layer Llama-3-8B int4 step at batch 1 replayed with programmatic edges (docs/perf.md v49): with
+ATLAS_INT4_PATH=w4a16 and every projection on this path at 16-11-1, D = 2 and the producer held, 689.8 -> 654.9 us
+(-5.1%) against the default kernels; the hold alone takes v46's form (gate/up and the LM head at 16-6-1) from 717.0
+to 693.0 us. int8 (w8a16, the same settings): 961.7 -> 1009.7 us (+5.0%). int4's offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
 weights of at least OFS_MIN_N rows).
 """
@@ -61,13 +66,16 @@ KS_ENV = "ATLAS_QUANT_BULK_KS"
 # the narrow ones (QKV, o), so a step A/B can put only the wide ones on it (v44 run 2: the step lost 12.5%).
 MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
 EARLY_ENV = "ATLAS_QUANT_BULK_EARLY"  # 0: the wrapper's wait first (v44's form); 1 (default): copies before the wait
-# =D: at most D copies in flight per block (quant_bulk.cu INFLIGHT; 0, the default: no cap)
+# =D: at most D copies in flight per block (quant_bulk.cu INFLIGHT; default INFLIGHT; 0: no cap)
 INFLIGHT_ENV = "ATLAS_QUANT_BULK_INFLIGHT"
-# =1: the producer warp stays until the consumers took its last stage (quant_bulk.cu HOLD); 0 (default): it returns
-# once its copies are issued
+# =1 (default): the producer warp stays until the consumers took its last stage (quant_bulk.cu HOLD); 0: it returns
+# once its copies are issued (the form v44-v46 measured)
 HOLD_ENV = "ATLAS_QUANT_BULK_HOLD"
 KS_VALUES = ("1", "2", "4", "8", "16")
-CONFIG = (8, 6, 2)  # W consumer warps, STAGES, blocks per SM: a guess until examples/w4_bulk_lab.py has run
+# W consumer warps, STAGES, blocks per SM: examples/chain_lab.py's best one-launch-per-projection form (16 warps, 11
+# stages, 2 copies in flight) and the best 8-layer int4 step of docs/perf.md v49 (H100: 16-8-1 and a cap of 3 slower)
+CONFIG = (16, 11, 1)
+INFLIGHT = 2  # copies in flight per block (quant_bulk.cu INFLIGHT) unless ATLAS_QUANT_BULK_INFLIGHT says otherwise
 STAGE_K = {4: 128, 8: 64}  # k per stage (qb_stage_k): one int4 group, or 64 bytes of int8
 GROUP = 128
 OPS = {"LinearQ4": 4, "LinearQ8": 8}
@@ -100,18 +108,18 @@ def early_choice() -> bool:
 
 
 def inflight_choice() -> int:
-    """ATLAS_QUANT_BULK_INFLIGHT as an int (0 when unset: no cap); CodegenError unless a non-negative integer.
-    plan() lowers a cap of at least the stages to 0."""
-    value = os.environ.get(INFLIGHT_ENV, "") or "0"
+    """ATLAS_QUANT_BULK_INFLIGHT as an int (INFLIGHT when unset; 0: no cap); CodegenError unless a non-negative
+    integer. emit() lowers a cap of at least the kernel's stages to 0."""
+    value = os.environ.get(INFLIGHT_ENV, "") or str(INFLIGHT)
     if not value.isdigit():
         raise CodegenError(f"{INFLIGHT_ENV}={value!r} is not a count of copies (expected a non-negative integer)")
     return int(value)
 
 
 def hold_choice() -> bool:
-    """ATLAS_QUANT_BULK_HOLD (default off: the producer warp returns once its copies are issued); CodegenError unless
+    """ATLAS_QUANT_BULK_HOLD (default on: the producer warp stays until its last stage is taken); CodegenError unless
     0 or 1."""
-    return env_switch(HOLD_ENV, False, CodegenError)
+    return env_switch(HOLD_ENV, True, CodegenError)
 
 
 def min_n_choice() -> int:
@@ -132,7 +140,7 @@ def config() -> tuple[int, int, int]:
         return CONFIG
     parts = value.split("-")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise CodegenError(f"{CONFIG_ENV}={value!r} is not W-STAGES-BLOCKS (e.g. 8-6-2)")
+        raise CodegenError(f"{CONFIG_ENV}={value!r} is not W-STAGES-BLOCKS (e.g. 16-11-1)")
     w, stages, blocks = (int(p) for p in parts)
     if 16 * w > 256 or stages < 2 or blocks * 32 * (w + 1) > 2048:
         raise CodegenError(f"{CONFIG_ENV}={value!r}: needs at most 16 warps (a box of at most 256 rows), at least 2 "

@@ -199,10 +199,11 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "quant_bulk": True, **bulk}) == (
         "ATLAS_QUANT_BULK=1, ATLAS_QUANT_BULK_CONFIG=16-6-1, ATLAS_QUANT_BULK_KS=2, ATLAS_QUANT_BULK_MIN_N=16384, "
         "ATLAS_QUANT_BULK_EARLY=0")
-    assert _opt_ins({**defaults, "quant_bulk": True, **bulk, "quant_bulk_inflight": 2, "quant_bulk_hold": True}) \
-        .endswith("ATLAS_QUANT_BULK_EARLY=0, ATLAS_QUANT_BULK_INFLIGHT=2, ATLAS_QUANT_BULK_HOLD=1")
-    assert _opt_ins({**defaults, "quant_bulk": True, "quant_bulk_config": [8, 6, 2], "quant_bulk_ks": "auto",
-                     "quant_bulk_min_n": 0, "quant_bulk_early": True}) == "ATLAS_QUANT_BULK=1"
+    assert _opt_ins({**defaults, "quant_bulk": True, **bulk, "quant_bulk_inflight": 0, "quant_bulk_hold": False}) \
+        .endswith("ATLAS_QUANT_BULK_EARLY=0, ATLAS_QUANT_BULK_INFLIGHT=0, ATLAS_QUANT_BULK_HOLD=0")
+    assert _opt_ins({**defaults, "quant_bulk": True, "quant_bulk_config": [16, 11, 1], "quant_bulk_ks": "auto",
+                     "quant_bulk_min_n": 0, "quant_bulk_early": True, "quant_bulk_inflight": 2,
+                     "quant_bulk_hold": True}) == "ATLAS_QUANT_BULK=1"
     assert _opt_ins({**defaults, "quant_min_blocks": 4, "attention_early_kv": True}) == \
         "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
     assert _opt_ins({**defaults, "quant_staged_u": 0, "prologue_act8_grid": 0}) == ""

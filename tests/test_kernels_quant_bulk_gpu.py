@@ -3,7 +3,7 @@ reference.
 
 An sm90-only compile of one-row LinearQ4 nodes (symmetric, groups of 128) and LinearQ8 nodes: K 4096 x N 4096
 (Llama-3-8B's o), K 14336 x N 256 with a bias (down's K: 112 int4 / 224 int8 stages, split into K runs), K 128 x N 40
-with a bias (one or two stages, a partial tile) and K 256 x N 1000 (a partial tile of the 128-row default); each
+with a bias (one or two stages, a partial tile) and K 256 x N 1000 (a partial tile of the default's 256 rows); each
 node is checked to be the copy-engine kernel, then run
 twice in one arena (the K split's counters must be left at 0) against the reference interpreter, with the offset
 dequantization off and on (ATLAS_QUANT_OFS), the K split forced to 1, 2 and 4 runs or by the rule, two other
@@ -158,12 +158,13 @@ def test_bulk_int4_configurations(monkeypatch, config):
     _check(monkeypatch, ATLAS_QUANT_BULK_CONFIG=config)
 
 
-@pytest.mark.parametrize("config, inflight, hold", [("", "2", "1"), ("16-11-1", "2", "1"), ("16-11-1", "1", "0")])
+@pytest.mark.parametrize("config, inflight, hold",
+                         [("8-6-2", "2", "1"), ("", "2", "1"), ("", "1", "0"), ("", "0", "0")])
 @pytest.mark.parametrize("build", ["plain", "norm"])
 def test_bulk_inflight_and_hold(monkeypatch, config, inflight, hold, build):
     """ATLAS_QUANT_BULK_INFLIGHT (the producer's copies in flight capped) and ATLAS_QUANT_BULK_HOLD (the producer warp
-    kept until its last stage is taken) at the default and the lab's 16-warp, 11-stage configuration: the same
-    results, run twice in one arena (the K split's counters back at 0)."""
+    kept until its last stage is taken) at the default configuration (16-11-1) and at v44-v46's 8-6-2, and without
+    either (v46's form): the same results, run twice in one arena (the K split's counters back at 0)."""
     env = {"ATLAS_QUANT_BULK_INFLIGHT": inflight, "ATLAS_QUANT_BULK_HOLD": hold, "ATLAS_QUANT_OFS": "1"}
     if config:
         env["ATLAS_QUANT_BULK_CONFIG"] = config

@@ -57,15 +57,15 @@ def _fp8():
 
 def test_emitted_with_the_switch_for_sm90(monkeypatch):
     """Every node of the GPU test's graph (int4 and int8) takes the path: the call with its bits, the sm_90a marker,
-    one uint8 tensor map per node over the rows' bytes (K/2 int4, K int8; boxes of 128 rows x 64 bytes), and the
-    choice recorded."""
+    one uint8 tensor map per node over the rows' bytes (K/2 int4, K int8; boxes of 16 W rows x 64 bytes, W the
+    configuration's warps), and the choice recorded."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     graph, mod = _module(build_bulk())
     assert mod.source.count(CALL) == len(graph.nodes) == len(CASES) * len(BITS) and SM90A_MARKER in mod.source
     assert re.findall(r"linear_quant_bulk<\d+, (\d+),", mod.source) == [str(b) for _ in CASES for b in BITS]
     maps = sorted(mod.tensor_maps, key=lambda t: t.slot)
     assert [(t.dtype, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols) for t in maps] == \
-        [("uint8", n, k * b // 8, k * b // 8, 128, 64) for k, n, _ in CASES for b in BITS]
+        [("uint8", n, k * b // 8, k * b // 8, 16 * quant_bulk.CONFIG[0], 64) for k, n, _ in CASES for b in BITS]
     kernels = mod.choices["kernels"]
     assert mod.choices["quant_bulk"] is True and len(kernels) == len(graph.nodes)
     assert all(c["path"] == "bulk" and c["config"] == list(quant_bulk.CONFIG) for c in kernels.values())
@@ -74,7 +74,7 @@ def test_emitted_with_the_switch_for_sm90(monkeypatch):
 def test_norm_kinds_emitted(monkeypatch):
     """NormLinearQ nodes (int4 and int8; plain, with the residual add and its sum, with SwiGLU) take the path with
     the norm source (QbNorm, ADD when b is given, the sum's pointer when the node has it) and, paired, the epilogue
-    and boxes of 8 W rows; without the switch they keep quant.cu's / act_int8.cu's kernels."""
+    and boxes of 8 W rows (16 W plain); without the switch they keep quant.cu's / act_int8.cu's kernels."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     graph, mod = _module(build_bulk_norm())
     calls = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), [^>]*>\([^;]*?atlas::QbNorm<(true|false)>\{xs, [^,]+, "
@@ -84,7 +84,7 @@ def test_norm_kinds_emitted(monkeypatch):
     assert calls == want and len(graph.nodes) == len(want)
     maps = sorted(mod.tensor_maps, key=lambda t: t.slot)
     assert [(t.rows, t.cols, t.box_rows) for t in maps] == \
-        [(n, 4096 * b // 8, 64 if glu else 128) for n, _, glu, _ in NORM_CASES for b in BITS]
+        [(n, 4096 * b // 8, (8 if glu else 16) * quant_bulk.CONFIG[0]) for n, _, glu, _ in NORM_CASES for b in BITS]
     assert all(c["norm"] and c.get("paired", False) == bool(NORM_CASES[i // 2][2])
                for i, c in enumerate(mod.choices["kernels"].values()))
     monkeypatch.setenv(quant_bulk.BULK_ENV, "0")
@@ -189,8 +189,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
     for ofs in ("0", "1"):
         monkeypatch.setenv("ATLAS_QUANT_OFS", ofs)
         _, mod = _module(build_bulk())
-        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false), true, 0, "
-                           r"false>\(", mod.source)
+        flags = re.findall(r"atlas::linear_quant_bulk<\d+, (\d), \d+, \d+, (?:true|false), (true|false), true, \d+, "
+                           r"(?:true|false)>\(", mod.source)
         assert flags == [(str(b), "true" if ofs == "1" and b == 4 else "false") for _ in CASES for b in BITS]
         assert_builds_without_spills(mod, tmp_path)
 
@@ -228,8 +228,8 @@ def test_early_copies_wait_inside(monkeypatch, tmp_path, early):
     kernels = [k for k in _kernels(mod.source) if CALL in k]
     assert len(kernels) == len(graph.nodes)
     for kernel in kernels:
-        assert re.search(rf"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), {flag}, 0, "
-                         r"false>\(", kernel)
+        assert re.search(rf"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), {flag}, \d+, "
+                         r"(?:true|false)>\(", kernel)
         waits = kernel.count("atlas::pdl_enter();")
         assert waits == (0 if early == "1" else 1)
         if early == "0":
@@ -240,10 +240,10 @@ def test_early_copies_wait_inside(monkeypatch, tmp_path, early):
         assert_builds_without_spills(mod, tmp_path)
 
 
-@pytest.mark.parametrize("inflight, hold", [("2", "1"), ("1", "0"), ("6", "1")])
+@pytest.mark.parametrize("inflight, hold", [("2", "1"), ("1", "0"), ("11", "1"), ("0", "0")])
 def test_inflight_and_hold_reach_the_kernels(monkeypatch, tmp_path, inflight, hold):
     """ATLAS_QUANT_BULK_INFLIGHT=D and ATLAS_QUANT_BULK_HOLD: every bulk call takes D (lowered to 0, no cap, where D is
-    not below the call's stages: the default configuration has 6) and HOLD, the choices record both, and the
+    not below the call's stages: the default configuration has 11) and HOLD, the choices record both, and the
     module builds for sm_90a without spills."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(quant_bulk.INFLIGHT_ENV, inflight)
@@ -273,11 +273,15 @@ def test_min_n_leaves_narrow_weights(monkeypatch):
 
 
 def test_k_split_rule(monkeypatch):
-    """Up to two blocks per SM of an H200 with every run at least MIN_RUN stages: the 8B o (32 tiles of 128 rows, 32
-    stages) and down (112 stages) take 8 runs, a wide weight (gate/up's 224 tiles) none; forced values hold, without
-    empty runs."""
+    """Up to the configuration's blocks per SM on an H200's 132 SMs, every run at least MIN_RUN stages: at the default
+    16-11-1 the 8B o and down (16 tiles of 256 rows; 32 and 112 stages) take 8 runs (128 blocks), a wide weight
+    (gate/up's 112 tiles) none; at 8-6-2 (264 blocks) o and down (32 tiles of 128 rows) take 8 too; forced values
+    hold, without empty runs."""
+    assert quant_bulk.ks_split(16, 32) == 8 and quant_bulk.ks_split(16, 112) == 8
+    assert quant_bulk.ks_split(112, 32) == 1 and quant_bulk.ks_split(1, 4) == 1 and quant_bulk.ks_split(2, 8) == 2
+    monkeypatch.setenv(quant_bulk.CONFIG_ENV, "8-6-2")
     assert quant_bulk.ks_split(32, 32) == 8 and quant_bulk.ks_split(32, 112) == 8
-    assert quant_bulk.ks_split(224, 32) == 1 and quant_bulk.ks_split(1, 4) == 1 and quant_bulk.ks_split(2, 8) == 2
+    assert quant_bulk.ks_split(224, 32) == 1
     monkeypatch.setenv(quant_bulk.KS_ENV, "4")
     assert quant_bulk.ks_split(224, 32) == 4 and quant_bulk.ks_split(1, 2) == 2
     # plan: runs of ceil(steps / ks) stages, as many as that fills (16 forced over 20 stages: 10 runs of 2)

@@ -37,13 +37,13 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
 def _bulk_settings() -> tuple:
     """The copy-engine quantized path's settings (codegen/quant_bulk.py) with their defaults: inspect names them only
     where the path was on."""
-    from atlasc.codegen.quant_bulk import CONFIG
+    from atlasc.codegen.quant_bulk import CONFIG, INFLIGHT
 
     return (("quant_bulk_config", list(CONFIG), "ATLAS_QUANT_BULK_CONFIG"),
             ("quant_bulk_ks", "auto", "ATLAS_QUANT_BULK_KS"), ("quant_bulk_min_n", 0, "ATLAS_QUANT_BULK_MIN_N"),
             ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"),
-            ("quant_bulk_inflight", 0, "ATLAS_QUANT_BULK_INFLIGHT"),
-            ("quant_bulk_hold", False, "ATLAS_QUANT_BULK_HOLD"))
+            ("quant_bulk_inflight", INFLIGHT, "ATLAS_QUANT_BULK_INFLIGHT"),
+            ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"))
 
 
 def _opt_ins(choices: dict) -> str:
