@@ -183,7 +183,16 @@ def program_module(program: Program, archs: tuple[str, ...]) -> GeneratedModule:
     KV cache, decode buckets and steps) for the target archs; nvcc not run."""
     return generate_module({k: (g, program.plans[k]) for k, g in program.entries.items()}, program.bounds,
                            _kv_dict(program), decode_buckets(program), archs, narrowed_lower(program),
-                           decode_steps(program))
+                           decode_steps(program), bulk_ops(program))
+
+
+def bulk_ops(program: Program) -> frozenset[str]:
+    """The projection ops (LinearQ4 / LinearQ8) whose batch-1 decode path choose-decode-path set to the copy-engine
+    kernels (its decode_paths record: rows 1 ending in COPY_ENGINE_NOTE)."""
+    from atlasc.passes.choose_decode_path import COPY_ENGINE_NOTE, QUANT
+
+    rows1 = {quant: d.get("paths", {}).get("rows 1", "") for quant, d in program.decode_paths.items()}
+    return frozenset(op for op, quant in QUANT.items() if rows1.get(quant, "").endswith(COPY_ENGINE_NOTE))
 
 
 # Decode batch sizes that get their own kernels when the artifact's maximum batch is larger: a kernel

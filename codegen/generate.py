@@ -161,10 +161,14 @@ class KernelContext:
 
     def __init__(self, node: Node, plan: MemoryPlan, upper: dict[str, int], kernel: str, kv_cache: dict | None,
                  scratch_offset: int | None = None, lower: dict[str, int] | None = None,
-                 archs: tuple[str, ...] = (), tensor_maps: TensorMapTable | None = None):
+                 archs: tuple[str, ...] = (), tensor_maps: TensorMapTable | None = None,
+                 bulk_ops: frozenset[str] = frozenset()):
         self.scratch_offset = align(plan.arena_bytes) if scratch_offset is None else scratch_offset
         self.archs = archs  # the compile's target archs (() = unknown: the H200's limits)
         self.tensor_maps = tensor_maps  # None: no room reserved (a kernel may not use the copy engine's maps)
+        # the projection ops (LinearQ4 / LinearQ8) whose batch-1 kernels choose-decode-path gave the copy-engine path
+        # (codegen/quant_bulk.py serves)
+        self.bulk_ops = bulk_ops
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
@@ -295,7 +299,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                     kv_cache: dict | None = None,
                     buckets: dict[str, tuple[str, tuple[int, ...]]] | None = None,
                     archs: tuple[str, ...] = (), lower: dict[str, dict[str, int]] | None = None,
-                    decode_steps: dict[str, str] | None = None) -> GeneratedModule:
+                    decode_steps: dict[str, str] | None = None,
+                    bulk_ops: frozenset[str] = frozenset()) -> GeneratedModule:
     """CUDA source for every node of every entry, and each entry's launch list in schedule order.
 
     `upper[entry]` gives each symbol's compile-time maximum for that entry (grid sizing); `archs` the target
@@ -307,6 +312,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     to 8 run `decode_small`): its kernels may leave out what only those runs would need (KernelContext.lower).
     `decode_steps[entry]` names a decode step's batch symbol: its kernels generated for a batch of at most 1
     keep one kernel per node (codegen/share.py says why).
+    `bulk_ops`: the projection ops whose batch-1 decode kernels choose-decode-path gave the copy-engine path
+    (Program.decode_paths, atlasc/compiler.py bulk_ops); quant_bulk.py serves them unless ATLAS_QUANT_BULK=0.
     Guarantees: deterministic text for the same inputs; one `extern "C"` kernel per node and distinct
     variant, except reshapes the plan aliased to their input (`plan.aliases`), which need none, and nodes
     whose kernels differ only in arena offsets, which share one (codegen/share.py, Launch.args).
@@ -325,7 +332,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
     arena_end = align(max((plan.arena_bytes for _, plan in entries.values()), default=0))
     from atlasc.codegen import linear_tma, quant_bulk
 
-    map_slots = linear_tma.map_capacity(entries, buckets, archs) + quant_bulk.map_capacity(entries, buckets, archs)
+    map_slots = (linear_tma.map_capacity(entries, buckets, archs)
+                 + quant_bulk.map_capacity(entries, buckets, archs, bulk_ops))
     tensor_maps = TensorMapTable(arena_end, map_slots) if map_slots else None
     scratch_offset = align(arena_end + TENSOR_MAP_BYTES * map_slots)
     scratch_bytes = 0
@@ -347,7 +355,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                 return runs_above
 
             ctx = KernelContext(node, plan, upper[entry], kernel, kv_cache, scratch_offset,
-                                above(upper[entry].get(symbol, 0)), archs, tensor_maps)
+                                above(upper[entry].get(symbol, 0)), archs, tensor_maps, bulk_ops)
             code = EMITTERS[node.op](ctx, node)
             scratch_bytes = max(scratch_bytes, _scratch_need(node, code))
             if code.choice:
@@ -361,7 +369,7 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
             for value in smaller:
                 name = f"{kernel}_{symbol}{value}"
                 vctx = KernelContext(node, plan, {**upper[entry], symbol: value}, name, kv_cache, scratch_offset,
-                                     above(value), archs, tensor_maps)
+                                     above(value), archs, tensor_maps, bulk_ops)
                 vcode = EMITTERS[node.op](vctx, node)
                 scratch_bytes = max(scratch_bytes, _scratch_need(node, vcode))
                 vtext = _wrapper(vctx, node, vcode)

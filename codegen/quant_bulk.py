@@ -12,7 +12,9 @@ wide projections, and with those on it the replayed 8-layer int4 step was 12.5% 
 16.8% slower). So the path is off, for A/B. v49 (H100) capped the copies in flight and held the producer warp to the
 block's end: the int4 step then gains 5% (below); not yet measured on the H200, so still off.
 
-ATLAS_QUANT_BULK=1 serves a LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
+ATLAS_QUANT_BULK=1 (every eligible node; auto, the default: only nodes of the ops whose batch-1 decode path
+choose-decode-path set to this one, generate_module's bulk_ops, e.g. with ATLAS_INT4_PATH=w4a16-bulk) serves a
+LinearQ4 or LinearQ8 node (the plain projection: Llama's o and down at batch 1) whose
 kernel runs for one row of x, when the compile targets sm90 alone with the copy engine allowed (ATLAS_LINEAR_TMA,
 atlasc/ir/archs.py; the cubin is built for sm_90a), x is a contiguous float16 row at 16-byte aligned bytes, the
 weight is int4 symmetric (no zero points) with groups of 128 and K % 128 == 0, or int8 with K % 64 == 0 (not FP8
@@ -56,9 +58,9 @@ import os
 from atlasc.codegen.generate import CodegenError, KernelCode, KernelContext
 from atlasc.codegen.nvcc import SM90A_MARKER
 from atlasc.errors import env_choice, env_switch
-from atlasc.ir.archs import copy_engine
+from atlasc.ir.archs import QUANT_BULK_ENV, copy_engine, quant_bulk_mode
 
-BULK_ENV = "ATLAS_QUANT_BULK"
+BULK_ENV = QUANT_BULK_ENV
 CONFIG_ENV = "ATLAS_QUANT_BULK_CONFIG"
 KS_ENV = "ATLAS_QUANT_BULK_KS"
 # =N: only weights of at least N rows take the path (default 0: every eligible one). H100 lab (docs/perf.md v44 run
@@ -88,9 +90,18 @@ MIN_RUN = 4  # stages each K run keeps at least
 I32 = 1 << 31
 
 
-def bulk_choice() -> bool:
-    """ATLAS_QUANT_BULK (default off); CodegenError unless 0 or 1. Recorded in the artifact's codegen choices."""
-    return env_switch(BULK_ENV, False, CodegenError)
+def bulk_choice() -> str:
+    """ATLAS_QUANT_BULK: "auto" (default: the projections choose-decode-path gave this path), "1" (every eligible
+    one) or "0" (none); CodegenError for another value. Recorded in the artifact's codegen choices."""
+    return quant_bulk_mode(CodegenError)
+
+
+def serves(op: str, bulk_ops: frozenset[str]) -> bool:
+    """Whether the path may take op's (LinearQ4 / LinearQ8) batch-1 kernels: ATLAS_QUANT_BULK=1, or auto with op in
+    bulk_ops (the ops whose batch-1 decode path choose-decode-path set to the copy engine, generate_module's
+    bulk_ops)."""
+    mode = bulk_choice()
+    return mode == "1" or (mode == "auto" and op in bulk_ops)
 
 
 def smem_bytes(w: int, stages: int, run: int, bits: int = 4, norm_k: int = 0) -> int:
@@ -175,17 +186,18 @@ def record() -> dict:
             "quant_bulk_inflight": inflight_choice(), "quant_bulk_hold": hold_choice()}
 
 
-def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...]) -> int:
-    """Tensor-map slots to reserve for a module: one per LinearQ4 / LinearQ8 node, NormLinearQ / NormLinearRotary node
-    of int4 or int8 weights, and kernel variant when the path may be used (the switch on, an sm90-only compile with
-    the copy engine allowed), else 0."""
-    if not (bulk_choice() and copy_engine(archs)):
+def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...],
+                 bulk_ops: frozenset[str] = frozenset()) -> int:
+    """Tensor-map slots to reserve for a module: one per kernel and kernel variant of a LinearQ4 / LinearQ8 node or a
+    NormLinearQ / NormLinearRotary node over one, whose op the path serves (serves(op, bulk_ops)) in an sm90-only
+    compile with the copy engine allowed; else 0."""
+    if not copy_engine(archs):
         return 0
     slots = 0
     for entry, (graph, _) in entries.items():
         kernels = 1 + len((buckets or {}).get(entry, ("", ()))[1])
-        slots += kernels * sum(n.op in OPS or (n.op in WEIGHT_INPUT and n.attrs.get("linear") in OPS)
-                               for n in graph.nodes)
+        slots += kernels * sum(serves(op, bulk_ops) for n in graph.nodes
+                               if (op := n.attrs.get("linear") if n.op in WEIGHT_INPUT else n.op) in OPS)
     return slots
 
 
@@ -201,7 +213,7 @@ def _projection_ok(ctx: KernelContext, bits: int, x_v, wq_v, m_upper: int, zp: b
     compile with room for tensor maps, int4 symmetric g128 or int8 weights of static N < 2^31, K a whole number of
     stages, one row of float16 x of K values, x and the weight contiguous and 16-byte aligned, and at least
     ATLAS_QUANT_BULK_MIN_N rows."""
-    if not bulk_choice() or ctx.tensor_maps is None or not copy_engine(ctx.archs) or not bits:
+    if not bits or not serves(f"LinearQ{bits}", ctx.bulk_ops) or ctx.tensor_maps is None or not copy_engine(ctx.archs):
         return False
     if n_upper < min_n_choice():
         return False

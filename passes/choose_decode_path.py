@@ -18,7 +18,12 @@ A table entry "fused rows 1" (per arch and quantization) measures the decode ste
 kernels of the fused non-rotary projections only (FUSED_ROWS1); where every arch of the compile chose it there,
 those kernels take it by default (sm90, docs/perf.md v34: the 8-layer Llama-3-8B step 7.8% faster for int4,
 3.0% for int8). ATLAS_INT4_PATH=w4a16|w4a8|w4a8-fused1 and
-ATLAS_INT8_PATH=w8a16|w8a8|w8a8-fused1 override the table for every bucket (experiments, GPU tests). int8
+ATLAS_INT8_PATH=w8a16|w8a8|w8a8-fused1 override the table for every bucket (experiments, GPU tests).
+A table entry "bulk rows 1" (BULK_BUCKET) choosing w4a16-bulk / w8a16-bulk, or ATLAS_INT4_PATH=w4a16-bulk /
+ATLAS_INT8_PATH=w8a16-bulk, gives an sm90-only compile (the copy engine allowed, ATLAS_QUANT_BULK not 0) float
+activations everywhere, recorded as rows 1 "w4a16 (copy engine)": atlasc/compiler.py bulk_ops then hands the op to
+codegen, whose copy-engine kernels (codegen/quant_bulk.py, ATLAS_QUANT_BULK=auto) serve its batch-1 projections. No
+such entry is in the table yet (docs/perf.md v49: int4 5-6% faster in an 8-layer step, on an H100 only). int8
 activations add the error of quantizing them: the compile's accuracy report measures it on a decode
 step per calibration prompt (atlasc/accuracy.py decode_act_report).
 
@@ -36,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from atlasc.errors import UsageError
+from atlasc.ir.archs import copy_engine, quant_bulk_mode
 from atlasc.ir.graph import Graph, Node
 from atlasc.ir.ops.prologue import staging_bytes, staging_limit
 from atlasc.ir.ops.quant import act8_why_not
@@ -59,6 +65,12 @@ FUSED_ROWS1 = {"LinearQ4": "w4a8-fused1", "LinearQ8": "w8a8-fused1"}
 # no one-kernel lab row): {"choice", "date", "command", "step us": {path: us}}; choosing FUSED_ROWS1 there makes it
 # the default where both buckets' kernel choices are float activations
 FUSED_BUCKET = "fused rows 1"
+# ATLAS_INT4_PATH=w4a16-bulk / ATLAS_INT8_PATH=w8a16-bulk (also the table's BULK_BUCKET choice): float x everywhere,
+# and the batch-1 projections on the copy-engine kernels (codegen/quant_bulk.py, sm90-only compiles): the decode
+# step's projections then start their weight copies before the previous kernel ends (docs/perf.md v49)
+BULK_ROWS1 = {"LinearQ4": "w4a16-bulk", "LinearQ8": "w8a16-bulk"}
+BULK_BUCKET = "bulk rows 1"  # {"choice", "gpu", "date", "command", "step us": {path: us}}, as FUSED_BUCKET
+COPY_ENGINE_NOTE = "(copy engine)"  # the rows-1 path's suffix in the record (atlasc/compiler.py bulk_ops reads it)
 FUSED_ROWS1_RULE = {"LinearQ4": "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)",
                     "LinearQ8": "NormLinearQ(LinearQ8) (decode, 1 row) => act int8 (W8A8)"}
 TABLE = Path(__file__).with_name("decode_paths.yaml")
@@ -83,6 +95,14 @@ def table_problems(table: dict) -> list[str]:
                 if not need <= set(step) <= known or fused.get("choice") != min(step, key=step.get):
                     problems.append(f"{arch} {quant} {FUSED_BUCKET}: choice {fused.get('choice')} but step us {step} "
                                     f"(numbers for {', '.join(sorted(need))}, at most {', '.join(sorted(known))})")
+            bulk = entry.get(quant, {}).get(BULK_BUCKET)
+            if bulk is not None:
+                step = bulk.get("step us") or {}
+                known = {*PATHS[op][1], FUSED_ROWS1[op], BULK_ROWS1[op]}
+                if not (BULK_ROWS1[op] in step and len(step) > 1 and set(step) <= known) or \
+                        bulk.get("choice") != min(step, key=step.get):
+                    problems.append(f"{arch} {quant} {BULK_BUCKET}: choice {bulk.get('choice')} but step us {step} "
+                                    f"(numbers for {BULK_ROWS1[op]} and another of {', '.join(sorted(known))})")
             for bucket in BUCKETS:
                 cell = entry.get(quant, {}).get(bucket)
                 if not cell or not cell.get("us"):
@@ -97,7 +117,7 @@ def table_problems(table: dict) -> list[str]:
 def env_choice(op: str) -> str | None:
     """ATLAS_INT4_PATH / ATLAS_INT8_PATH when set (None otherwise); UsageError for an unknown value."""
     env, values = PATHS[op]
-    values = (*values, FUSED_ROWS1[op])
+    values = (*values, FUSED_ROWS1[op], BULK_ROWS1[op])
     path = os.environ.get(env, "")
     if path and path not in values:
         raise UsageError(f"{env}={path!r} is not a decode path (expected one of: {', '.join(values)})")
@@ -108,11 +128,22 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
     """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs."""
     env, (float_path, int8_path) = PATHS[op]
     forced = env_choice(op)
+    copy_engine_rows1 = {"rows 1": f"{float_path} {COPY_ENGINE_NOTE}", "rows 2..8": float_path}
+    if forced == BULK_ROWS1[op]:
+        if not bulk_allowed(archs):
+            raise UsageError(f"{env}={forced} needs a compile for sm90 alone (--arch sm90) with ATLAS_LINEAR_TMA and "
+                             f"ATLAS_QUANT_BULK not 0 (got --arch {','.join(archs) or '-'})")
+        return {"paths": copy_engine_rows1, "source": f"{env}={forced}"}
     if forced == FUSED_ROWS1[op]:
         return {"paths": {"rows 1": f"{int8_path} (fused norms)", "rows 2..8": float_path},
                 "source": f"{env}={forced}"}
     if forced:
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
+    bulk_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(BULK_BUCKET, {}).get("choice")
+                  == BULK_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
+    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs):
+        dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
+        return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
     fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
                    == FUSED_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
     if archs and len(fused_archs) == len(archs):
@@ -133,6 +164,12 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
     if any(p != per_arch[0] for p in per_arch):
         notes.append("the archs differ: float activations where they do")
     return {"paths": paths, "source": f"table {TABLE.name}: " + ", ".join(notes)}
+
+
+def bulk_allowed(archs: tuple[str, ...]) -> bool:
+    """Whether a compile for archs may put batch-1 projections on the copy-engine kernels: sm90 alone with the copy
+    engine allowed (atlasc/ir/archs.py copy_engine) and ATLAS_QUANT_BULK not 0."""
+    return copy_engine(tuple(archs)) and quant_bulk_mode() != "0"
 
 
 def _projection(node: Node) -> str | None:

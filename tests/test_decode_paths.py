@@ -286,3 +286,65 @@ def test_the_artifact_records_the_decision(tmp_path, monkeypatch, no_nvcc):
     want = {"paths": {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"}, "source": FUSED_SOURCE}
     assert report["decode_paths"] == {"int4": want}
     assert f"decode path int4: rows 1 w4a8 (fused norms), rows 2..8 w4a16 ({FUSED_SOURCE})" in atlasc("inspect", out)
+
+
+def _bulk_table(choice: str = "w4a16-bulk") -> dict:
+    """_table's float-activation sm90 table with a "bulk rows 1" entry for int4 choosing `choice` (numbers agreeing)."""
+    table = _table("w4a16", "w4a16")
+    step = {"w4a8-fused1": 2.0, "w4a16-bulk": 1.0} if choice == "w4a16-bulk" else {"w4a8-fused1": 1.0,
+                                                                                   "w4a16-bulk": 2.0}
+    table["sm90"]["int4"][cdp.BULK_BUCKET] = {"choice": choice, "gpu": "test", "date": "2000-01-02",
+                                               "command": "none", "step us": step}
+    assert cdp.table_problems(table) == []
+    return table
+
+
+def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch):
+    """The table's "bulk rows 1" choosing w4a16-bulk: an sm90-only compile records the batch-1 path as float x on the
+    copy-engine kernels (float activations everywhere, no act marks) and atlasc/compiler.py bulk_ops hands LinearQ4
+    to codegen; int8 (no entry) keeps its path; with sm80 in the compile, ATLAS_LINEAR_TMA=0 or ATLAS_QUANT_BULK=0
+    the table's other choices hold; an entry choosing another path changes nothing."""
+    from atlasc.compiler import bulk_ops
+
+    monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
+    program, stats = _chosen(monkeypatch, _bulk_table())
+    assert _acts(program) == {""} and not stats.applied
+    assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a16 (copy engine)", "rows 2..8": "w4a16"},
+                                            "source": "table decode_paths.yaml (bulk rows 1): sm90 measured 2000-01-02"}
+    assert bulk_ops(program) == {"LinearQ4"}
+    for archs, env in ((("sm80", "sm90"), {}), (("sm90",), {"ATLAS_LINEAR_TMA": "0"}),
+                       (("sm90",), {"ATLAS_QUANT_BULK": "0"})):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        program, _ = _chosen(monkeypatch, _bulk_table(), archs=archs)
+        assert "copy engine" not in str(program.decode_paths) and bulk_ops(program) == frozenset()
+        for name in env:
+            monkeypatch.delenv(name)
+    program, _ = _chosen(monkeypatch, _bulk_table("w4a8-fused1"))
+    assert bulk_ops(program) == frozenset()
+    program, _ = _chosen(monkeypatch, _bulk_table(), quant="int8")
+    assert bulk_ops(program) == frozenset()
+
+
+def test_forced_bulk_paths_and_their_errors(monkeypatch):
+    """ATLAS_INT4_PATH=w4a16-bulk / ATLAS_INT8_PATH=w8a16-bulk force the copy-engine batch-1 path whatever the table
+    says; outside an sm90-only compile (or with ATLAS_QUANT_BULK=0) that is a one-line UsageError naming the
+    variable; table_problems refuses a bulk entry whose choice is not its fastest step or that has one number."""
+    from atlasc.compiler import bulk_ops
+    from atlasc.errors import UsageError
+
+    monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
+    for quant, env, op in (("int4", "w4a16-bulk", "LinearQ4"), ("int8", "w8a16-bulk", "LinearQ8")):
+        program, _ = _chosen(monkeypatch, env=env, quant=quant)
+        assert program.decode_paths[quant]["source"].endswith(f"={env}") and bulk_ops(program) == {op}
+        with pytest.raises(UsageError, match=f"_PATH={env} needs a compile for sm90 alone"):
+            _chosen(monkeypatch, env=env, quant=quant, archs=("sm80", "sm90"))
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "0")
+    with pytest.raises(UsageError, match="ATLAS_INT4_PATH=w4a16-bulk"):
+        _chosen(monkeypatch, env="w4a16-bulk")
+    bad = _bulk_table()
+    bad["sm90"]["int4"][cdp.BULK_BUCKET]["choice"] = "w4a8-fused1"
+    assert cdp.table_problems(bad)[0].startswith("sm90 int4 bulk rows 1: choice w4a8-fused1")
+    del bad["sm90"]["int4"][cdp.BULK_BUCKET]["step us"]["w4a8-fused1"]
+    bad["sm90"]["int4"][cdp.BULK_BUCKET]["choice"] = "w4a16-bulk"
+    assert len(cdp.table_problems(bad)) == 1

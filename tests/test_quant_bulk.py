@@ -67,7 +67,7 @@ def test_emitted_with_the_switch_for_sm90(monkeypatch):
     assert [(t.dtype, t.rows, t.cols, t.row_bytes, t.box_rows, t.box_cols) for t in maps] == \
         [("uint8", n, k * b // 8, k * b // 8, 16 * quant_bulk.CONFIG[0], 64) for k, n, _ in CASES for b in BITS]
     kernels = mod.choices["kernels"]
-    assert mod.choices["quant_bulk"] is True and len(kernels) == len(graph.nodes)
+    assert mod.choices["quant_bulk"] == "1" and len(kernels) == len(graph.nodes)
     assert all(c["path"] == "bulk" and c["config"] == list(quant_bulk.CONFIG) for c in kernels.values())
 
 
@@ -312,3 +312,42 @@ def test_manifest_and_driver_take_uint8_maps(monkeypatch):
     assert quant_bulk.smem_bytes(8, 6, 8, 8) == 6 * 128 * 64 + 8 * 132 + 128
     assert quant_bulk.smem_bytes(8, 6, 1, 4, 4096) == 6 * 128 * 64 + 272 + 2 * 4096 + 4 * 8 + 128  # 260 -> 272
     assert np.iinfo(np.int32).max >= quant_bulk.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("quant, path", [("int4", "w4a16-bulk"), ("int8", "w8a16-bulk")])
+def test_the_decode_path_choice_reaches_codegen(monkeypatch, tmp_path, quant, path):
+    """ATLAS_QUANT_BULK unset (auto): the hidden-128 Llama's batch-1 projections take the copy-engine kernels exactly
+    when choose-decode-path gives them that path (ATLAS_INT4_PATH=w4a16-bulk / ATLAS_INT8_PATH=w8a16-bulk here, the
+    table's "bulk rows 1" otherwise): 2 layers x (QKV + rotary, o, gate/up + SwiGLU, down) + the LM head, with float
+    x; the other quantization's path and the repo's table (no such entry yet) leave quant.cu's kernels."""
+    import sys
+
+    from atlasc.compiler import program_module
+    from atlasc.frontend import import_onnx
+    from atlasc.ir.program import CompileOptions, Program
+    from atlasc.pipeline import run_pipeline
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import build_llama
+
+    onnx_path = tmp_path / "llama-h128.onnx"
+    build_llama.write(build_llama.LlamaShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=512),
+                      onnx_path, seed=3)
+    monkeypatch.delenv(quant_bulk.BULK_ENV, raising=False)
+
+    own, other = ("ATLAS_INT4_PATH", "ATLAS_INT8_PATH")[::1 if quant == "int4" else -1]
+
+    def source(env: str, var: str = own) -> str:
+        for name in (own, other):
+            monkeypatch.delenv(name, raising=False)
+        if env:
+            monkeypatch.setenv(var, env)
+        program = Program({"main": import_onnx(onnx_path)}, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64,
+                                                                          quant=quant, group_size=128))
+        program, _ = run_pipeline(program)
+        return program_module(program, ("sm90",)).source
+
+    assert source(path).count(CALL) == 9
+    assert source("").count(CALL) == 0
+    assert source("w8a16-bulk" if quant == "int4" else "w4a16-bulk", other).count(CALL) == 0

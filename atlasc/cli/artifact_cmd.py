@@ -31,7 +31,7 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
            ("early_weights", "2", "ATLAS_EARLY_WEIGHTS"), ("early_quant", False, "ATLAS_EARLY_QUANT"),
            ("sample_split", True, "ATLAS_SAMPLE_SPLIT"), ("linear_tma", True, "ATLAS_LINEAR_TMA"),
            ("dims_early", True, "ATLAS_DIMS_EARLY"), ("int8_l2_hint", True, "ATLAS_INT8_L2_HINT"),
-           ("quant_bulk", False, "ATLAS_QUANT_BULK"))
+           ("quant_bulk", "auto", "ATLAS_QUANT_BULK"))
 
 
 def _bulk_settings() -> tuple:
@@ -48,15 +48,19 @@ def _bulk_settings() -> tuple:
 
 def _opt_ins(choices: dict) -> str:
     """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default, each as the
-    variable's value would set it (a switch 0 / 1, a configuration W-S-B); with ATLAS_QUANT_BULK on, also its
-    settings away from their defaults."""
+    variable's value would set it (a switch 0 / 1, a configuration W-S-B); with ATLAS_QUANT_BULK 1 or auto, also
+    its settings away from their defaults."""
 
     def text(value) -> str:
         if isinstance(value, bool):
             return str(int(value))
         return "-".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
-    table = OPT_INS + (_bulk_settings() if choices.get("quant_bulk") else ())
+    # ATLAS_QUANT_BULK: a switch in artifacts before v49 (False, the default then: the path off), a mode since
+    # ("auto" the default); its settings are named where the path could serve
+    raw = choices.get("quant_bulk", "auto")
+    choices = {**choices, "quant_bulk": "1" if raw is True else "auto" if raw is False else raw}
+    table = OPT_INS + (_bulk_settings() if raw is True or raw in ("1", "auto") else ())
     return ", ".join(f"{env}={text(choices[key])}" for key, default, env in table
                      if key in choices and choices[key] != default)
 

@@ -58,6 +58,19 @@ def copy_engine_switch() -> bool:
     return env_switch(COPY_ENGINE_ENV, True)
 
 
+# the copy-engine quantized projections (codegen/quant_bulk.py): 1 every eligible batch-1 int4 / int8 projection,
+# auto (default) those choose-decode-path gave that path (passes/decode_paths.yaml "bulk rows 1",
+# ATLAS_INT4_PATH=w4a16-bulk), 0 none
+QUANT_BULK_ENV = "ATLAS_QUANT_BULK"
+
+
+def quant_bulk_mode(error=None) -> str:
+    """ATLAS_QUANT_BULK: "auto" (default), "0" or "1"; `error` (default UsageError, exit 2) for another value."""
+    from atlasc.errors import UsageError, env_choice
+
+    return env_choice(QUANT_BULK_ENV, "auto", ("0", "1", "auto"), "a copy-engine projection mode", error or UsageError)
+
+
 def copy_engine(archs: tuple[str, ...]) -> bool:
     """Whether a compile for `archs` may use the copy-engine projection: sm90 alone, the switch on."""
     return tuple(archs) == ("sm90",) and copy_engine_switch()
