@@ -25,7 +25,10 @@
 // rounded to float16 into shared memory in the order the lanes read it (w4_bulk_lab.cu's staging), only for the
 // groups of 128 k that the block's items use.
 // Modes (arguments): phases [p_begin, p_end) of the table; one launch per phase with p_end = p_begin + 1 is the
-// per-kernel baseline. HOLD: the producer starts a phase's copies only after the consumers passed its barrier
+// per-kernel baseline. ATTN_HOLD (chain_lab.py --attn-hold): the producer starts the copies of the phase after
+// attention (o) only once its block's consumers are done with their attention item, so that the attention's
+// latency-bound loads do not queue behind the ring's copies (v49 run 1: ~11 us a layer with them streaming).
+// HOLD: the producer starts a phase's copies only after the consumers passed its barrier
 // (the persistent kernel without the cross-phase stream). COPY: the consumers only wait for each stage and release
 // it (no math, no sums; the barriers and the staging as before): what the pipeline streams without the math.
 // ILP2: each stage's 8 MMAs as two chains of 4 (two accumulator sets added at the end), so a warp's stage takes
@@ -55,8 +58,8 @@
 // heads. FLAGS: a counter per KV head counts its runs; o waits for its heads' counters.
 // STREAM (with COPY): no barrier and no staging either: the ring's copies and their waits alone, the pipeline's
 // own rate over the chain's bytes.
-// FLAGS (first run on a GPU in v48): no grid barrier. A block adds one to each output tile's counter once its sums of the
-// tile are in (the tile's contributing blocks are known from the static split); a block of the next projection
+// FLAGS (first run on a GPU in v48): no grid barrier. A block adds one to each output tile's counter once its sums of
+// the tile are in (the tile's contributing blocks are known from the static split); a block of the next projection
 // waits only for the tiles its groups of x come from (count = launch number x contributors: the counters only grow,
 // and the launch number, o_bar word 96, goes up when a launch's last block ends). Outputs alternate between two
 // buffers by the launch number's parity; a launch zeroes the other buffers for the next one, since with no barrier
@@ -296,7 +299,7 @@ __device__ __forceinline__ void attend_run(const float* qkv, __half* kc, __half*
 
 template <int W, int STAGES, bool ILP2, bool OFS, bool A8>
 __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, int P, int p_begin, int p_end,
-                                      long long o_bar, bool wrap, bool hold, bool copy, long long o_times,
+                                      long long o_bar, bool wrap, int hold, bool copy, long long o_times,
                                       int barrier, bool flags, int inflight, bool stream) {
   constexpr int ROWS = 16 * W, WBYTES = ROWS * 64, CHUNK = WBYTES + ROWS * 2;
   static_assert(CHUNK % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -332,7 +335,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     if (lane == 0) {
       unsigned it = 0;
       for (int p = p_begin; p < p_end; ++p) {
-        if (hold) {
+        // HOLD 1: every phase's copies wait for its barrier; 2 (ATTN_HOLD): only the phase after attention's, until
+        // this block's consumers are done with their attention item
+        if (hold == 1 || (hold == 2 && p > p_begin && phases[p - 1].attn)) {
           const unsigned long long t0 = now_ns();
           while (go_phase < p) {
             if (now_ns() - t0 > 2000000000ull) __trap();
@@ -441,6 +446,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         }
       }
       if (tp) tp[3] = now_ns();
+      if (hold == 2 && threadIdx.x == 0) go_phase = p + 1;  // ATTN_HOLD: the producer may stream o's weights now
       continue;
     }
     // NORM: h = hin + in over all of K (the block's slice of it stored), then the staged x are h / rms(h)
@@ -673,14 +679,15 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
 }  // namespace
 
 // chain_<W>_<STAGES>_<ILP2>_<OFS>_<A8>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times,
-// barrier, flags, inflight, stream): one block per SM; barrier: 0 grid_sync, 1 grid_sync_count, 2 LEAN (also the
-// FLAGS mode's signals and polls); flags: FLAGS; inflight: INFLIGHT (0: no cap); stream: STREAM (with copy)
+// barrier, flags, inflight, stream): one block per SM; hold: 0, 1 HOLD or 2 ATTN_HOLD; barrier: 0 grid_sync,
+// 1 grid_sync_count, 2 LEAN (also the FLAGS mode's signals and polls); flags: FLAGS; inflight: INFLIGHT (0: no cap);
+// stream: STREAM (with copy)
 #define CHAIN_LAB(W, ST, ILP2, OFS, A8)                                                                         \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \
       long long wrap, long long hold, long long copy, long long o_times, long long barrier, long long flags,   \
       long long inflight, long long stream) {                                                                   \
     chain<W, ST, ILP2 != 0, OFS != 0, A8 != 0>(arena, o_phases, int(P), int(p_begin), int(p_end), o_bar, wrap != 0, \
-                                      hold != 0, copy != 0, o_times, int(barrier), flags != 0, int(inflight),   \
+                                      int(hold), copy != 0, o_times, int(barrier), flags != 0, int(inflight),   \
                                       stream != 0);                                                             \
   }
