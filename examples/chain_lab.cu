@@ -28,6 +28,8 @@
 // per-kernel baseline. ATTN_HOLD (chain_lab.py --attn-hold): the producer starts the copies of the phase after
 // attention (o) only once its block's consumers are done with their attention item, so that the attention's
 // latency-bound loads do not queue behind the ring's copies (v49 run 1: ~11 us a layer with them streaming).
+// ATTN_PREFETCH (--attn-prefetch): a block with an attention item asks L2 for its run's cached keys and values
+// (the rows before the new one: no earlier phase writes them) at the phase's start, before it waits for QKV.
 // HOLD: the producer starts a phase's copies only after the consumers passed its barrier
 // (the persistent kernel without the cross-phase stream). COPY: the consumers only wait for each stage and release
 // it (no math, no sums; the barriers and the staging as before): what the pipeline streams without the math.
@@ -337,7 +339,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
       for (int p = p_begin; p < p_end; ++p) {
         // HOLD 1: every phase's copies wait for its barrier; 2 (ATTN_HOLD): only the phase after attention's, until
         // this block's consumers are done with their attention item
-        if (hold == 1 || (hold == 2 && p > p_begin && phases[p - 1].attn)) {
+        if ((hold & 1) || ((hold & 2) && p > p_begin && phases[p - 1].attn)) {
           const unsigned long long t0 = now_ns();
           while (go_phase < p) {
             if (now_ns() - t0 > 2000000000ull) __trap();
@@ -372,6 +374,18 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     if (tp) tp[0] = now_ns();
     const bool odd = flags && (launch_no & 1u);
     const long long out_off = odd ? ph.out2 : ph.out;
+    if ((hold & 4) && ph.attn && threadIdx.x == 0) {  // ATTN_PREFETCH: the run's cached keys and values toward L2
+      const int R = min(int(G) / KV_HEADS, RUNS_MAX), L = (ph.ctx + R - 1) / R;
+      const int j_lo = int(b / KV_HEADS) * L, j_hi = min(ph.ctx - 1, j_lo + L);  // the rows before the new one
+      if (b < KV_HEADS * R && j_hi > j_lo) {
+        const long long row0 = (long long)(b % KV_HEADS) * ph.ctx + j_lo;  // [KV_HEADS, ctx, 128] halves
+        const unsigned bytes = unsigned(j_hi - j_lo) * 256u;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(arena + ph.hin + row0 * 256), "r"(bytes)
+                     : "memory");
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(arena + ph.hout + row0 * 256), "r"(bytes)
+                     : "memory");
+      }
+    }
     if (p != p_begin && !flags && !stream) {  // every block's sums of phase p - 1 are in before anyone reads them
       if (barrier != 2) __threadfence();
       consumers_sync<W>();
@@ -446,7 +460,7 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
         }
       }
       if (tp) tp[3] = now_ns();
-      if (hold == 2 && threadIdx.x == 0) go_phase = p + 1;  // ATTN_HOLD: the producer may stream o's weights now
+      if ((hold & 2) && threadIdx.x == 0) go_phase = p + 1;  // ATTN_HOLD: the producer may stream o's weights now
       continue;
     }
     // NORM: h = hin + in over all of K (the block's slice of it stored), then the staged x are h / rms(h)
@@ -679,9 +693,9 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
 }  // namespace
 
 // chain_<W>_<STAGES>_<ILP2>_<OFS>_<A8>(arena, o_phases, P, p_begin, p_end, o_bar, wrap, hold, copy, o_times,
-// barrier, flags, inflight, stream): one block per SM; hold: 0, 1 HOLD or 2 ATTN_HOLD; barrier: 0 grid_sync,
-// 1 grid_sync_count, 2 LEAN (also the FLAGS mode's signals and polls); flags: FLAGS; inflight: INFLIGHT (0: no cap);
-// stream: STREAM (with copy)
+// barrier, flags, inflight, stream): one block per SM; hold: bits 1 HOLD, 2 ATTN_HOLD, 4 ATTN_PREFETCH; barrier:
+// 0 grid_sync, 1 grid_sync_count, 2 LEAN (also the FLAGS mode's signals and polls); flags: FLAGS; inflight:
+// INFLIGHT (0: no cap); stream: STREAM (with copy)
 #define CHAIN_LAB(W, ST, ILP2, OFS, A8)                                                                         \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, 1) chain_##W##_##ST##_##ILP2##_##OFS##_##A8(       \
       unsigned char* arena, long long o_phases, long long P, long long p_begin, long long p_end, long long o_bar, \

@@ -240,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--attn-hold", action="store_true", help="with --attn: each block's producer starts o's copies "
                     "only once its consumers are done with their attention item (chain_lab.cu ATTN_HOLD; modes "
                     "other than hold)")
+    ap.add_argument("--attn-prefetch", action="store_true", help="with --attn: each attending block asks L2 for its "
+                    "run's cached keys and values before it waits for QKV (chain_lab.cu ATTN_PREFETCH)")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     try:
@@ -261,8 +263,8 @@ def main(argv=None) -> int:
             ap.error(f"--inflight: 0 (no cap) or 1 .. {st - 1} for configuration {w}-{st}, not {args.inflight}")
     if args.attn and not 2 <= args.attn <= 1024:
         ap.error(f"--attn: 2 .. 1024 keys (chain_lab.cu ATTN_CTX_MAX), not {args.attn}")
-    if args.attn_hold and not args.attn:
-        ap.error("--attn-hold needs --attn")
+    if (args.attn_hold or args.attn_prefetch) and not args.attn:
+        ap.error("--attn-hold and --attn-prefetch need --attn")
     cubin = nvcc_sm90a(source(configs), args.ptxas)
     if args.ptxas:
         return 0
@@ -391,14 +393,16 @@ def main(argv=None) -> int:
                 continue
             smem = smem_bytes(w, st)
             flags = ("i" if ilp else "") + ("o" if ofs else "") + ("a" if a8 else "")
-            label = f"{w}-{st}{'-' + flags if flags else ''}{' ah' if args.attn_hold else ''}"
+            label = (f"{w}-{st}{'-' + flags if flags else ''}{' ah' if args.attn_hold else ''}"
+                     f"{' ap' if args.attn_prefetch else ''}")
 
             def launch(mode, wrap=1, times=0, inflight=0, name=name, smem=smem, w=w):
                 spans = [(0, P)] if mode != "separate" else [(p, p + 1) for p in range(P)]
                 for p0, p1 in spans:
                     table.launch(name, (sms, 1, 1), (32 * w + 32, 1, 1), smem, arena,
                                  args=(offs["phases"], P, p0, p1, offs["bar"], wrap,
-                                       1 if mode == "hold" else 2 if args.attn_hold else 0,
+                                       (1 if mode == "hold" else 2 if args.attn_hold else 0)
+                                       | (4 if args.attn_prefetch else 0),
                                        int(mode in COPY_MODES), times,
                                        1 if mode == "counted" else 2 if mode.endswith("lean") else 0,
                                        int(mode.startswith("flags")), inflight, int(mode == "stream")))

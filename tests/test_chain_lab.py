@@ -75,7 +75,7 @@ def test_kernels_compile_without_spills(capsys):
                                   ["--configs", "8-4-ii"], ["--configs", "8-4-"],
                                   ["--configs", "8-4-oa"], ["--configs", "16-8", "--inflight", "8"],
                                   ["--configs", "16-8", "--inflight", "-1"], ["--inflight", "two"],
-                                  ["--attn", "1"], ["--attn", "1025"], ["--attn-hold"]])
+                                  ["--attn", "1"], ["--attn", "1025"], ["--attn-hold"], ["--attn-prefetch"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         chain_lab.main(argv)
