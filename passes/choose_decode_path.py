@@ -124,8 +124,10 @@ def env_choice(op: str) -> str | None:
     return path or None
 
 
-def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
-    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs."""
+def decide(op: str, archs: tuple[str, ...], table: dict, bulk_fits: bool = True) -> dict:
+    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs; bulk_fits: every node of
+    op has weights the copy-engine kernels take (bulk_fits()), without which a table's BULK_BUCKET choice is passed
+    over (a forced BULK_ROWS1 path still holds)."""
     env, (float_path, int8_path) = PATHS[op]
     forced = env_choice(op)
     copy_engine_rows1 = {"rows 1": f"{float_path} {COPY_ENGINE_NOTE}", "rows 2..8": float_path}
@@ -141,7 +143,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
     bulk_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(BULK_BUCKET, {}).get("choice")
                   == BULK_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
-    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs):
+    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and bulk_fits:
         dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
         return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
     fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
@@ -164,6 +166,22 @@ def decide(op: str, archs: tuple[str, ...], table: dict) -> dict:
     if any(p != per_arch[0] for p in per_arch):
         notes.append("the archs differ: float activations where they do")
     return {"paths": paths, "source": f"table {TABLE.name}: " + ", ".join(notes)}
+
+
+def bulk_fits(program: Program, op: str) -> bool:
+    """Whether every node computing op (LinearQ4 / LinearQ8, alone or fused) has weights the copy-engine kernels take
+    (codegen/quant_bulk.py): int4 symmetric (no zero points) in groups of 128; int8 always. Other int4 weights would
+    keep quant.cu's float-x kernels, slower at one row than the fused int8-x default."""
+    if op != "LinearQ4":
+        return True
+    for graph in program.entries.values():
+        for node in graph.nodes:
+            if _projection(node) != op:
+                continue
+            zero = {"NormLinearQ": 3, "NormLinearRotary": 5}.get(node.op, 1) + 3  # wq, scale, bias, zero
+            if int(node.attrs.get("group_size", 0)) != 128 or (len(node.inputs) > zero and node.inputs[zero]):
+                return False
+    return True
 
 
 def bulk_allowed(archs: tuple[str, ...]) -> bool:
@@ -248,7 +266,7 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     table = load_table() if table is None else table
     int8_buckets = {}
     for op in sorted(ops):
-        decision = decide(op, tuple(program.options.archs), table)
+        decision = decide(op, tuple(program.options.archs), table, bulk_fits(program, op))
         program.decode_paths[QUANT[op]] = decision
         if decision["paths"]["rows 1"].endswith("(fused norms)"):
             for entry, graph in program.entries.items():

@@ -50,8 +50,10 @@ def _table(rows1: str, rows8: str) -> dict:
     return table
 
 
-def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None, quant="int4"):
-    """The Llama fixture (int4 g32, or int8) through the pipeline up to choose-decode-path, then the pass with
+def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None, quant="int4", group=32,
+            onnx=FIXTURES / "llama-fp16.onnx"):
+    """The Llama fixture (int4 g32, or int8; or `onnx`, in groups of `group`) through the pipeline up to
+    choose-decode-path, then the pass with
     `table` (None: the repo's) and ATLAS_INT4_PATH / ATLAS_INT8_PATH = env; returns the program and the pass's
     stats."""
     from atlasc.frontend import import_onnx
@@ -61,8 +63,8 @@ def _chosen(monkeypatch, table=None, archs=("sm90",), max_batch=4, env=None, qua
     monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
     monkeypatch.delenv("ATLAS_INT8_PATH", raising=False)
     names = PIPELINES["default"]
-    options = CompileOptions(archs=archs, max_batch=max_batch, max_seq=64, quant=quant, group_size=32)
-    program = Program({"main": import_onnx(FIXTURES / "llama-fp16.onnx")}, options)
+    options = CompileOptions(archs=archs, max_batch=max_batch, max_seq=64, quant=quant, group_size=group)
+    program = Program({"main": import_onnx(onnx)}, options)
     program, _ = run_pipeline(program, names[: names.index("choose-decode-path")], verify_each=True)
     if env:
         monkeypatch.setenv("ATLAS_INT4_PATH" if quant == "int4" else "ATLAS_INT8_PATH", env)
@@ -299,7 +301,22 @@ def _bulk_table(choice: str = "w4a16-bulk") -> dict:
     return table
 
 
-def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch):
+def _h128(tmp_path):
+    """examples/build_llama.py's hidden-128 Llama (K 128 and 256: groups of 128 fit) in tmp_path; its path."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import build_llama
+
+    path = tmp_path / "llama-h128.onnx"
+    build_llama.write(build_llama.LlamaShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=512),
+                      path, seed=3)
+    return path
+
+
+def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch, tmp_path):
     """The table's "bulk rows 1" choosing w4a16-bulk: an sm90-only compile records the batch-1 path as float x on the
     copy-engine kernels (float activations everywhere, no act marks) and atlasc/compiler.py bulk_ops hands LinearQ4
     to codegen; int8 (no entry) keeps its path; with sm80 in the compile, ATLAS_LINEAR_TMA=0 or ATLAS_QUANT_BULK=0
@@ -307,7 +324,8 @@ def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch):
     from atlasc.compiler import bulk_ops
 
     monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
-    program, stats = _chosen(monkeypatch, _bulk_table())
+    h128 = {"onnx": _h128(tmp_path), "group": 128}
+    program, stats = _chosen(monkeypatch, _bulk_table(), **h128)
     assert _acts(program) == {""} and not stats.applied
     assert program.decode_paths["int4"] == {"paths": {"rows 1": "w4a16 (copy engine)", "rows 2..8": "w4a16"},
                                             "source": "table decode_paths.yaml (bulk rows 1): sm90 measured 2000-01-02"}
@@ -316,13 +334,16 @@ def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch):
                        (("sm90",), {"ATLAS_QUANT_BULK": "0"})):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        program, _ = _chosen(monkeypatch, _bulk_table(), archs=archs)
+        program, _ = _chosen(monkeypatch, _bulk_table(), archs=archs, **h128)
         assert "copy engine" not in str(program.decode_paths) and bulk_ops(program) == frozenset()
         for name in env:
             monkeypatch.delenv(name)
-    program, _ = _chosen(monkeypatch, _bulk_table("w4a8-fused1"))
+    program, _ = _chosen(monkeypatch, _bulk_table("w4a8-fused1"), **h128)
     assert bulk_ops(program) == frozenset()
-    program, _ = _chosen(monkeypatch, _bulk_table(), quant="int8")
+    # weights the copy-engine kernels do not take (groups of 64) pass the entry over
+    program, _ = _chosen(monkeypatch, _bulk_table(), onnx=h128["onnx"], group=64)
+    assert bulk_ops(program) == frozenset() and "bulk rows 1" not in program.decode_paths["int4"]["source"]
+    program, _ = _chosen(monkeypatch, _bulk_table(), quant="int8", **h128)
     assert bulk_ops(program) == frozenset()
 
 
