@@ -124,8 +124,8 @@ def env_choice(op: str) -> str | None:
     return path or None
 
 
-def decide(op: str, archs: tuple[str, ...], table: dict, bulk_fits: bool = True) -> dict:
-    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs; bulk_fits: every node of
+def decide(op: str, archs: tuple[str, ...], table: dict, fits_bulk: bool = True) -> dict:
+    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs; fits_bulk: every node of
     op has weights the copy-engine kernels take (bulk_fits()), without which a table's BULK_BUCKET choice is passed
     over (a forced BULK_ROWS1 path still holds)."""
     env, (float_path, int8_path) = PATHS[op]
@@ -143,7 +143,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict, bulk_fits: bool = True)
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
     bulk_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(BULK_BUCKET, {}).get("choice")
                   == BULK_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
-    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and bulk_fits:
+    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and fits_bulk:
         dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
         return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
     fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
