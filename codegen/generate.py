@@ -492,7 +492,7 @@ def codegen_choices() -> dict:
             "int8_l2_hint": quant.l2_hint(),  # ATLAS_INT8_L2_HINT (quant.py): int8 weight loads with L2::256B
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
-            **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, opt-in)
+            **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, auto|0|1)
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

@@ -349,7 +349,7 @@ def emit_linear_quant(ctx: KernelContext, node: Node) -> KernelCode:
                           smem=act8_smem(m_upper, k_static), prefetch=prefetch)
     from atlasc.codegen import quant_bulk
 
-    if quant_bulk.eligible(ctx, node, m_upper, zp, group, k_static, n_upper):  # ATLAS_QUANT_BULK=1 (opt-in)
+    if quant_bulk.eligible(ctx, node, m_upper, zp, group, k_static, n_upper):  # ATLAS_QUANT_BULK (quant_bulk.serves)
         return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, lines)
     ks = 1
     if path_choice() == "table" and mma_applies(dt, bits, k_static, group):

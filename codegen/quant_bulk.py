@@ -179,8 +179,8 @@ def ks_split(tiles: int, steps: int) -> int:
 
 
 def record() -> dict:
-    """The path's settings for the artifact's codegen choices: the switch, the configuration and the K split mode,
-    each validated whether or not the switch is on (CodegenError naming a bad one)."""
+    """The path's settings for the artifact's codegen choices: the mode (auto|0|1), the configuration, the K split
+    mode and the rest, each validated whatever the mode (CodegenError naming a bad one)."""
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
             "quant_bulk_min_n": min_n_choice(), "quant_bulk_early": early_choice(),
             "quant_bulk_inflight": inflight_choice(), "quant_bulk_hold": hold_choice()}
@@ -209,8 +209,9 @@ def _aligned(ctx: KernelContext, v) -> bool:
 
 def _projection_ok(ctx: KernelContext, bits: int, x_v, wq_v, m_upper: int, zp: bool, group: int, k_static,
                    n_upper: int) -> bool:
-    """The conditions every kernel of the path shares (the module docstring's): the switch on in an sm90-only
-    compile with room for tensor maps, int4 symmetric g128 or int8 weights of static N < 2^31, K a whole number of
+    """The conditions every kernel of the path shares (the module docstring's): the path serving the projection's op
+    (serves: ATLAS_QUANT_BULK=1, or auto and choose-decode-path chose it) in an sm90-only compile with room for
+    tensor maps, int4 symmetric g128 or int8 weights of static N < 2^31, K a whole number of
     stages, one row of float16 x of K values, x and the weight contiguous and 16-byte aligned, and at least
     ATLAS_QUANT_BULK_MIN_N rows."""
     if not bits or not serves(f"LinearQ{bits}", ctx.bulk_ops) or ctx.tensor_maps is None or not copy_engine(ctx.archs):

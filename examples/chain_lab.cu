@@ -375,7 +375,8 @@ __device__ __forceinline__ void chain(unsigned char* arena, long long o_phases, 
     const bool odd = flags && (launch_no & 1u);
     const long long out_off = odd ? ph.out2 : ph.out;
     if ((hold & 4) && ph.attn && threadIdx.x == 0) {  // ATTN_PREFETCH: the run's cached keys and values toward L2
-      const int R = min(int(G) / KV_HEADS, RUNS_MAX), L = (ph.ctx + R - 1) / R;
+      const int R = min(int(G) / KV_HEADS, RUNS_MAX);
+      const int L = R > 0 ? (ph.ctx + R - 1) / R : 0;
       const int j_lo = int(b / KV_HEADS) * L, j_hi = min(ph.ctx - 1, j_lo + L);  // the rows before the new one
       if (b < KV_HEADS * R && j_hi > j_lo) {
         const long long row0 = (long long)(b % KV_HEADS) * ph.ctx + j_lo;  // [KV_HEADS, ctx, 128] halves

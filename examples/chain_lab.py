@@ -238,8 +238,8 @@ def main(argv=None) -> int:
                     "(2 .. 1024; a block per KV head and run of keys, merged at o's staging) between QKV and o, "
                     "instead of o reading QKV's first outputs")
     ap.add_argument("--attn-hold", action="store_true", help="with --attn: each block's producer starts o's copies "
-                    "only once its consumers are done with their attention item (chain_lab.cu ATTN_HOLD; modes "
-                    "other than hold)")
+                    "only once its consumers are done with their attention item (chain_lab.cu ATTN_HOLD; the "
+                    "one-launch modes but hold, whose own hold covers it; separate launches o on its own anyway)")
     ap.add_argument("--attn-prefetch", action="store_true", help="with --attn: each attending block asks L2 for its "
                     "run's cached keys and values before it waits for QKV (chain_lab.cu ATTN_PREFETCH)")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")

@@ -48,7 +48,7 @@ SHAPES = {  # (K, N), as in kernel_lab.py
     "8B lm_head": (4096, 128256),
     "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate_up": (2048, 16384), "1B down": (8192, 2048),
 }
-CONFIGS = ("8-4-2", "8-6-2", "8-8-2", "8-6-3", "16-4-1", "16-6-1", "4-8-4")  # 8-6-2: codegen/quant_bulk.py's default
+CONFIGS = ("8-4-2", "8-6-2", "8-8-2", "8-6-3", "16-4-1", "16-6-1", "4-8-4")  # codegen/quant_bulk.py's: 16-11-1 (v49)
 SMEM_LIMIT = 232448
 TM_BYTES = 128
 

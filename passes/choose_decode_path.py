@@ -169,17 +169,23 @@ def decide(op: str, archs: tuple[str, ...], table: dict, fits_bulk: bool = True)
 
 
 def bulk_fits(program: Program, op: str) -> bool:
-    """Whether every node computing op (LinearQ4 / LinearQ8, alone or fused) has weights the copy-engine kernels take
-    (codegen/quant_bulk.py): int4 symmetric (no zero points) in groups of 128; int8 always. Other int4 weights would
-    keep quant.cu's float-x kernels, slower at one row than the fused int8-x default."""
-    if op != "LinearQ4":
-        return True
+    """Whether every node computing op (LinearQ4 / LinearQ8, alone or fused) is one the copy-engine kernels take
+    (codegen/quant_bulk.py): float16 x of a static K that is a whole number of stages (128 k of int4, 64 of int8),
+    int4 symmetric (no zero points) in groups of 128. Others would keep quant.cu's float-x kernels, slower at one row
+    than the fused int8-x default. (The kernels' other conditions, e.g. alignment or a rotary tile, hold for the
+    decoders the frontend builds.)"""
+    stage_k = 128 if op == "LinearQ4" else 64
     for graph in program.entries.values():
         for node in graph.nodes:
             if _projection(node) != op:
                 continue
+            x = node.inputs[0]
+            k = x.shape[-1]
+            if x.dtype != "float16" or not isinstance(k, int) or k % stage_k:
+                return False
             zero = {"NormLinearQ": 3, "NormLinearRotary": 5}.get(node.op, 1) + 3  # wq, scale, bias, zero
-            if int(node.attrs.get("group_size", 0)) != 128 or (len(node.inputs) > zero and node.inputs[zero]):
+            if op == "LinearQ4" and (int(node.attrs.get("group_size", 0)) != 128
+                                     or (len(node.inputs) > zero and node.inputs[zero])):
                 return False
     return True
 

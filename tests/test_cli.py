@@ -197,7 +197,9 @@ def test_inspect_names_the_opt_in_kernel_choices():
     bulk = {"quant_bulk_config": [16, 6, 1], "quant_bulk_ks": "2", "quant_bulk_min_n": 16384, "quant_bulk_early": False}
     assert _opt_ins({**defaults, "quant_bulk": False, **bulk}) == ""  # an artifact from before v49: the path off
     assert _opt_ins({**defaults, "quant_bulk": "0", **bulk}) == "ATLAS_QUANT_BULK=0"
-    assert _opt_ins({**defaults, "quant_bulk": "auto", **bulk}).startswith("ATLAS_QUANT_BULK_CONFIG=16-6-1, ")
+    assert _opt_ins({**defaults, "quant_bulk": "auto", **bulk}) == ""  # auto, and no kernel took the path
+    assert _opt_ins({**defaults, "quant_bulk": "auto", **bulk, "kernels": {"k": {"path": "bulk"}}}).startswith(
+        "ATLAS_QUANT_BULK_CONFIG=16-6-1, ")
     assert _opt_ins({**defaults, "quant_bulk": True, **bulk}) == _opt_ins({**defaults, "quant_bulk": "1", **bulk}) == (
         "ATLAS_QUANT_BULK=1, ATLAS_QUANT_BULK_CONFIG=16-6-1, ATLAS_QUANT_BULK_KS=2, ATLAS_QUANT_BULK_MIN_N=16384, "
         "ATLAS_QUANT_BULK_EARLY=0")

@@ -340,9 +340,17 @@ def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch, tmp
             monkeypatch.delenv(name)
     program, _ = _chosen(monkeypatch, _bulk_table("w4a8-fused1"), **h128)
     assert bulk_ops(program) == frozenset()
-    # weights the copy-engine kernels do not take (groups of 64) pass the entry over
+    # projections the copy-engine kernels do not take (groups of 64; float32 x) pass the entry over
     program, _ = _chosen(monkeypatch, _bulk_table(), onnx=h128["onnx"], group=64)
     assert bulk_ops(program) == frozenset() and "bulk rows 1" not in program.decode_paths["int4"]["source"]
+    # float32 x (a float32 export's decode): bulk_fits says no for the whole op
+    from atlasc.ir.graph import Value
+
+    program, _ = _chosen(monkeypatch, _bulk_table(), **h128)
+    assert cdp.bulk_fits(program, "LinearQ4")
+    node = next(n for n in program.entries["decode"].nodes if n.op == "LinearQ4")
+    node.inputs[0] = Value("x32", "float32", node.inputs[0].shape)
+    assert not cdp.bulk_fits(program, "LinearQ4")
     program, _ = _chosen(monkeypatch, _bulk_table(), quant="int8", **h128)
     assert bulk_ops(program) == frozenset()
 

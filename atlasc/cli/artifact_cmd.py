@@ -48,8 +48,8 @@ def _bulk_settings() -> tuple:
 
 def _opt_ins(choices: dict) -> str:
     """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default, each as the
-    variable's value would set it (a switch 0 / 1, a configuration W-S-B); with ATLAS_QUANT_BULK 1 or auto, also
-    its settings away from their defaults."""
+    variable's value would set it (a switch 0 / 1, a configuration W-S-B); where the copy-engine path served a
+    kernel (ATLAS_QUANT_BULK=1, or a kernel choice with path "bulk"), also its settings away from their defaults."""
 
     def text(value) -> str:
         if isinstance(value, bool):
@@ -57,10 +57,12 @@ def _opt_ins(choices: dict) -> str:
         return "-".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
     # ATLAS_QUANT_BULK: a switch in artifacts before v49 (False, the default then: the path off), a mode since
-    # ("auto" the default); its settings are named where the path could serve
+    # ("auto" the default); its settings are named where the path served a kernel
     raw = choices.get("quant_bulk", "auto")
     choices = {**choices, "quant_bulk": "1" if raw is True else "auto" if raw is False else raw}
-    table = OPT_INS + (_bulk_settings() if raw is True or raw in ("1", "auto") else ())
+    served = raw is True or raw == "1" or any(isinstance(c, dict) and c.get("path") == "bulk"
+                                              for c in choices.get("kernels", {}).values())
+    table = OPT_INS + (_bulk_settings() if served else ())
     return ", ".join(f"{env}={text(choices[key])}" for key, default, env in table
                      if key in choices and choices[key] != default)
 
