@@ -41,12 +41,14 @@ start, costs the path its step.
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
-flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default; 0: v44-v46's
-form) keeps the producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD).
+flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default) keeps the
+producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; with 0 it leaves once its last
+copy is issued, up to STAGES stages before the end; v44-v46's code let all lanes but the issuing one leave at the
+start, a form no longer built).
 H100, 8-layer Llama-3-8B int4 step at batch 1 replayed with programmatic edges (docs/perf.md v49): with
 ATLAS_INT4_PATH=w4a16 and every projection on this path at 16-11-1, D = 2 and the producer held, 689.8 -> 654.9 us
-(-5.1%) against the default kernels; the hold alone takes v46's form (gate/up and the LM head at 16-6-1) from 717.0
-to 693.0 us. int8 (w8a16, the same settings): 961.7 -> 1009.7 us (+5.0%). int4's offset
+(-5.1%) against the default kernels; the hold alone takes gate/up and the LM head on this path at 16-6-1 from
+717.0 to 693.0 us. int8 (w8a16, the same settings): 961.7 -> 1009.7 us (+5.0%). int4's offset
 dequantization follows ATLAS_QUANT_OFS as for quant.cu's one-row kernels (quant.ofs_choice: auto takes it for
 weights of at least OFS_MIN_N rows).
 """
@@ -70,8 +72,8 @@ MIN_N_ENV = "ATLAS_QUANT_BULK_MIN_N"
 EARLY_ENV = "ATLAS_QUANT_BULK_EARLY"  # 0: the wrapper's wait first (v44's form); 1 (default): copies before the wait
 # =D: at most D copies in flight per block (quant_bulk.cu INFLIGHT; default INFLIGHT; 0: no cap)
 INFLIGHT_ENV = "ATLAS_QUANT_BULK_INFLIGHT"
-# =1 (default): the producer warp stays until the consumers took its last stage (quant_bulk.cu HOLD); 0: it returns
-# once its copies are issued (the form v44-v46 measured)
+# =1 (default): the producer warp stays until the consumers took its last stage (quant_bulk.cu HOLD); 0: it leaves
+# once its last copy is issued
 HOLD_ENV = "ATLAS_QUANT_BULK_HOLD"
 KS_VALUES = ("1", "2", "4", "8", "16")
 # W consumer warps, STAGES, blocks per SM: examples/chain_lab.py's best one-launch-per-projection form (16 warps, 11

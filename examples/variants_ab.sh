@@ -24,6 +24,7 @@ for spec in "${specs[@]}"; do
     vars="${spec#*:}"
     [ -n "$name" ] || continue
     names+=("$name")
+    rm -f "$work/$name.atlas"  # a failed compile must not leave an older artifact to be timed
     # shellcheck disable=SC2086  # vars: ENV=v words
     (env $vars atlasc compile "$work/m.onnx" --arch sm90 --max-batch "$batch" --max-seq $((context + 64)) \
         --quant "${QUANT:-int4}" -o "$work/$name.atlas" > "$out/compile_$name.log" 2>&1
