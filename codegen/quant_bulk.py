@@ -1,4 +1,4 @@
-"""The one-row int4 / int8 projection with the copy engine streaming the weights (quant_bulk.cu), opt-in.
+"""The one-row int4 / int8 projection with the copy engine streaming the weights (quant_bulk.cu).
 
 quant.cu's one-row kernels take 1.5-1.8x (int4) and 1.2-1.4x (int8) the time of a kernel that only streams the same
 bytes (docs/perf.md v11, v37): each warp holds a round of weights in registers and waits for it before
@@ -9,8 +9,10 @@ Lab: examples/w4_bulk_lab.py times the same body on the Llama-3-8B shapes. Measu
 runs 1-2): the copy engine streams within 1-10% of the read-only floor, but each block's consumers (the per-stage
 chain of loads, dequantization and MMAs) bound it. The kernels beat quant.cu's float-x ones in the lab only on the
 wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower (H100; on the H200, v46:
-16.8% slower). So the path is off, for A/B. v49 (H100) capped the copies in flight and held the producer warp to the
-block's end: the int4 step then gains 5% (below); not yet measured on the H200, so still off.
+16.8% slower). v49 (H100) capped the copies in flight and held the producer warp to the block's end: the int4 step
+then gains 5% (below). v50 (H100): the sm90 int4 default where every int4 projection has K >= 4096
+(passes/decode_paths.yaml "bulk rows 1": Llama-3-8B's step -5.8%, end to end -7.2% ms/step; Llama-3.2-1B's step,
+K 2048, +7.7%); not yet measured on the H200.
 
 ATLAS_QUANT_BULK=1 (every eligible node; auto, the default: only nodes of the ops whose batch-1 decode path
 choose-decode-path set to this one, generate_module's bulk_ops, e.g. with ATLAS_INT4_PATH=w4a16-bulk) serves a
@@ -27,10 +29,9 @@ epilogue (SwiGLU, LinRotary) reads its pairs' two rows as two boxes per stage. N
 int8: the sm90 default of the batch-1 gate/up and LM head kernels) keep them, so the reference's arithmetic holds;
 ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path (the batch-1 QKV + rotary takes
 float x by default).
-As with linear_tma.py's kernel, the producer warp returns once it has issued its copies, so its lanes reach the
-wrapper's atlas::pdl_leave early and the next kernel may launch while the consumers finish (it still waits in
-pdl_enter for this grid's end). That goes against common.cuh's trigger at the end, and it is the first suspect for
-what programmatic launch costs this path (82 us in v46's 8-layer step; not yet traced).
+The producer warp stays until the consumers took its last stage (HOLD, below), so the wrapper's atlas::pdl_leave
+comes at the block's end as common.cuh's trigger expects; v44-v46's producer let its lanes leave at the start, which
+cost the path under programmatic launch (v46: 82 us in an 8-layer step; v49: the hold took 717.0 -> 693.0 us).
 ATLAS_QUANT_BULK_EARLY=1 (default) starts the copies before the wait for the previous kernel: only the consumer warps
 wait (atlas::pdl_enter, before they read x), so each block's first stages stream while that kernel drains, as the
 default kernels' early weights do (linear.py early_pro). v44 run 2's step ran the kernels with the wait first (=0)

@@ -23,7 +23,9 @@ A table entry "bulk rows 1" (BULK_BUCKET) choosing w4a16-bulk / w8a16-bulk, or A
 ATLAS_INT8_PATH=w8a16-bulk, gives an sm90-only compile (the copy engine allowed, ATLAS_QUANT_BULK not 0) float
 activations everywhere, recorded as rows 1 "w4a16 (copy engine)": atlasc/compiler.py bulk_ops then hands the op to
 codegen, whose copy-engine kernels (codegen/quant_bulk.py, ATLAS_QUANT_BULK=auto) serve its batch-1 projections. No
-such entry is in the table yet (docs/perf.md v49: int4 5-6% faster in an 8-layer step, on an H100 only). int8
+entry's optional "min k" passes it over for a model whose op has a smaller K anywhere (the record's source then
+says so): the sm90 int4 entry (H100, docs/perf.md v50) chose it for Llama-3-8B's shapes (K >= 4096; the decode step
+5.8% faster, end to end 7.2%) and not for Llama-3.2-1B's (K 2048: 7.7% slower), so its min k is 4096. int8
 activations add the error of quantizing them: the compile's accuracy report measures it on a decode
 step per calibration prompt (atlasc/accuracy.py decode_act_report).
 
@@ -69,7 +71,9 @@ FUSED_BUCKET = "fused rows 1"
 # and the batch-1 projections on the copy-engine kernels (codegen/quant_bulk.py, sm90-only compiles): the decode
 # step's projections then start their weight copies before the previous kernel ends (docs/perf.md v49)
 BULK_ROWS1 = {"LinearQ4": "w4a16-bulk", "LinearQ8": "w8a16-bulk"}
-BULK_BUCKET = "bulk rows 1"  # {"choice", "gpu", "date", "command", "step us": {path: us}}, as FUSED_BUCKET
+# {"choice", "gpu", "date", "command", "step us": {path: us}, "min k"}, as FUSED_BUCKET; "min k" (optional): the
+# smallest K of the op's projections for which the choice holds (models with a smaller one keep the other paths)
+BULK_BUCKET = "bulk rows 1"
 COPY_ENGINE_NOTE = "(copy engine)"  # the rows-1 path's suffix in the record (atlasc/compiler.py bulk_ops reads it)
 FUSED_ROWS1_RULE = {"LinearQ4": "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)",
                     "LinearQ8": "NormLinearQ(LinearQ8) (decode, 1 row) => act int8 (W8A8)"}
@@ -103,6 +107,9 @@ def table_problems(table: dict) -> list[str]:
                         bulk.get("choice") != min(step, key=step.get):
                     problems.append(f"{arch} {quant} {BULK_BUCKET}: choice {bulk.get('choice')} but step us {step} "
                                     f"(numbers for {BULK_ROWS1[op]} and another of {', '.join(sorted(known))})")
+                min_k = bulk.get("min k", 0)
+                if not isinstance(min_k, int) or isinstance(min_k, bool) or min_k < 0:
+                    problems.append(f"{arch} {quant} {BULK_BUCKET}: min k {min_k!r} is not a non-negative integer")
             for bucket in BUCKETS:
                 cell = entry.get(quant, {}).get(bucket)
                 if not cell or not cell.get("us"):
@@ -124,10 +131,11 @@ def env_choice(op: str) -> str | None:
     return path or None
 
 
-def decide(op: str, archs: tuple[str, ...], table: dict, fits_bulk: bool = True) -> dict:
-    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs; fits_bulk: every node of
-    op has weights the copy-engine kernels take (bulk_fits()), without which a table's BULK_BUCKET choice is passed
-    over (a forced BULK_ROWS1 path still holds)."""
+def decide(op: str, archs: tuple[str, ...], table: dict, bulk_k: int | None = None) -> dict:
+    """{"paths": bucket -> path, "source": why} for op's decode nodes in a compile for archs; bulk_k: the smallest K
+    of op's nodes when every one has weights the copy-engine kernels take (smallest_bulk_k()), else None. A table's
+    BULK_BUCKET choice holds only where bulk_k is at least its "min k" (the source then names the entry passed
+    over); a forced BULK_ROWS1 path holds regardless."""
     env, (float_path, int8_path) = PATHS[op]
     forced = env_choice(op)
     copy_engine_rows1 = {"rows 1": f"{float_path} {COPY_ENGINE_NOTE}", "rows 2..8": float_path}
@@ -143,15 +151,19 @@ def decide(op: str, archs: tuple[str, ...], table: dict, fits_bulk: bool = True)
         return {"paths": dict.fromkeys(BUCKETS, forced), "source": f"{env}={forced}"}
     bulk_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(BULK_BUCKET, {}).get("choice")
                   == BULK_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
-    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and fits_bulk:
-        dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
-        return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
+    passed_over = ""
+    if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and bulk_k is not None:
+        min_k = max(table[a][QUANT[op]][BULK_BUCKET].get("min k", 0) for a in archs)
+        if bulk_k >= min_k:
+            dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
+            return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
+        passed_over = f"; {BULK_BUCKET} passed over: K {bulk_k} < its min k {min_k}"
     fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
                    == FUSED_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
     if archs and len(fused_archs) == len(archs):
         dates = ", ".join(f"{a} measured {table[a][QUANT[op]][FUSED_BUCKET]['date']}" for a in archs)
         return {"paths": {"rows 1": f"{int8_path} (fused norms)", "rows 2..8": float_path},
-                "source": f"table {TABLE.name} ({FUSED_BUCKET}): {dates}"}
+                "source": f"table {TABLE.name} ({FUSED_BUCKET}): {dates}{passed_over}"}
     per_arch, notes = [], []
     for arch in archs:
         entry = table.get(arch)
@@ -165,7 +177,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict, fits_bulk: bool = True)
              for b in BUCKETS}
     if any(p != per_arch[0] for p in per_arch):
         notes.append("the archs differ: float activations where they do")
-    return {"paths": paths, "source": f"table {TABLE.name}: " + ", ".join(notes)}
+    return {"paths": paths, "source": f"table {TABLE.name}: " + ", ".join(notes) + passed_over}
 
 
 def bulk_fits(program: Program, op: str) -> bool:
@@ -188,6 +200,14 @@ def bulk_fits(program: Program, op: str) -> bool:
                                      or (len(node.inputs) > zero and node.inputs[zero])):
                 return False
     return True
+
+
+def smallest_bulk_k(program: Program, op: str) -> int | None:
+    """The smallest K of op's nodes when bulk_fits(program, op), else None (decide's bulk_k)."""
+    if not bulk_fits(program, op):
+        return None
+    ks = [n.inputs[0].shape[-1] for g in program.entries.values() for n in g.nodes if _projection(n) == op]
+    return min(ks, default=0)
 
 
 def bulk_allowed(archs: tuple[str, ...]) -> bool:
@@ -272,7 +292,7 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     table = load_table() if table is None else table
     int8_buckets = {}
     for op in sorted(ops):
-        decision = decide(op, tuple(program.options.archs), table, bulk_fits(program, op))
+        decision = decide(op, tuple(program.options.archs), table, smallest_bulk_k(program, op))
         program.decode_paths[QUANT[op]] = decision
         if decision["paths"]["rows 1"].endswith("(fused norms)"):
             for entry, graph in program.entries.items():

@@ -355,6 +355,53 @@ def test_a_bulk_rows1_entry_puts_batch1_int4_on_the_copy_engine(monkeypatch, tmp
     assert bulk_ops(program) == frozenset()
 
 
+def test_the_shipped_bulk_entry_holds_only_from_its_min_k(monkeypatch):
+    """The table's sm90 int4 "bulk rows 1" entry (measured on an H100: Llama-3-8B's shapes gain, Llama-3.2-1B's at
+    K = 2048 lose) puts an sm90-only compile's batch-1 int4 projections on the copy-engine kernels when their
+    smallest K reaches its min k (4096), and passes over it, saying so in the source, for a smaller K; weights the
+    kernels do not take (None) or a compile with another arch keep the other entries' choices without that note."""
+    monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
+    monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    table = cdp.load_table()
+    bulk = table["sm90"]["int4"][cdp.BULK_BUCKET]
+    assert bulk["choice"] == "w4a16-bulk" and bulk["min k"] == 4096 and "H100" in bulk["gpu"]
+    engine = {"rows 1": "w4a16 (copy engine)", "rows 2..8": "w4a16"}
+    fused = {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"}
+    for k in (4096, 14336):
+        assert cdp.decide("LinearQ4", ("sm90",), table, k)["paths"] == engine
+    below = cdp.decide("LinearQ4", ("sm90",), table, 2048)
+    assert below["paths"] == fused and below["source"].endswith("; bulk rows 1 passed over: K 2048 < its min k 4096")
+    for archs, k in ((("sm90",), None), (("sm80", "sm90"), 4096)):
+        assert "bulk rows 1" not in cdp.decide("LinearQ4", archs, table, k)["source"]
+    assert cdp.decide("LinearQ8", ("sm90",), table, 4096)["paths"]["rows 1"] == "w8a8 (fused norms)"  # no entry
+
+
+def test_a_bulk_entrys_min_k_reads_the_models_smallest_k(monkeypatch, tmp_path):
+    """The pass hands decide the smallest K of the model's int4 projections (the hidden-128 Llama: 128, its down
+    projection 256): a min k of 128 keeps the copy-engine path, 256 passes it over for the fused default and says
+    why in the record; table_problems refuses a min k that is not a non-negative integer."""
+    from atlasc.compiler import bulk_ops
+
+    monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
+    onnx = _h128(tmp_path)
+    table = _bulk_table()
+    table["sm90"]["int4"][cdp.FUSED_BUCKET] = {"choice": "w4a8-fused1", "date": "2000-01-03", "command": "none",
+                                               "step us": {"w4a16": 2.0, "w4a8-fused1": 1.0}}
+    table["sm90"]["int4"][cdp.BULK_BUCKET]["min k"] = 128
+    program, _ = _chosen(monkeypatch, table, onnx=onnx, group=128)
+    assert cdp.smallest_bulk_k(program, "LinearQ4") == 128 and bulk_ops(program) == {"LinearQ4"}
+    table["sm90"]["int4"][cdp.BULK_BUCKET]["min k"] = 256
+    program, stats = _chosen(monkeypatch, table, onnx=onnx, group=128)
+    assert bulk_ops(program) == frozenset() and program.decode_paths["int4"] == {
+        "paths": {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"},
+        "source": "table decode_paths.yaml (fused rows 1): sm90 measured 2000-01-03; "
+                  "bulk rows 1 passed over: K 128 < its min k 256"}
+    assert _acts(program) == {"", "int8@1"} and stats.applied
+    for bad in (-1, "4096", 1.5, True):
+        table["sm90"]["int4"][cdp.BULK_BUCKET]["min k"] = bad
+        assert cdp.table_problems(table) == [f"sm90 int4 bulk rows 1: min k {bad!r} is not a non-negative integer"]
+
+
 def test_forced_bulk_paths_and_their_errors(monkeypatch):
     """ATLAS_INT4_PATH=w4a16-bulk / ATLAS_INT8_PATH=w8a16-bulk force the copy-engine batch-1 path whatever the table
     says; outside an sm90-only compile (or with ATLAS_QUANT_BULK=0) that is a one-line UsageError naming the

@@ -1,4 +1,4 @@
-"""The copy-engine int4 projection (codegen/quant_bulk.py, opt-in ATLAS_QUANT_BULK=1) on the CPU: where it is emitted
+"""The copy-engine int4 projection (codegen/quant_bulk.py, ATLAS_QUANT_BULK) on the CPU: where it is emitted
 and where not, its tensor maps (uint8, no swizzle) in the module, the manifest and the driver call, its sm_90a build
 without spills, its switches and its K split. Its numerics: tests/test_kernels_quant_bulk_gpu.py (GPU)."""
 
