@@ -36,14 +36,32 @@ def compile_options(arch: str, batches: list[int], prompt: int, gen: int, quant:
                           quant=quant)
 
 
+def compile_one(onnx_path: Path, art_path: Path, options, switch: tuple[str, str] | None) -> str:
+    """Compile onnx_path to art_path with `options`, the environment switch (NAME, value) set first (it stays set in
+    this process); the line saying how long it took and how many kernels each entry has."""
+    from atlasc.compiler import compile_model
+
+    if switch:
+        os.environ[switch[0]] = switch[1]
+    t = time.perf_counter()
+    result = compile_model(onnx_path, art_path, options)
+    kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
+    return f"compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}"
+
+
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
-                 quants: tuple[str, ...] = ("none",), pdl_ab: bool = False, compile_ab: str = "") -> list[dict]:
+                 quants: tuple[str, ...] = ("none",), pdl_ab: bool = False, compile_ab: str = "",
+                 jobs: int = 1) -> list[dict]:
     """atlasc's bench rows (each with "engine"); one artifact per quant of `quants` (the ONNX file is built
     once; with more than one, each engine name carries its quant); pdl_ab: each artifact with ATLAS_PDL=0,
     then =1; compile_ab: a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g.
-    ATLAS_PREFETCH) or NAME=a,b,... (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto)."""
+    ATLAS_PREFETCH) or NAME=a,b,... (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto). jobs > 1: the artifacts
+    are compiled first, up to `jobs` at a time in their own processes (all of them on disk at once), then benched
+    one by one; otherwise each is compiled, benched and removed before the next."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     from atlasc.artifact import open_artifact
-    from atlasc.compiler import compile_model
     from atlasc.runtime.bench import bench, rows_as_dicts
     from atlasc.runtime.device import Device
     from atlasc.runtime.gpu import GpuModel
@@ -56,17 +74,24 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     rows = []
     switch_name, _, values = compile_ab.partition("=")
     switches = (values.split(",") if values else ("0", "1")) if compile_ab else ("",)
-    runs = [(q, s) for q in quants for s in switches]
-    for i, (quant, switch) in enumerate(runs):
-        label = (f" {quant}" if len(quants) > 1 else "") + (f" {switch_name}={switch}" if compile_ab else "")
-        if compile_ab:
-            os.environ[switch_name] = switch
-        art_path = workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas"
-        t = time.perf_counter()
-        result = compile_model(onnx_path, art_path, compile_options(dev.arch, batches, prompt, gen, quant))
-        kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
-        print(f"[atlasc{label}] compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, "
-              f"stages {result.seconds}", flush=True)
+    runs = []  # (label, artifact, compile options, switch)
+    for quant in quants:
+        for switch in switches:
+            label = (f" {quant}" if len(quants) > 1 else "") + (f" {switch_name}={switch}" if compile_ab else "")
+            runs.append((label, workdir / f"{cfg_name}{label.replace(' ', '-').replace('=', '')}.atlas",
+                         compile_options(dev.arch, batches, prompt, gen, quant),
+                         (switch_name, switch) if compile_ab else None))
+    parallel = jobs > 1 and len(runs) > 1
+    if parallel:  # spawn: the children start without this process's CUDA context
+        with ProcessPoolExecutor(min(jobs, len(runs)), mp_context=get_context("spawn")) as pool:
+            done = [pool.submit(compile_one, onnx_path, art, options, switch) for _, art, options, switch in runs]
+            for (label, *_), future in zip(runs, done):
+                print(f"[atlasc{label}] {future.result()}", flush=True)
+    for i, (label, art_path, options, switch) in enumerate(runs):
+        if not parallel:
+            print(f"[atlasc{label}] {compile_one(onnx_path, art_path, options, switch)}", flush=True)
+        elif switch:  # set here too, as in the child that compiled it (a switch the loader also reads)
+            os.environ[switch[0]] = switch[1]
         # the runtime's default (programmatic edges on sm90+, or ATLAS_PDL as set); pdl_ab: plain, then programmatic
         for pdl in ("0", "1") if pdl_ab else (None,):
             if pdl is not None:
@@ -143,6 +168,9 @@ def main() -> None:
     ap.add_argument("--compile-ab", default="", metavar="ATLAS_SWITCH[=A,B]",
                     help="compile atlasc's artifact once per value of this environment switch (0 then 1, or the "
                          "values given, e.g. ATLAS_LINEAR_FT=1,auto) and bench each")
+    ap.add_argument("--compile-jobs", type=int, default=1, metavar="N",
+                    help="with several artifacts (--quant a,b or --compile-ab): compile up to N at once in their own "
+                         "processes before benching any (all of them on disk together; default 1: one at a time)")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="bench atlasc's artifact twice: ATLAS_PDL=0 (plain CUDA graphs), then ATLAS_PDL=1")
     ap.add_argument("--workdir", type=Path, default=None,
@@ -156,14 +184,16 @@ def main() -> None:
     quants = tuple(args.quant.split(","))
     if bad := [q for q in quants if q not in MODES]:
         ap.error(f"--quant: unknown {', '.join(bad)} ({', '.join(MODES)})")
+    if args.compile_jobs < 1:
+        ap.error(f"--compile-jobs: {args.compile_jobs} is not a positive count")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         ours = bench_atlasc(args.config, batches, args.prompt, args.gen, args.workdir, args.repeats, quants,
-                            args.pdl_ab, args.compile_ab)
+                            args.pdl_ab, args.compile_ab, args.compile_jobs)
     else:
         with tempfile.TemporaryDirectory(prefix="atlasc-bench-") as tmp:
             ours = bench_atlasc(args.config, batches, args.prompt, args.gen, Path(tmp), args.repeats, quants,
-                                args.pdl_ab, args.compile_ab)
+                                args.pdl_ab, args.compile_ab, args.compile_jobs)
     peers = [] if args.skip_torch else bench_torch(args.config, batches, args.prompt, args.gen, args.repeats)
     precision = "fp16" if quants == ("none",) else f"atlasc {args.quant} (weights), peers fp16"
     print(f"\n{args.config}, {precision}, prompt {args.prompt}, {args.gen} new tokens (medians of {args.repeats})")

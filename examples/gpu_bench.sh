@@ -9,7 +9,8 @@
 # at batch 1, with ATLAS_ROTARY_EPILOGUE=0 and =1, each profiled in full (where the fused float16 QKV kernel
 # loses its time, docs/perf.md v8). AB=ATLAS_SWITCH compiles atlasc's artifact twice, with that 0/1 switch 0
 # and 1 (e.g. AB=ATLAS_PREFETCH), AB=ATLAS_SWITCH=a,b once per value (e.g. AB=ATLAS_LINEAR_FT=1,auto), and
-# benches each (with PDL_AB=1: each with plain and programmatic graphs).
+# benches each (with PDL_AB=1: each with plain and programmatic graphs). JOBS=N compiles those artifacts up to N at
+# once before benching any (bench_vs_torch.py --compile-jobs; all on disk together: fine for int4 / int8 8B).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
@@ -46,7 +47,8 @@ fi
 quant="${QUANT:-none}"  # QUANT=int4 / int8 / fp8: atlasc compiles with --quant (transformers stays fp16)
 work="${WORKDIR:-/tmp/atlasc-work}"  # the ONNX file and the artifact stay here (not under $OUT: gigabytes)
 python3 examples/bench_vs_torch.py --config "$config" --batch "$batches" --prompt 128 --gen 128 --quant "$quant" \
-    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} ${AB:+--compile-ab "$AB"} --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
+    ${SKIP_TORCH:+--skip-torch} ${PDL_AB:+--pdl-ab} ${AB:+--compile-ab "$AB"} ${JOBS:+--compile-jobs "$JOBS"} \
+    --workdir "$work" --json "$out/bench_$config.json" 2>&1 | \
     tee "$out/bench_$config.log"
 bench_status=${PIPESTATUS[0]}
 if [ "${PROFILE:-0}" != 0 ]; then  # where a decode step's time goes, batch 1 and the largest batch, 256 keys

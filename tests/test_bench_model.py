@@ -284,7 +284,7 @@ def test_runtime_switches_are_on_unless_0(env, monkeypatch):
 
 def test_bench_vs_torch_refuses_an_unknown_quant_before_any_work():
     """examples/bench_vs_torch.py --quant takes a comma-separated list; an unknown member is a usage error
-    (exit 2) naming it, before any model is built or a GPU is touched."""
+    (exit 2) naming it, before any model is built or a GPU is touched; so is a --compile-jobs below 1."""
     import subprocess
     import sys
 
@@ -292,3 +292,76 @@ def test_bench_vs_torch_refuses_an_unknown_quant_before_any_work():
     r = subprocess.run([sys.executable, str(script), "--quant", "int8,int3", "--skip-torch"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "unknown int3" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(script), "--compile-jobs", "0", "--skip-torch"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "--compile-jobs: 0 is not a positive count" in r.stderr
+
+
+def _compile_stub(onnx_path, art_path, options, switch):
+    """bench_vs_torch.compile_one's stand-in for test_bench_vs_torch_compiles_in_parallel_then_benches_in_order: runs
+    in the pool's spawned process; writes the switch it saw in its own environment and its pid into the artifact."""
+    import os
+
+    if switch:
+        os.environ[switch[0]] = switch[1]
+    art_path.write_text(f"{switch[0]}={os.environ.get(switch[0])} pid {os.getpid()}")
+    return f"stub {switch[1]}"
+
+
+def test_bench_vs_torch_compiles_in_parallel_then_benches_in_order(monkeypatch, tmp_path, capsys):
+    """--compile-jobs 2 with --compile-ab NAME=a,b: both artifacts are compiled in other processes (each with its
+    switch set there) before the first is benched, then benched in the runs' order with the switch also set in
+    this process; every artifact but the last is removed after its bench. Without jobs, compile and bench
+    alternate in this process."""
+    import os
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "examples"))
+    import bench_vs_torch
+
+    import atlasc.artifact
+    import atlasc.runtime.bench
+    import atlasc.runtime.device
+    import atlasc.runtime.gpu
+
+    events = []
+
+    class Dev:
+        arch = "sm90"
+
+    class Model:
+        pdl, pdl_error = True, None
+
+        def __init__(self, art, device):
+            events.append(("bench", art, os.environ.get("ATLAS_TEST_SWITCH")))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench_vs_torch, "write", lambda cfg, path: path.write_text("onnx"))
+    monkeypatch.setattr(bench_vs_torch, "compile_one", _compile_stub)
+    monkeypatch.setattr(atlasc.runtime.device, "Device", Dev)
+    monkeypatch.setattr(atlasc.runtime.gpu, "GpuModel", Model)
+    monkeypatch.setattr(atlasc.artifact, "open_artifact", lambda path: path.read_text())
+    monkeypatch.setattr(atlasc.runtime.bench, "bench", lambda model, *a: [])
+    monkeypatch.setattr(atlasc.runtime.bench, "rows_as_dicts", lambda rows: [{"batch": 1}])
+    monkeypatch.setenv("ATLAS_TEST_SWITCH", "")  # so that the switch set here is undone after the test
+    monkeypatch.delenv("ATLAS_TEST_SWITCH")
+    rows = bench_vs_torch.bench_atlasc("llama-3.2-1b", [1], 8, 8, tmp_path, 1, ("int4",),
+                                       compile_ab="ATLAS_TEST_SWITCH=a,b", jobs=2)
+    assert [r["engine"] for r in rows] == ["atlasc ATLAS_TEST_SWITCH=a", "atlasc ATLAS_TEST_SWITCH=b"]
+    (_, art_a, env_a), (_, art_b, env_b) = events
+    assert (art_a.split()[0], env_a) == ("ATLAS_TEST_SWITCH=a", "a")
+    assert (art_b.split()[0], env_b) == ("ATLAS_TEST_SWITCH=b", "b")
+    assert str(os.getpid()) not in (art_a.split()[-1], art_b.split()[-1])  # compiled in the pool's processes
+    out = capsys.readouterr().out
+    assert out.index("[atlasc ATLAS_TEST_SWITCH=b] stub b") < out.index("[atlasc ATLAS_TEST_SWITCH=a] {'batch': 1}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama-3.2-1b-ATLAS_TEST_SWITCHb.atlas", "llama-3.2-1b.onnx"]
+    events.clear()
+    bench_vs_torch.bench_atlasc("llama-3.2-1b", [1], 8, 8, tmp_path, 1, ("int4",),
+                                compile_ab="ATLAS_TEST_SWITCH=a,b")
+    assert [e[1].split()[-1] for e in events] == [str(os.getpid())] * 2  # one at a time, here
+    out = capsys.readouterr().out
+    assert out.index("[atlasc ATLAS_TEST_SWITCH=a] {'batch': 1}") < out.index("[atlasc ATLAS_TEST_SWITCH=b] stub b")
