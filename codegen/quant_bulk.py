@@ -38,9 +38,10 @@ default kernels' early weights do (linear.py early_pro). v44 run 2's step ran th
 and lost 12.5%. On the H200 (docs/perf.md v46 run 1) the early copies are correct inside programmatic graphs and
 gain nothing: the 8-layer int4 step with gate/up and the LM head on this path replays in 702.1 us (=1) and 702.3 (=0)
 against 600.9 for the default kernels; with plain graphs 620.3 against 595.0. Programmatic launch, not the copies'
-start, costs the path its step.
+start, cost the path its step then (the producer's early exit: the hold below).
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
-timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split);
+timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split, whose runs keep at
+least ATLAS_QUANT_BULK_MIN_RUN stages, default MIN_RUN);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
 flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default) keeps the
 producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; with 0 it leaves once its last
@@ -89,7 +90,11 @@ WEIGHT_INPUT = {"NormLinearQ": 3, "NormLinearRotary": 5}  # the packed weight's 
 # scratch from linear_prologue._norm_source: ~0.8 KB)
 SMEM_LIMIT = 227 * 1024 - 2048
 SMS = 132  # the K split aims for config()'s blocks per SM of an H200 (132 SMs)
-MIN_RUN = 4  # stages each K run keeps at least
+MIN_RUN = 4  # stages each K run keeps at least, unless ATLAS_QUANT_BULK_MIN_RUN says otherwise
+# =R: the auto K split keeps R stages a run at least (default MIN_RUN). Llama-3.2-1B's o (8 tiles of 16 stages) then
+# runs on 32 blocks of 132 SMs; a smaller R gives such narrow weights more blocks (docs/perf.md v50: the 1B's step
+# loses 7.7% on this path; not yet measured with a smaller R)
+MIN_RUN_ENV = "ATLAS_QUANT_BULK_MIN_RUN"
 I32 = 1 << 31
 
 
@@ -145,6 +150,15 @@ def min_n_choice() -> int:
     return int(value)
 
 
+def min_run_choice() -> int:
+    """ATLAS_QUANT_BULK_MIN_RUN as an int (MIN_RUN when unset); CodegenError unless a positive integer. Recorded in
+    the artifact's codegen choices."""
+    value = os.environ.get(MIN_RUN_ENV, "") or str(MIN_RUN)
+    if not value.isdigit() or int(value) < 1:
+        raise CodegenError(f"{MIN_RUN_ENV}={value!r} is not a stage count (expected a positive integer)")
+    return int(value)
+
+
 def config() -> tuple[int, int, int]:
     """(W, STAGES, blocks per SM): CONFIG or ATLAS_QUANT_BULK_CONFIG; CodegenError for a value that is not W-S-B of
     positive integers, a tile over 256 rows (a tensor-map box), fewer than 2 stages, or B blocks of 32 (W + 1)
@@ -169,14 +183,14 @@ def ks_choice() -> str:
 
 def ks_split(tiles: int, steps: int) -> int:
     """K runs for `tiles` tiles of `steps` stages: forced by ATLAS_QUANT_BULK_KS, or the largest power of two up to
-    16 that keeps tiles x runs <= SMS x config()'s blocks per SM and every run >= MIN_RUN stages (at least 1); never
-    more runs than stages."""
+    16 that keeps tiles x runs <= SMS x config()'s blocks per SM and every run >= min_run_choice() stages (at least
+    1); never more runs than stages."""
     mode = ks_choice()
     if mode != "auto":
         return min(int(mode), steps)
     target = SMS * config()[2]
-    ks = 1
-    while ks < 16 and tiles * ks * 2 <= target and steps // (ks * 2) >= MIN_RUN:
+    ks, min_run = 1, min_run_choice()
+    while ks < 16 and tiles * ks * 2 <= target and steps // (ks * 2) >= min_run:
         ks *= 2
     return ks
 
@@ -185,8 +199,9 @@ def record() -> dict:
     """The path's settings for the artifact's codegen choices: the mode (auto|0|1), the configuration, the K split
     mode and the rest, each validated whatever the mode (CodegenError naming a bad one)."""
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
-            "quant_bulk_min_n": min_n_choice(), "quant_bulk_early": early_choice(),
-            "quant_bulk_inflight": inflight_choice(), "quant_bulk_hold": hold_choice()}
+            "quant_bulk_min_run": min_run_choice(), "quant_bulk_min_n": min_n_choice(),
+            "quant_bulk_early": early_choice(), "quant_bulk_inflight": inflight_choice(),
+            "quant_bulk_hold": hold_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...],

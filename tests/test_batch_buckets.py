@@ -144,7 +144,8 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "sample_split": True, "weight_prefetch": False, "weight_prefetch_mb": 0,
                  "share_kernels": True, "dims_early": True, "int8_l2_hint": True, "linear_tma": True,
                  "linear_tma_config": TMA_CONFIG, "quant_bulk": "auto", "quant_bulk_config": [16, 11, 1],
-                 "quant_bulk_ks": "auto", "quant_bulk_min_n": 0, "quant_bulk_early": True, "quant_bulk_inflight": 2,
+                 "quant_bulk_ks": "auto", "quant_bulk_min_run": 4, "quant_bulk_min_n": 0, "quant_bulk_early": True,
+                 "quant_bulk_inflight": 2,
                  "quant_bulk_hold": True, "attention_prefill": "fa2",
                  "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
@@ -182,6 +183,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", "16-4-1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_KS", "2")
     monkeypatch.setenv("ATLAS_QUANT_BULK_MIN_N", "16384")
+    monkeypatch.setenv("ATLAS_QUANT_BULK_MIN_RUN", "2")
     monkeypatch.setenv("ATLAS_QUANT_BULK_EARLY", "0")
     monkeypatch.setenv("ATLAS_QUANT_BULK_INFLIGHT", "3")
     monkeypatch.setenv("ATLAS_QUANT_BULK_HOLD", "0")
@@ -202,7 +204,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "share_kernels": False, "dims_early": False, "int8_l2_hint": False,
                                  "linear_tma": False, "linear_tma_config": TMA_CONFIG,
                                  "quant_bulk": "1", "quant_bulk_config": [16, 4, 1], "quant_bulk_ks": "2",
-                                 "quant_bulk_min_n": 16384, "quant_bulk_early": False,
+                                 "quant_bulk_min_run": 2, "quant_bulk_min_n": 16384, "quant_bulk_early": False,
                                  "quant_bulk_inflight": 3, "quant_bulk_hold": False,
                                  "attention_prefill": "off",
                                  "linear_prefill": "mma"}

@@ -208,6 +208,8 @@ def test_inspect_names_the_opt_in_kernel_choices():
     assert _opt_ins({**defaults, "quant_bulk": True, "quant_bulk_config": [16, 11, 1], "quant_bulk_ks": "auto",
                      "quant_bulk_min_n": 0, "quant_bulk_early": True, "quant_bulk_inflight": 2,
                      "quant_bulk_hold": True}) == "ATLAS_QUANT_BULK=1"
+    assert _opt_ins({**defaults, "quant_bulk": "1", "quant_bulk_ks": "auto", "quant_bulk_min_run": 1}) == \
+        "ATLAS_QUANT_BULK=1, ATLAS_QUANT_BULK_MIN_RUN=1"
     assert _opt_ins({**defaults, "quant_min_blocks": 4, "attention_early_kv": True}) == \
         "ATLAS_QUANT_MIN_BLOCKS=4, ATLAS_ATTENTION_EARLY_KV=1"
     assert _opt_ins({**defaults, "quant_staged_u": 0, "prologue_act8_grid": 0}) == ""

@@ -201,7 +201,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
                                         (quant_bulk.KS_ENV, "3"), (quant_bulk.MIN_N_ENV, "-1"),
                                         (quant_bulk.MIN_N_ENV, "16k"), (quant_bulk.EARLY_ENV, "2"),
                                         (quant_bulk.INFLIGHT_ENV, "-1"), (quant_bulk.INFLIGHT_ENV, "two"),
-                                        (quant_bulk.HOLD_ENV, "yes")])
+                                        (quant_bulk.HOLD_ENV, "yes"), (quant_bulk.MIN_RUN_ENV, "0"),
+                                        (quant_bulk.MIN_RUN_ENV, "two")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)
@@ -273,7 +274,8 @@ def test_min_n_leaves_narrow_weights(monkeypatch):
 
 
 def test_k_split_rule(monkeypatch):
-    """Up to the configuration's blocks per SM on an H200's 132 SMs, every run at least MIN_RUN stages: at the default
+    """Up to the configuration's blocks per SM on an H200's 132 SMs, every run at least MIN_RUN stages (or
+    ATLAS_QUANT_BULK_MIN_RUN's): at the default
     16-11-1 the 8B o and down (16 tiles of 256 rows; 32 and 112 stages) take 8 runs (128 blocks), a wide weight
     (gate/up's 112 tiles) none; at 8-6-2 (264 blocks) o and down (32 tiles of 128 rows) take 8 too; forced values
     hold, without empty runs."""
@@ -284,6 +286,16 @@ def test_k_split_rule(monkeypatch):
     assert quant_bulk.ks_split(224, 32) == 1
     monkeypatch.setenv(quant_bulk.KS_ENV, "4")
     assert quant_bulk.ks_split(224, 32) == 4 and quant_bulk.ks_split(1, 2) == 2
+    # ATLAS_QUANT_BULK_MIN_RUN: Llama-3.2-1B's o (8 tiles of 16 stages) takes 4 runs at the default 4 stages a run,
+    # 8 at 2, 16 at 1; the grid bound still holds (the 8B o's 16 tiles stay at 8 runs)
+    monkeypatch.delenv(quant_bulk.KS_ENV)
+    monkeypatch.delenv(quant_bulk.CONFIG_ENV)
+    assert quant_bulk.ks_split(8, 16) == 4
+    for min_run, ks in (("2", 8), ("1", 16)):
+        monkeypatch.setenv(quant_bulk.MIN_RUN_ENV, min_run)
+        assert quant_bulk.ks_split(8, 16) == ks and quant_bulk.ks_split(16, 32) == 8
+    monkeypatch.delenv(quant_bulk.MIN_RUN_ENV)
+    monkeypatch.setenv(quant_bulk.CONFIG_ENV, "8-6-2")
     # plan: runs of ceil(steps / ks) stages, as many as that fills (16 forced over 20 stages: 10 runs of 2)
     monkeypatch.setenv(quant_bulk.KS_ENV, "16")
     assert quant_bulk.plan(4096, 20 * 128, 4) == (8, 6, 2, 32, 10, 2)

@@ -37,10 +37,11 @@ OPT_INS = (("linear_ft", "auto", "ATLAS_LINEAR_FT"), ("linear_ksplit", "auto", "
 def _bulk_settings() -> tuple:
     """The copy-engine quantized path's settings (codegen/quant_bulk.py) with their defaults: inspect names them only
     where the path was on."""
-    from atlasc.codegen.quant_bulk import CONFIG, INFLIGHT
+    from atlasc.codegen.quant_bulk import CONFIG, INFLIGHT, MIN_RUN
 
     return (("quant_bulk_config", list(CONFIG), "ATLAS_QUANT_BULK_CONFIG"),
             ("quant_bulk_ks", "auto", "ATLAS_QUANT_BULK_KS"), ("quant_bulk_min_n", 0, "ATLAS_QUANT_BULK_MIN_N"),
+            ("quant_bulk_min_run", MIN_RUN, "ATLAS_QUANT_BULK_MIN_RUN"),
             ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"),
             ("quant_bulk_inflight", INFLIGHT, "ATLAS_QUANT_BULK_INFLIGHT"),
             ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"))
