@@ -1,7 +1,7 @@
 // linear_quant_bulk (quant_bulk.py): a one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]), plain
 // or paired (SwiGLU; the merged QKV projection's rotary and cache append), x a float16 row or the (Add)RMSNorm of one
 // (NormLinearQ, NormLinearRotary), with the copy engine streaming the weights into a ring of shared-memory stages
-// (sm_90a), opt-in (ATLAS_QUANT_BULK=1). quant.cu's tensor-core path holds each round of weights in registers and
+// (sm_90a; quant_bulk.py says where it serves: the sm90 int4 default from K 4096). quant.cu's tensor-core path holds each round of weights in registers and
 // waits for it before dequantizing; here a producer warp keeps STAGES stages in flight whatever the consumer warps
 // are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only floor; docs/perf.md v43).
 //

@@ -10,9 +10,9 @@ runs 1-2): the copy engine streams within 1-10% of the read-only floor, but each
 chain of loads, dequantization and MMAs) bound it. The kernels beat quant.cu's float-x ones in the lab only on the
 wide projections, and with those on it the replayed 8-layer int4 step was 12.5% slower (H100; on the H200, v46:
 16.8% slower). v49 (H100) capped the copies in flight and held the producer warp to the block's end: the int4 step
-then gains 5% (below). v50 (H100): the sm90 int4 default where every int4 projection has K >= 4096
-(passes/decode_paths.yaml "bulk rows 1": Llama-3-8B's step -5.8%, end to end -7.2% ms/step; Llama-3.2-1B's step,
-K 2048, +7.7%); not yet measured on the H200.
+then gains 5% (below). v50 (H100): the sm90 int4 default where every int4 projection has K >= 4096 and weights
+this path takes (passes/decode_paths.yaml "bulk rows 1", choose_decode_path.bulk_fits: Llama-3-8B's step -5.8%, end
+to end -7.2% ms/step; Llama-3.2-1B's step, K 2048, +7.7%); not yet measured on the H200.
 
 ATLAS_QUANT_BULK=1 (every eligible node; auto, the default: only nodes of the ops whose batch-1 decode path
 choose-decode-path set to this one, generate_module's bulk_ops, e.g. with ATLAS_INT4_PATH=w4a16-bulk) serves a
@@ -26,7 +26,8 @@ cache append, its tiles of 8 W pairs dividing D / 2 and R / 2: W = 8 for Llama-3
 Llama-3.2-1B's 64, rotary_warps) with the same weights and contiguous, aligned norm operands: the consumer warps
 stage the (Add)RMSNorm of x (quant_bulk.cu QbNorm) while the producer's first copies are in flight, and a paired
 epilogue (SwiGLU, LinRotary) reads its pairs' two rows as two boxes per stage. Nodes with int8 activations (act
-int8: the sm90 default of the batch-1 gate/up and LM head kernels) keep them, so the reference's arithmetic holds;
+int8: the sm90 default of the batch-1 gate/up and LM head kernels for int8, and for int4 where the "bulk rows 1"
+entry is passed over) keep them, so the reference's arithmetic holds;
 ATLAS_INT4_PATH=w4a16 / ATLAS_INT8_PATH=w8a16 give them float x and so this path (the batch-1 QKV + rotary takes
 float x by default).
 The producer warp stays until the consumers took its last stage (HOLD, below), so the wrapper's atlas::pdl_leave

@@ -49,6 +49,15 @@ def compile_one(onnx_path: Path, art_path: Path, options, switch: tuple[str, str
     return f"compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}"
 
 
+def compile_in_child(onnx_path: Path, art_path: Path, options, switch: tuple[str, str] | None) -> str:
+    """compile_one in a pool's process; its error comes back as a RuntimeError with the message (the compiler's own
+    errors need not survive the trip back between processes)."""
+    try:
+        return compile_one(onnx_path, art_path, options, switch)
+    except Exception as e:  # noqa: BLE001 - the message is the point
+        raise RuntimeError(f"{art_path.name}: {type(e).__name__}: {e}") from None
+
+
 def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workdir: Path, repeats: int,
                  quants: tuple[str, ...] = ("none",), pdl_ab: bool = False, compile_ab: str = "",
                  jobs: int = 1) -> list[dict]:
@@ -56,8 +65,9 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     once; with more than one, each engine name carries its quant); pdl_ab: each artifact with ATLAS_PDL=0,
     then =1; compile_ab: a codegen switch NAME (artifacts compiled with NAME=0 and NAME=1, e.g.
     ATLAS_PREFETCH) or NAME=a,b,... (one artifact per value, e.g. ATLAS_LINEAR_FT=1,auto). jobs > 1: the artifacts
-    are compiled first, up to `jobs` at a time in their own processes (all of them on disk at once), then benched
-    one by one; otherwise each is compiled, benched and removed before the next."""
+    are compiled first, up to `jobs` at a time in their own processes (all of them on disk at once; a failed compile
+    cancels those not started and stops the bench), then benched one by one; otherwise each is compiled and benched
+    before the next. Every artifact but the last is removed after its bench."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -84,9 +94,13 @@ def bench_atlasc(cfg_name: str, batches: list[int], prompt: int, gen: int, workd
     parallel = jobs > 1 and len(runs) > 1
     if parallel:  # spawn: the children start without this process's CUDA context
         with ProcessPoolExecutor(min(jobs, len(runs)), mp_context=get_context("spawn")) as pool:
-            done = [pool.submit(compile_one, onnx_path, art, options, switch) for _, art, options, switch in runs]
-            for (label, *_), future in zip(runs, done):
-                print(f"[atlasc{label}] {future.result()}", flush=True)
+            done = [pool.submit(compile_in_child, onnx_path, art, options, switch) for _, art, options, switch in runs]
+            try:
+                for (label, *_), future in zip(runs, done):
+                    print(f"[atlasc{label}] {future.result()}", flush=True)
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
     for i, (label, art_path, options, switch) in enumerate(runs):
         if not parallel:
             print(f"[atlasc{label}] {compile_one(onnx_path, art_path, options, switch)}", flush=True)

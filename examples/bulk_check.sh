@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine call for the copy-engine quantized projections (docs/perf.md v43): the lab against the current
 # kernels and the read-only floor, the path's GPU tests, then (STEP=1) the 8-layer Llama-3-8B decode steps at batch 1
-# with ATLAS_QUANT_BULK off and on, twice: with the default decode paths (the bulk kernels serve QKV + rotary, o and
-# down; gate/up and the LM head keep int8 x) and with float x everywhere (ATLAS_INT4_PATH=w4a16 /
+# with ATLAS_QUANT_BULK off and on, twice: with the default decode paths (int8: the bulk kernels serve QKV + rotary,
+# o and down, gate/up and the LM head keep int8 x; int4: the table's "bulk rows 1" entry gives the 8B float x
+# everywhere, so 0 is the fused default and 1 the bulk one) and with float x everywhere (ATLAS_INT4_PATH=w4a16 /
 # ATLAS_INT8_PATH=w8a16: the bulk kernels serve the fused gate/up and LM head too). Run after the install line; logs
 # under $OUT, a summary last.
 #   bash examples/bulk_check.sh                # lab + GPU tests (the kernels', and the path end to end inside

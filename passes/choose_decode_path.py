@@ -22,10 +22,12 @@ ATLAS_INT8_PATH=w8a16|w8a8|w8a8-fused1 override the table for every bucket (expe
 A table entry "bulk rows 1" (BULK_BUCKET) choosing w4a16-bulk / w8a16-bulk, or ATLAS_INT4_PATH=w4a16-bulk /
 ATLAS_INT8_PATH=w8a16-bulk, gives an sm90-only compile (the copy engine allowed, ATLAS_QUANT_BULK not 0) float
 activations everywhere, recorded as rows 1 "w4a16 (copy engine)": atlasc/compiler.py bulk_ops then hands the op to
-codegen, whose copy-engine kernels (codegen/quant_bulk.py, ATLAS_QUANT_BULK=auto) serve its batch-1 projections. No
+codegen, whose copy-engine kernels (codegen/quant_bulk.py, ATLAS_QUANT_BULK=auto) serve its batch-1 projections,
+where every node of the op has weights they take (bulk_fits: float16 x, whole stages of K, int4 symmetric g128). An
 entry's optional "min k" passes it over for a model whose op has a smaller K anywhere (the record's source then
 says so): the sm90 int4 entry (H100, docs/perf.md v50) chose it for Llama-3-8B's shapes (K >= 4096; the decode step
-5.8% faster, end to end 7.2%) and not for Llama-3.2-1B's (K 2048: 7.7% slower), so its min k is 4096. int8
+5.8% faster, end to end 7.2%) and not for Llama-3.2-1B's (K 2048: 7.7% slower), so its min k is 4096. The entry
+applies to every sm90 GPU though measured on an H100 only (the H200 is v50's Next 1). int8
 activations add the error of quantizing them: the compile's accuracy report measures it on a decode
 step per calibration prompt (atlasc/accuracy.py decode_act_report).
 
@@ -107,7 +109,7 @@ def table_problems(table: dict) -> list[str]:
                         bulk.get("choice") != min(step, key=step.get):
                     problems.append(f"{arch} {quant} {BULK_BUCKET}: choice {bulk.get('choice')} but step us {step} "
                                     f"(numbers for {BULK_ROWS1[op]} and another of {', '.join(sorted(known))})")
-                min_k = bulk.get("min k", 0)
+                min_k = bulk.get("min k", 0)  # a blank "min k:" reads as None: refused here, 0 in decide()
                 if not isinstance(min_k, int) or isinstance(min_k, bool) or min_k < 0:
                     problems.append(f"{arch} {quant} {BULK_BUCKET}: min k {min_k!r} is not a non-negative integer")
             for bucket in BUCKETS:
@@ -153,7 +155,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict, bulk_k: int | None = No
                   == BULK_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
     passed_over = ""
     if archs and len(bulk_archs) == len(archs) and bulk_allowed(archs) and bulk_k is not None:
-        min_k = max(table[a][QUANT[op]][BULK_BUCKET].get("min k", 0) for a in archs)
+        min_k = max(table[a][QUANT[op]][BULK_BUCKET].get("min k") or 0 for a in archs)
         if bulk_k >= min_k:
             dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
             return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
@@ -203,11 +205,9 @@ def bulk_fits(program: Program, op: str) -> bool:
 
 
 def smallest_bulk_k(program: Program, op: str) -> int | None:
-    """The smallest K of op's nodes when bulk_fits(program, op), else None (decide's bulk_k)."""
-    if not bulk_fits(program, op):
-        return None
+    """The smallest K of op's nodes when there are some and bulk_fits(program, op), else None (decide's bulk_k)."""
     ks = [n.inputs[0].shape[-1] for g in program.entries.values() for n in g.nodes if _projection(n) == op]
-    return min(ks, default=0)
+    return min(ks) if ks and bulk_fits(program, op) else None
 
 
 def bulk_allowed(archs: tuple[str, ...]) -> bool:

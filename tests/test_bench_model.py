@@ -298,10 +298,13 @@ def test_bench_vs_torch_refuses_an_unknown_quant_before_any_work():
 
 
 def _compile_stub(onnx_path, art_path, options, switch):
-    """bench_vs_torch.compile_one's stand-in for test_bench_vs_torch_compiles_in_parallel_then_benches_in_order: runs
-    in the pool's spawned process; writes the switch it saw in its own environment and its pid into the artifact."""
+    """bench_vs_torch.compile_in_child's stand-in for test_bench_vs_torch_compiles_in_parallel_then_benches_in_order:
+    runs in the pool's spawned process; writes the switch it saw in its own environment and its pid into the
+    artifact; fails for the value "fail"."""
     import os
 
+    if switch and switch[1] == "fail":
+        raise RuntimeError("stub compile failed")
     if switch:
         os.environ[switch[0]] = switch[1]
     art_path.write_text(f"{switch[0]}={os.environ.get(switch[0])} pid {os.getpid()}")
@@ -314,11 +317,10 @@ def test_bench_vs_torch_compiles_in_parallel_then_benches_in_order(monkeypatch, 
     this process; every artifact but the last is removed after its bench. Without jobs, compile and bench
     alternate in this process."""
     import os
-    import sys
 
     from conftest import REPO
 
-    sys.path.insert(0, str(REPO / "examples"))
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
     import bench_vs_torch
 
     import atlasc.artifact
@@ -341,6 +343,7 @@ def test_bench_vs_torch_compiles_in_parallel_then_benches_in_order(monkeypatch, 
             pass
 
     monkeypatch.setattr(bench_vs_torch, "write", lambda cfg, path: path.write_text("onnx"))
+    monkeypatch.setattr(bench_vs_torch, "compile_in_child", _compile_stub)
     monkeypatch.setattr(bench_vs_torch, "compile_one", _compile_stub)
     monkeypatch.setattr(atlasc.runtime.device, "Device", Dev)
     monkeypatch.setattr(atlasc.runtime.gpu, "GpuModel", Model)
@@ -365,3 +368,27 @@ def test_bench_vs_torch_compiles_in_parallel_then_benches_in_order(monkeypatch, 
     assert [e[1].split()[-1] for e in events] == [str(os.getpid())] * 2  # one at a time, here
     out = capsys.readouterr().out
     assert out.index("[atlasc ATLAS_TEST_SWITCH=a] {'batch': 1}") < out.index("[atlasc ATLAS_TEST_SWITCH=b] stub b")
+    # a failed compile in the pool stops the bench before any artifact is benched
+    events.clear()
+    with pytest.raises(RuntimeError, match="stub compile failed"):
+        bench_vs_torch.bench_atlasc("llama-3.2-1b", [1], 8, 8, tmp_path, 1, ("int4",),
+                                    compile_ab="ATLAS_TEST_SWITCH=fail,b", jobs=2)
+    assert events == []
+
+
+def test_compile_in_child_sends_back_the_message(monkeypatch, tmp_path):
+    """bench_vs_torch.compile_in_child turns a compile's error (the compiler's own classes need not survive the trip
+    between processes) into a RuntimeError naming the artifact, the error's class and its message."""
+    from conftest import REPO
+
+    from atlasc.errors import UnsupportedModelError
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import bench_vs_torch
+
+    def fail(*args):
+        raise UnsupportedModelError([("Foo", "23", "n0")])
+
+    monkeypatch.setattr(bench_vs_torch, "compile_one", fail)
+    with pytest.raises(RuntimeError, match=r"^m\.atlas: UnsupportedModelError: unsupported ONNX op: Foo \(opset 23"):
+        bench_vs_torch.compile_in_child(tmp_path / "m.onnx", tmp_path / "m.atlas", None, None)

@@ -360,11 +360,11 @@ def test_the_shipped_bulk_entry_holds_only_from_its_min_k(monkeypatch):
     K = 2048 lose) puts an sm90-only compile's batch-1 int4 projections on the copy-engine kernels when their
     smallest K reaches its min k (4096), and passes over it, saying so in the source, for a smaller K; weights the
     kernels do not take (None) or a compile with another arch keep the other entries' choices without that note."""
-    monkeypatch.delenv("ATLAS_QUANT_BULK", raising=False)
-    monkeypatch.delenv("ATLAS_INT4_PATH", raising=False)
+    for name in ("ATLAS_QUANT_BULK", "ATLAS_INT4_PATH", "ATLAS_INT8_PATH", "ATLAS_LINEAR_TMA"):
+        monkeypatch.delenv(name, raising=False)
     table = cdp.load_table()
     bulk = table["sm90"]["int4"][cdp.BULK_BUCKET]
-    assert bulk["choice"] == "w4a16-bulk" and bulk["min k"] == 4096 and "H100" in bulk["gpu"]
+    assert bulk["choice"] == "w4a16-bulk" and bulk["min k"] == 4096 and bulk["gpu"] and bulk["date"]
     engine = {"rows 1": "w4a16 (copy engine)", "rows 2..8": "w4a16"}
     fused = {"rows 1": "w4a8 (fused norms)", "rows 2..8": "w4a16"}
     for k in (4096, 14336):
@@ -374,6 +374,31 @@ def test_the_shipped_bulk_entry_holds_only_from_its_min_k(monkeypatch):
     for archs, k in ((("sm90",), None), (("sm80", "sm90"), 4096)):
         assert "bulk rows 1" not in cdp.decide("LinearQ4", archs, table, k)["source"]
     assert cdp.decide("LinearQ8", ("sm90",), table, 4096)["paths"]["rows 1"] == "w8a8 (fused norms)"  # no entry
+
+
+def test_the_shipped_table_gives_a_k4096_decoder_the_copy_engine(monkeypatch, tmp_path):
+    """Through the pipeline with the repo's table: a one-layer decoder of hidden 4096 and MLP width 4096 (every int4
+    projection K 4096, groups of 128) compiled for sm90 alone gets the copy-engine batch-1 path and codegen is handed
+    LinearQ4 (bulk_ops), with no int8 activation marks; with sm80 beside it (not measured) quant.cu's float-x
+    kernels."""
+    from conftest import REPO
+
+    from atlasc.compiler import bulk_ops
+
+    for name in ("ATLAS_QUANT_BULK", "ATLAS_LINEAR_TMA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import build_llama
+
+    onnx = tmp_path / "k4096.onnx"
+    build_llama.write(build_llama.LlamaShape(layers=1, hidden=4096, heads=32, kv_heads=1, intermediate=4096,
+                                             vocab=256), onnx, seed=5)
+    program, stats = _chosen(monkeypatch, onnx=onnx, group=128, max_batch=1)
+    assert cdp.smallest_bulk_k(program, "LinearQ4") == 4096 and bulk_ops(program) == {"LinearQ4"}
+    assert program.decode_paths["int4"]["paths"]["rows 1"] == "w4a16 (copy engine)" and _acts(program) == {""}
+    program, _ = _chosen(monkeypatch, onnx=onnx, group=128, max_batch=1, archs=("sm80", "sm90"))
+    assert bulk_ops(program) == frozenset() and "bulk rows 1" not in program.decode_paths["int4"]["source"]
+    assert program.decode_paths["int4"]["paths"]["rows 1"] == "w4a16"
 
 
 def test_a_bulk_entrys_min_k_reads_the_models_smallest_k(monkeypatch, tmp_path):

@@ -166,9 +166,10 @@ def test_rotary_builds_without_spills(monkeypatch, tmp_path):
 @pytest.mark.parametrize("case", ["off", "sm80", "sm80+sm90", "tma off", "two rows", "zero points", "group 64",
                                   "float32", "fp8", "x too long"])
 def test_not_emitted_elsewhere(monkeypatch, case):
-    """Off by default; on only for an sm90-only compile with the copy engine allowed, one row of float16 x, int4 with
-    symmetric groups of 128 or int8 (not FP8 codes), and a K run whose staged x fits beside 2 stages: otherwise
-    quant.cu's kernel as before."""
+    """Off for these one-layer graphs by default (no table entry chooses it for them); with ATLAS_QUANT_BULK=1 on
+    only for an sm90-only compile with the copy engine allowed, one row of float16 x, int4 with symmetric groups of
+    128 or int8 (not FP8 codes), and a K run whose staged x fits beside 2 stages: otherwise quant.cu's kernel as
+    before."""
     if case != "off":
         monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     if case == "tma off":
@@ -331,7 +332,8 @@ def test_the_decode_path_choice_reaches_codegen(monkeypatch, tmp_path, quant, pa
     """ATLAS_QUANT_BULK unset (auto): the hidden-128 Llama's batch-1 projections take the copy-engine kernels exactly
     when choose-decode-path gives them that path (ATLAS_INT4_PATH=w4a16-bulk / ATLAS_INT8_PATH=w8a16-bulk here, the
     table's "bulk rows 1" otherwise): 2 layers x (QKV + rotary, o, gate/up + SwiGLU, down) + the LM head, with float
-    x; the other quantization's path and the repo's table (no such entry yet) leave quant.cu's kernels."""
+    x; the other quantization's path and the repo's table (its int4 entry passed over: K 128 < its min k 4096)
+    leave quant.cu's kernels."""
     import sys
 
     from atlasc.compiler import program_module
