@@ -93,8 +93,9 @@ SMEM_LIMIT = 227 * 1024 - 2048
 SMS = 132  # the K split aims for config()'s blocks per SM of an H200 (132 SMs)
 MIN_RUN = 4  # stages each K run keeps at least, unless ATLAS_QUANT_BULK_MIN_RUN says otherwise
 # =R: the auto K split keeps R stages a run at least (default MIN_RUN). Llama-3.2-1B's o (8 tiles of 16 stages) then
-# runs on 32 blocks of 132 SMs; a smaller R gives such narrow weights more blocks (docs/perf.md v50: the 1B's step
-# loses 7.7% on this path; not yet measured with a smaller R)
+# runs on 32 blocks of 132 SMs; a smaller R gives such narrow weights more blocks (docs/perf.md v50, H100: the 1B's
+# step on this path +7.5% against the default kernels at R = 4, +3.9% at 2, +2.6% at 1; the 8B's splits are the same
+# at any R)
 MIN_RUN_ENV = "ATLAS_QUANT_BULK_MIN_RUN"
 I32 = 1 << 31
 
