@@ -76,6 +76,9 @@ BULK_ROWS1 = {"LinearQ4": "w4a16-bulk", "LinearQ8": "w8a16-bulk"}
 # {"choice", "gpu", "date", "command", "step us": {path: us}, "min k"}, as FUSED_BUCKET; "min k" (optional): the
 # smallest K of the op's projections for which the choice holds (models with a smaller one keep the other paths)
 BULK_BUCKET = "bulk rows 1"
+PASSED_OVER = f"; {BULK_BUCKET} passed over: "  # in a source: why the table's BULK_BUCKET choice did not hold
+BULK_RULES = {"LinearQ4": "LinearQ4 (decode, 1 row) => copy engine (w4a16-bulk)",
+              "LinearQ8": "LinearQ8 (decode, 1 row) => copy engine (w8a16-bulk)"}
 COPY_ENGINE_NOTE = "(copy engine)"  # the rows-1 path's suffix in the record (atlasc/compiler.py bulk_ops reads it)
 FUSED_ROWS1_RULE = {"LinearQ4": "NormLinearQ(LinearQ4) (decode, 1 row) => act int8 (W4A8)",
                     "LinearQ8": "NormLinearQ(LinearQ8) (decode, 1 row) => act int8 (W8A8)"}
@@ -159,7 +162,7 @@ def decide(op: str, archs: tuple[str, ...], table: dict, bulk_k: int | None = No
         if bulk_k >= min_k:
             dates = ", ".join(f"{a} measured {table[a][QUANT[op]][BULK_BUCKET]['date']}" for a in archs)
             return {"paths": copy_engine_rows1, "source": f"table {TABLE.name} ({BULK_BUCKET}): {dates}"}
-        passed_over = f"; {BULK_BUCKET} passed over: K {bulk_k} < its min k {min_k}"
+        passed_over = f"{PASSED_OVER}K {bulk_k} < its min k {min_k}"
     fused_archs = [a for a in archs if table.get(a, {}).get(QUANT[op], {}).get(FUSED_BUCKET, {}).get("choice")
                    == FUSED_ROWS1[op] and all(table[a][QUANT[op]][b]["choice"] == float_path for b in BUCKETS)]
     if archs and len(fused_archs) == len(archs):
@@ -294,6 +297,8 @@ def choose_decode_path(program: Program, table: dict | None = None) -> tuple[Pro
     for op in sorted(ops):
         decision = decide(op, tuple(program.options.archs), table, smallest_bulk_k(program, op))
         program.decode_paths[QUANT[op]] = decision
+        if PASSED_OVER in decision["source"]:  # -vv names it with the declined rewrites
+            stats.declined[BULK_RULES[op]] = decision["source"].split(PASSED_OVER)[1]
         if decision["paths"]["rows 1"].endswith("(fused norms)"):
             for entry, graph in program.entries.items():
                 choose_fused_rows1(graph, stats, program.bounds.get(entry, {}), entry in BUCKETED_ENTRIES,

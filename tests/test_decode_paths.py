@@ -395,6 +395,7 @@ def test_the_shipped_table_gives_a_k4096_decoder_the_copy_engine(monkeypatch, tm
                                              vocab=256), onnx, seed=5)
     program, stats = _chosen(monkeypatch, onnx=onnx, group=128, max_batch=1)
     assert cdp.smallest_bulk_k(program, "LinearQ4") == 4096 and bulk_ops(program) == {"LinearQ4"}
+    assert cdp.BULK_RULES["LinearQ4"] not in stats.declined
     assert program.decode_paths["int4"]["paths"]["rows 1"] == "w4a16 (copy engine)" and _acts(program) == {""}
     program, _ = _chosen(monkeypatch, onnx=onnx, group=128, max_batch=1, archs=("sm80", "sm90"))
     assert bulk_ops(program) == frozenset() and "bulk rows 1" not in program.decode_paths["int4"]["source"]
@@ -422,6 +423,7 @@ def test_a_bulk_entrys_min_k_reads_the_models_smallest_k(monkeypatch, tmp_path):
         "source": "table decode_paths.yaml (fused rows 1): sm90 measured 2000-01-03; "
                   "bulk rows 1 passed over: K 128 < its min k 256"}
     assert _acts(program) == {"", "int8@1"} and stats.applied
+    assert stats.declined[cdp.BULK_RULES["LinearQ4"]] == "K 128 < its min k 256"  # what -vv prints
     for bad in (-1, "4096", 1.5, True):
         table["sm90"]["int4"][cdp.BULK_BUCKET]["min k"] = bad
         assert cdp.table_problems(table) == [f"sm90 int4 bulk rows 1: min k {bad!r} is not a non-negative integer"]
