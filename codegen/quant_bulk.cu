@@ -1,9 +1,9 @@
 // linear_quant_bulk (quant_bulk.py): a one-row int4 g128 or int8 projection y[n] = x @ dequant(wq)^T (+ bias[n]), plain
 // or paired (SwiGLU; the merged QKV projection's rotary and cache append), x a float16 row or the (Add)RMSNorm of one
 // (NormLinearQ, NormLinearRotary), with the copy engine streaming the weights into a ring of shared-memory stages
-// (sm_90a; quant_bulk.py says where it serves: the sm90 int4 default from K 4096). quant.cu's tensor-core path holds each round of weights in registers and
-// waits for it before dequantizing; here a producer warp keeps STAGES stages in flight whatever the consumer warps
-// are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only floor; docs/perf.md v43).
+// (sm_90a; quant_bulk.py says where it serves: the sm90 int4 default from K 4096). quant.cu's tensor-core path holds
+// each round of weights in registers and waits for it before dequantizing; here a producer warp keeps STAGES stages
+// in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only floor; docs/perf.md v43).
 //
 // Weights in the compiler's layouts: int4 (BITS 4) wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric),
 // scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D
@@ -21,7 +21,10 @@
 // chain from -(1032 S_e + 72 S_o)).
 // An item is (tile, run ks of ks_n) over the K steps; with ks_n > 1 each item writes its float32 sums to ws and the
 // tile's last item to finish adds the runs' sums in run order (deterministic), then stores (counters start and end
-// at 0). Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store (paired:
+// at 0). With more tiles than blocks (ks_n == 1; quant_bulk.py loop_choice: the LM head's 501 tiles on 132 SMs) a
+// block loops over tiles: the producer claims the next one from a counter and keeps the ring full across tiles, x and
+// the norm are staged once a block (each tile still one block's, in stage order: the same sums whoever takes it).
+// Numerics: float32 accumulation in stage order, the bias in float32, one rounding at the store (paired:
 // each sum rounded, then the epilogue, as quant.cu's qlin_gated_store).
 // EARLY (quant_bulk.py early_choice; the wrapper then leaves out its pdl_enter, KernelCode.waits_inside): the producer
 // issues its copies without waiting for the previous kernel (the weights are constants, and it writes only shared
@@ -158,8 +161,6 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   const int s0 = ks * run, s1 = s0 + run < steps ? s0 + run : steps;
   const int iters = s1 > s0 ? s1 - s0 : 0;
   const int H = N / 2, outs = GATED ? H : N;
-  // paired: the tile's first weight rows of the two boxes (the emitter checks the rows are consecutive across a tile)
-  const int row_a0 = GATED ? int(epi.row_a(tile * OUTS, N)) : 0, row_b0 = GATED ? int(epi.row_b(tile * OUTS, N)) : 0;
   unsigned char* xs = sm + STAGES * W_STAGE;
   float* corr = reinterpret_cast<float*>(xs + run * SK * 2);
   unsigned char* src_buf = xs + ((run * (SK * 2 + 4) + 15) & ~15);  // QbNorm: h (K halves) and W floats
@@ -171,27 +172,57 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // tiles beyond the grid (ks_n == 1, quant_bulk.py loop_choice): a block takes tile blockIdx.x, then the tiles its
+  // producer claims from cnt[0] (grid + 0, grid + 1, ...), one item ahead; it names each stage's tile in slot_tile,
+  // and a stage of tile -1, with no copy, ends the consumers' loop. The claims are made after the previous grid has
+  // completed (until then the counters are its own): tiles claims in all, one failing per block, and whoever makes
+  // the last one sets the counter back to 0.
+  const int tiles = (outs + OUTS - 1) / OUTS;
+  const bool loop = ks_n == 1 && int(gridDim.x) < tiles;
+  __shared__ int slot_tile[STAGES];
   if (warp == W) {  // the producer
     if (lane == 0) {
-      for (int it = 0; it < iters; ++it) {
+      // the stage of an item at which its claim for the next item is made: after the copies in flight are issued
+      const int claim_at = iters - 1 < (INFLIGHT > 0 ? INFLIGHT : STAGES - 1) ? iters - 1
+                                                                             : (INFLIGHT > 0 ? INFLIGHT : STAGES - 1);
+      int it = 0, claim = -1;
+      for (int t = tile; t < tiles;) {
+        int next = tiles;  // without the loop: one item
+        const int row0 = GATED ? int(epi.row_a(t * OUTS, N)) : t * ROWS, row1 = GATED ? int(epi.row_b(t * OUTS, N)) : 0;
+        for (int j = 0; j < iters; ++j, ++it) {
+          const int s = it % STAGES;
+          const unsigned f = tma_smem_u32(&full[s]);
+          if (loop && j == claim_at) {
+            if (it == j) pdl_enter();  // the first item: the counters belong to the previous grid until it completes
+            claim = int(atomicAdd(cnt, 1u));
+            next = int(gridDim.x) + claim;  // tiles or more: none left
+          }
+          if (INFLIGHT > 0 && it >= INFLIGHT) {  // copy it - INFLIGHT has landed (its slot is not refilled before it)
+            const int back = it - INFLIGHT;
+            tma_bar_wait(tma_smem_u32(&full[back % STAGES]), (back / STAGES) & 1);
+          }
+          tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
+          if (loop) slot_tile[s] = t;  // published by the arrive below (release), read after the wait (acquire)
+          tma_bar_expect(f, W_STAGE);
+          if constexpr (GATED) {
+            tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + j) * QB_ROW_BYTES, row0);
+            tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, (s0 + j) * QB_ROW_BYTES, row1);
+          } else {
+            tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + j) * QB_ROW_BYTES, row0);
+          }
+        }
+        t = next;
+      }
+      if (loop) {  // the end: a stage of tile -1 (an arrive without bytes)
         const int s = it % STAGES;
-        const unsigned f = tma_smem_u32(&full[s]);
-        if (INFLIGHT > 0 && it >= INFLIGHT) {  // copy it - INFLIGHT has landed (its slot is not refilled before it)
-          const int back = it - INFLIGHT;
-          tma_bar_wait(tma_smem_u32(&full[back % STAGES]), (back / STAGES) & 1);
-        }
         tma_bar_wait(tma_smem_u32(&empty[s]), ((it / STAGES) & 1) ^ 1);
-        tma_bar_expect(f, W_STAGE);
-        if constexpr (GATED) {
-          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, row_a0);
-          tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, (s0 + it) * QB_ROW_BYTES, row_b0);
-        } else {
-          tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, (s0 + it) * QB_ROW_BYTES, tile * ROWS);
-        }
+        slot_tile[s] = -1;
+        tma_bar_arrive(tma_smem_u32(&full[s]));
+        if (claim == tiles - 1) *cnt = 0u;  // the launch's last claim: every block has made its failing one
       }
       // HOLD: stay until the consumers hold the last stage in registers, so that the producer's lanes reach the
       // wrapper's pdl_leave near the block's end, not at its start (common.cuh: the trigger at the end)
-      if (HOLD && iters > 0) tma_bar_wait(tma_smem_u32(&empty[(iters - 1) % STAGES]), ((iters - 1) / STAGES) & 1);
+      if (HOLD && it > 0) tma_bar_wait(tma_smem_u32(&empty[(it - 1) % STAGES]), ((it - 1) / STAGES) & 1);
     }
     __syncwarp();
     return;
@@ -200,59 +231,11 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   src.template prepare<W>(K, src_buf);
   qb_stage_x<W, BITS, OFS>(src, s0, iters, xs, corr);
   const int g = lane >> 2, c = lane & 3;
-  // A rows g and g + 8: their places in a stage and their weight rows (plain: rows n, n + 8; gated: a pair's two)
+  // A rows g and g + 8: their places in a stage (plain: rows n, n + 8 of the tile; gated: a pair's two)
   const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
-  const int n_lo = GATED ? row_a0 + r_lo : tile * OUTS + r_lo, n_hi = GATED ? row_b0 + r_lo : n_lo + 8;
   const int groups = BITS == 4 ? K / SK : 1;  // int8: one scale per row, applied after the loop
-  const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
-  const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
   const unsigned char* wrow_lo = sm + r_lo * QB_ROW_BYTES + 16 * c;
   const unsigned char* wrow_hi = sm + r_hi * QB_ROW_BYTES + 16 * c;
-  float acc_lo = 0.f, acc_hi = 0.f;
-  for (int it = 0; it < iters; ++it) {
-    const int s = it % STAGES;
-    const float slo = BITS == 4 ? __half2float(sc_lo[s0 + it]) : 1.f;
-    const float shi = BITS == 4 ? __half2float(sc_hi[s0 + it]) : 1.f;
-    tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
-    const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
-    const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
-    __syncwarp();
-    if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));  // the stage is in registers: the copy engine may refill
-    const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
-    float part[4];
-    part[0] = part[1] = part[2] = part[3] = OFS ? -corr[it] : 0.f;  // rows g and g + 8 read the same x
-#pragma unroll
-    for (int w = 0; w < LW; ++w) {
-      const uint4 xv = *reinterpret_cast<const uint4*>(xs + (it * WPS + 4 * w + c) * 16);
-      if constexpr (BITS == 8) {  // words 2 w, 2 w + 1: k 8 w .. 8 w + 7 of the lane's 16
-        unsigned pl0[2], ph0[2], pl1[2], ph1[2];
-        qlin_q8_pairs(ulo[2 * w], pl0);
-        qlin_q8_pairs(uhi[2 * w], ph0);
-        qlin_q8_pairs(ulo[2 * w + 1], pl1);
-        qlin_q8_pairs(uhi[2 * w + 1], ph1);
-        lin_mma(part, pl0[0], ph0[0], pl0[1], ph0[1], qlin_lo(xv.x, xv.y), qlin_hi(xv.x, xv.y));
-        lin_mma(part, pl1[0], ph1[0], pl1[1], ph1[1], qlin_lo(xv.z, xv.w), qlin_hi(xv.z, xv.w));
-      } else if constexpr (OFS) {
-        const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
-        lin_mma(part, qlin_nibbles<0x000F000Fu>(ulo[w]), qlin_nibbles<0x000F000Fu>(uhi[w]),
-                qlin_nibbles<0x000F000Fu>(vlo), qlin_nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
-        lin_mma(part, qlin_nibbles<0x00F000F0u>(ulo[w]), qlin_nibbles<0x00F000F0u>(uhi[w]),
-                qlin_nibbles<0x00F000F0u>(vlo), qlin_nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
-      } else {
-        unsigned plo[4], phi[4];
-        qlin_q4_pairs(ulo[w], plo);
-        qlin_q4_pairs(uhi[w], phi);
-        lin_mma(part, plo[0], phi[0], plo[1], phi[1], qlin_lo(xv.x, xv.z), qlin_hi(xv.x, xv.z));
-        lin_mma(part, plo[2], phi[2], plo[3], phi[3], qlin_lo(xv.y, xv.w), qlin_hi(xv.y, xv.w));
-      }
-    }
-    acc_lo = fmaf(slo, part[0], acc_lo);  // C fragment c0: row g, x column 2c (x is column 0: lanes c == 0)
-    acc_hi = fmaf(shi, part[2], acc_hi);  // c2: row g + 8
-  }
-  if constexpr (BITS == 8) {  // the rows' scales (the K split's partial sums each carry it: a sum of scaled parts)
-    acc_lo *= __half2float(sc_lo[0]);
-    acc_hi *= __half2float(sc_hi[0]);
-  }
   const long long yn = y.stride[R - 1];
   auto put = [&](int n, float v) {  // a plain output: row n's sum (+ bias), one rounding
     if (n >= N) return;
@@ -267,42 +250,105 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     }
     epi.put(y.p, yn, 0, j, lin_round<__half>(za), lin_round<__half>(zb));
   };
-  if (ks_n == 1) {
+  int it = 0;  // the block's stages so far
+  for (int t = tile;;) {  // the items: one, or (loop) the tiles the producer names
+    if (loop) {
+      tma_bar_wait(tma_smem_u32(&full[it % STAGES]), (it / STAGES) & 1);
+      t = *reinterpret_cast<volatile int*>(&slot_tile[it % STAGES]);
+      if (t < 0) return;
+    }
+    // the A rows' weight rows (paired: the tile's first rows of the two boxes, consecutive across a tile: the
+    // emitter checks)
+    const int n_lo = GATED ? int(epi.row_a(t * OUTS, N)) + r_lo : t * OUTS + r_lo;
+    const int n_hi = GATED ? int(epi.row_b(t * OUTS, N)) + r_lo : n_lo + 8;
+    const __half* sc_lo = scale + (long long)(n_lo < N ? n_lo : N - 1) * groups;
+    const __half* sc_hi = scale + (long long)(n_hi < N ? n_hi : N - 1) * groups;
+    float acc_lo = 0.f, acc_hi = 0.f;
+    for (int j = 0; j < iters; ++j, ++it) {
+      const int s = it % STAGES;
+      const float slo = BITS == 4 ? __half2float(sc_lo[s0 + j]) : 1.f;
+      const float shi = BITS == 4 ? __half2float(sc_hi[s0 + j]) : 1.f;
+      tma_bar_wait(tma_smem_u32(&full[s]), (it / STAGES) & 1);
+      const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
+      const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
+      __syncwarp();
+      if (lane == 0) tma_bar_arrive(tma_smem_u32(&empty[s]));  // the stage is in registers: the copy engine may refill
+      const unsigned ulo[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, uhi[4] = {whi.x, whi.y, whi.z, whi.w};
+      float part[4];
+      part[0] = part[1] = part[2] = part[3] = OFS ? -corr[j] : 0.f;  // rows g and g + 8 read the same x
+#pragma unroll
+      for (int w = 0; w < LW; ++w) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + (j * WPS + 4 * w + c) * 16);
+        if constexpr (BITS == 8) {  // words 2 w, 2 w + 1: k 8 w .. 8 w + 7 of the lane's 16
+          unsigned pl0[2], ph0[2], pl1[2], ph1[2];
+          qlin_q8_pairs(ulo[2 * w], pl0);
+          qlin_q8_pairs(uhi[2 * w], ph0);
+          qlin_q8_pairs(ulo[2 * w + 1], pl1);
+          qlin_q8_pairs(uhi[2 * w + 1], ph1);
+          lin_mma(part, pl0[0], ph0[0], pl0[1], ph0[1], qlin_lo(xv.x, xv.y), qlin_hi(xv.x, xv.y));
+          lin_mma(part, pl1[0], ph1[0], pl1[1], ph1[1], qlin_lo(xv.z, xv.w), qlin_hi(xv.z, xv.w));
+        } else if constexpr (OFS) {
+          const unsigned vlo = ulo[w] >> 8, vhi = uhi[w] >> 8;
+          lin_mma(part, qlin_nibbles<0x000F000Fu>(ulo[w]), qlin_nibbles<0x000F000Fu>(uhi[w]),
+                  qlin_nibbles<0x000F000Fu>(vlo), qlin_nibbles<0x000F000Fu>(vhi), xv.x, xv.y);
+          lin_mma(part, qlin_nibbles<0x00F000F0u>(ulo[w]), qlin_nibbles<0x00F000F0u>(uhi[w]),
+                  qlin_nibbles<0x00F000F0u>(vlo), qlin_nibbles<0x00F000F0u>(vhi), xv.z, xv.w);
+        } else {
+          unsigned plo[4], phi[4];
+          qlin_q4_pairs(ulo[w], plo);
+          qlin_q4_pairs(uhi[w], phi);
+          lin_mma(part, plo[0], phi[0], plo[1], phi[1], qlin_lo(xv.x, xv.z), qlin_hi(xv.x, xv.z));
+          lin_mma(part, plo[2], phi[2], plo[3], phi[3], qlin_lo(xv.y, xv.w), qlin_hi(xv.y, xv.w));
+        }
+      }
+      acc_lo = fmaf(slo, part[0], acc_lo);  // C fragment c0: row g, x column 2c (x is column 0: lanes c == 0)
+      acc_hi = fmaf(shi, part[2], acc_hi);  // c2: row g + 8
+    }
+    if constexpr (BITS == 8) {  // the rows' scales (the K split's partial sums each carry it: a sum of scaled parts)
+      acc_lo *= __half2float(sc_lo[0]);
+      acc_hi *= __half2float(sc_hi[0]);
+    }
+    if (ks_n == 1) {
+      if (c == 0) {
+        if constexpr (GATED) {
+          put_pair(t * OUTS + r_lo, acc_lo, acc_hi);  // the pair's index (its rows are n_lo, n_hi)
+        } else {
+          put(n_lo, acc_lo);
+          put(n_hi, acc_hi);
+        }
+      }
+      if (loop) continue;
+      return;
+    }
+    // the K split (one item, t == tile): the runs' sums meet in ws, the tile's last run stores them
     if (c == 0) {
+      ws[(long long)blockIdx.x * ROWS + r_lo] = acc_lo;
+      ws[(long long)blockIdx.x * ROWS + r_hi] = acc_hi;
+    }
+    __threadfence();
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == unsigned(ks_n - 1);
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+    if (!last) return;
+    __threadfence();
+    float* tot = ws + (long long)tile * ks_n * ROWS;  // the first item's slots take the totals
+    for (int r = threadIdx.x; r < ROWS; r += 32 * W) {
+      float sum = 0.f;
+      for (int k = 0; k < ks_n; ++k) sum += __ldcg(tot + (long long)k * ROWS + r);
       if constexpr (GATED) {
-        put_pair(tile * OUTS + r_lo, acc_lo, acc_hi);  // the pair's index (its rows are n_lo, n_hi)
+        tot[r] = sum;
       } else {
-        put(n_lo, acc_lo);
-        put(n_hi, acc_hi);
+        put(tile * ROWS + r, sum);
       }
     }
+    if constexpr (GATED) {
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
+      for (int r = threadIdx.x; r < OUTS; r += 32 * W)
+        put_pair(tile * OUTS + r, __ldcg(tot + r), __ldcg(tot + OUTS + r));
+    }
+    if (threadIdx.x == 0) cnt[tile] = 0u;
     return;
   }
-  if (c == 0) {
-    ws[(long long)blockIdx.x * ROWS + r_lo] = acc_lo;
-    ws[(long long)blockIdx.x * ROWS + r_hi] = acc_hi;
-  }
-  __threadfence();
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
-  if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == unsigned(ks_n - 1);
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
-  if (!last) return;
-  __threadfence();
-  float* tot = ws + (long long)tile * ks_n * ROWS;  // the first item's slots take the totals
-  for (int r = threadIdx.x; r < ROWS; r += 32 * W) {
-    float sum = 0.f;
-    for (int k = 0; k < ks_n; ++k) sum += __ldcg(tot + (long long)k * ROWS + r);
-    if constexpr (GATED) {
-      tot[r] = sum;
-    } else {
-      put(tile * ROWS + r, sum);
-    }
-  }
-  if constexpr (GATED) {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * W) : "memory");
-    for (int r = threadIdx.x; r < OUTS; r += 32 * W) put_pair(tile * OUTS + r, __ldcg(tot + r), __ldcg(tot + OUTS + r));
-  }
-  if (threadIdx.x == 0) cnt[tile] = 0u;
 #endif
 }
 

@@ -43,6 +43,9 @@ start, cost the path its step then (the producer's early exit: the hold below).
 ATLAS_QUANT_BULK_CONFIG=W-S-B sets the consumer warps, the stages and the launch bound's blocks per SM (A/B
 timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (default: ks_split, whose runs keep at
 least ATLAS_QUANT_BULK_MIN_RUN stages, default MIN_RUN);
+ATLAS_QUANT_BULK_LOOP=auto|0|N: a weight of more tiles than blocks (auto: 132 x the configuration's blocks per SM;
+N: N blocks; 0: never) without a K split, e.g. the LM head's 501 tiles, runs on that many blocks, each looping over
+the tiles it claims, its ring kept full across tiles and x (or the norm) staged once;
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
 flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default) keeps the
 producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; with 0 it leaves once its last
@@ -97,6 +100,11 @@ MIN_RUN = 4  # stages each K run keeps at least, unless ATLAS_QUANT_BULK_MIN_RUN
 # step on this path +7.5% against the default kernels at R = 4, +3.9% at 2, +2.6% at 1; the 8B's splits are the same
 # at any R)
 MIN_RUN_ENV = "ATLAS_QUANT_BULK_MIN_RUN"
+# =auto (default): a weight of more tiles than SMS x config()'s blocks per SM without a K split (the LM head: 501
+# tiles) runs on that many blocks, each looping over tiles it claims (quant_bulk.cu: the ring kept full across tiles,
+# x and the norm staged once a block); =N: at most N blocks (tests: small N makes small weights loop); =0: a block a
+# tile, as before
+LOOP_ENV = "ATLAS_QUANT_BULK_LOOP"
 I32 = 1 << 31
 
 
@@ -161,6 +169,24 @@ def min_run_choice() -> int:
     return int(value)
 
 
+def loop_choice() -> str:
+    """ATLAS_QUANT_BULK_LOOP as given: "auto" (default), "0" or a positive block count; CodegenError otherwise.
+    Recorded in the artifact's codegen choices."""
+    value = os.environ.get(LOOP_ENV, "") or "auto"
+    if value != "auto" and not value.isdigit():
+        raise CodegenError(f"{LOOP_ENV}={value!r} is not auto, 0 or a block count")
+    return value
+
+
+def loop_grid(tiles: int, ks: int) -> int:
+    """The blocks of a launch whose blocks loop over tiles (quant_bulk.cu: more tiles than blocks, no K split), or 0
+    for a block an item: with one K run and more tiles than loop_choice()'s blocks (auto: SMS x config()'s blocks
+    per SM), that many blocks."""
+    mode = loop_choice()
+    limit = SMS * config()[2] if mode == "auto" else int(mode)
+    return limit if ks == 1 and 0 < limit < tiles else 0
+
+
 def config() -> tuple[int, int, int]:
     """(W, STAGES, blocks per SM): CONFIG or ATLAS_QUANT_BULK_CONFIG; CodegenError for a value that is not W-S-B of
     positive integers, a tile over 256 rows (a tensor-map box), fewer than 2 stages, or B blocks of 32 (W + 1)
@@ -203,7 +229,7 @@ def record() -> dict:
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
             "quant_bulk_min_run": min_run_choice(), "quant_bulk_min_n": min_n_choice(),
             "quant_bulk_early": early_choice(), "quant_bulk_inflight": inflight_choice(),
-            "quant_bulk_hold": hold_choice()}
+            "quant_bulk_hold": hold_choice(), "quant_bulk_loop": loop_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...],
@@ -339,8 +365,9 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     wq_v = node.inputs[WEIGHT_INPUT.get(node.op, 1)]
     tw = ctx.tensor_map_address(wq_v, n, 8 * w if epi else rows, "uint8")
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
-    cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if ks > 1 else "nullptr"
-    counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (0, 0)
+    grid = loop_grid(tiles, ks)
+    counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (1, 0) if grid else (0, 0)
+    cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if counters else "nullptr"
     body = "\n".join([
         *head,
         f"  {SM90A_MARKER}",
@@ -356,5 +383,8 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
         choice["paired"] = True
     if node.op == "NormLinearRotary":
         choice["rotary"] = True
-    return KernelCode(body, (tiles * ks, 1, 1), (32 * w + 32, 1, 1), smem=smem_bytes(w, stages, run, bits, norm_k),
-                      scratch=scratch, counters=counters, choice=choice, min_blocks=blocks, waits_inside=early)
+    if grid:
+        choice["loop"] = grid
+    return KernelCode(body, (grid or tiles * ks, 1, 1), (32 * w + 32, 1, 1),
+                      smem=smem_bytes(w, stages, run, bits, norm_k), scratch=scratch, counters=counters, choice=choice,
+                      min_blocks=blocks, waits_inside=early)

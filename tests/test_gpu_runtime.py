@@ -411,13 +411,16 @@ def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
     model.close()
 
 
-@pytest.mark.parametrize("quant, early", [("int4", "1"), ("int4", "0"), ("int8", "1")])
-def test_copy_engine_projections_keep_the_tokens(quant, early, build_dir, monkeypatch):
+@pytest.mark.parametrize("quant, early, loop", [("int4", "1", "auto"), ("int4", "0", "auto"), ("int8", "1", "auto"),
+                                               ("int4", "1", "1")])
+def test_copy_engine_projections_keep_the_tokens(quant, early, loop, build_dir, monkeypatch):
     """ATLAS_QUANT_BULK=1 (codegen/quant_bulk.py) on the hidden-128 Llama with float x everywhere (w4a16 / w8a16): the
     batch-1 decode step's quantized projections (QKV + rotary and cache append, o, gate/up + SwiGLU, down, the LM
     head) run the copy-engine kernels inside CUDA graphs whose edges are programmatic, with the weight copies issued
-    before the wait for the previous kernel (ATLAS_QUANT_BULK_EARLY=1, the default) or after it (0). Greedy tokens and
-    logits equal the reference runtime's on the same artifact at batch 1 (the path serves one row)."""
+    before the wait for the previous kernel (ATLAS_QUANT_BULK_EARLY=1, the default) or after it (0), and with
+    ATLAS_QUANT_BULK_LOOP=1 (the kernels of more than one tile, QKV + rotary, gate/up and the LM head, on one block
+    that claims the rest after the previous grid, step after step). Greedy tokens and logits equal the reference
+    runtime's on the same artifact at batch 1 (the path serves one row)."""
     from atlasc.runtime.cpu import CpuModel
     from atlasc.runtime.gpu import GpuModel
 
@@ -426,16 +429,21 @@ def test_copy_engine_projections_keep_the_tokens(quant, early, build_dir, monkey
     monkeypatch.delenv("ATLAS_PDL", raising=False)  # the default: programmatic edges on sm90
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_EARLY", early)
+    monkeypatch.setenv("ATLAS_QUANT_BULK_LOOP", loop)
     monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16")
     monkeypatch.setenv("ATLAS_INT8_PATH", "w8a16")
-    art_path = f"{build_dir}/llama-h128-{quant}-bulk{early}.atlas"
-    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64,
-                                                                   quant=quant, group_size=128))
+    art_path = f"{build_dir}/llama-h128-{quant}-bulk{early}-loop{loop}.atlas"
+    # the loop's compile serves batch 1 alone, so its bulk kernels are the entries' own (whose choices the artifact
+    # records), not batch-1 variants
+    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=1 if loop == "1" else 4,
+                                                                   max_seq=64, quant=quant, group_size=128))
     art = open_artifact(art_path)
     flag = "true" if early == "1" else "false"
     calls = re.findall(r"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), (\w+),",
                        art.source())
     assert calls == [flag] * 9  # 2 layers x (QKV + rotary, o, gate/up + SwiGLU, down) + the LM head
+    loops = [c["loop"] for c in art.manifest.report["codegen"]["kernels"].values() if "loop" in c]
+    assert loops == ([1] * 5 if loop == "1" else [])  # 2 layers x (QKV + rotary, gate/up) + the LM head
     model = GpuModel(art, device=device())
     prompts = _prompts(1, 9, seed=23)
     want = generate(CpuModel(open_artifact(art_path)), prompts, 12, keep_logits=True)

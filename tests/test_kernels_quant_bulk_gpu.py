@@ -14,7 +14,9 @@ K 4096, int4 and int8: plain with N 1000 (a partial tile); with the residual add
 QKV projection with the rotary and the KV-cache append; 4 q and 2 kv heads of 128 dims, K 4096) at past 0 and 7:
 int4 with the residual add and full rotary, int8 with a bias and tables per batch row, int4 without rotary, and
 partial rotary (64 of 128 dims: tiles of 32 pairs, 4 warps), at the default configuration and at 4-8-4; q, the sum,
-the new cache rows, nothing else of the cache touched. float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's
+the new cache rows, nothing else of the cache touched. The loop over tiles (ATLAS_QUANT_BULK_LOOP): at N blocks with
+the K split at one run, for every kind above, and at auto on an LM-head-like NormLinearQ (K 2048 x N 40000: 157 tiles
+on 132 blocks, a partial last tile). float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's
 bound).
 """
 
@@ -116,6 +118,22 @@ def build_bulk_rotary(partial: bool = False):
     return b
 
 
+def build_lm_head():
+    """A Builder of one int4 NormLinearQ of the LM head's K (2048) and 40000 rows: 157 tiles of 256, more than the
+    132 blocks ATLAS_QUANT_BULK_LOOP=auto runs them on (the last tile 64 rows)."""
+    from test_codegen_matmul_attention import Builder
+
+    k, n = 2048, 40000
+    b = Builder("quant_bulk_lm_head", {"m": (1, 1)})
+    a, g = b.input("a", "float16", ("m", k)), b.input("g", "float16", (k,))
+    w = (np.random.default_rng(90).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+    wq, scale = quantize_int4(w, 128)
+    wv = b.input("lw", "uint8", wq.shape, gen=lambda rng, shape: wq)
+    sv = b.input("ls", "float16", scale.shape, gen=lambda rng, shape: scale)
+    b.node("NormLinearQ", [a, None, g, wv, sv], {"epsilon": 1e-5, "linear": "LinearQ4", "group_size": 128})
+    return b
+
+
 def rotary_plan(graph, upper, kv_cache=None):
     """plan_for with build_bulk_rotary's cache geometry."""
     from test_codegen_matmul_attention import plan_for
@@ -171,6 +189,22 @@ def test_bulk_inflight_and_hold(monkeypatch, config, inflight, hold, build):
     _check(monkeypatch, build_bulk if build == "plain" else build_bulk_norm, **env)
 
 
+@pytest.mark.parametrize("loop, inflight, hold", [("3", "2", "1"), ("1", "0", "0"), ("5", "1", "1")])
+@pytest.mark.parametrize("build", ["plain", "norm"])
+def test_bulk_loop_matches_reference(monkeypatch, loop, inflight, hold, build):
+    """ATLAS_QUANT_BULK_LOOP=N with one K run: a weight of more than N tiles (plain: 16 and 4 tiles; norm: 4, 4 and
+    32) runs on N blocks that claim the rest, at the copies-in-flight caps and holds the claims follow; the same
+    results, run twice in one arena (the claim counter back at 0)."""
+    env = {"ATLAS_QUANT_BULK_LOOP": loop, "ATLAS_QUANT_BULK_KS": "1", "ATLAS_QUANT_BULK_INFLIGHT": inflight,
+           "ATLAS_QUANT_BULK_HOLD": hold}
+    _check(monkeypatch, build_bulk if build == "plain" else build_bulk_norm, **env)
+
+
+def test_bulk_loop_lm_head_shape(monkeypatch):
+    """ATLAS_QUANT_BULK_LOOP=auto (the default) on build_lm_head's 157 tiles: 132 blocks, 25 tiles claimed."""
+    _check(monkeypatch, build_lm_head)
+
+
 @pytest.mark.parametrize("ofs", ["0", "1"])
 @pytest.mark.parametrize("ks", ["auto", "2"])
 def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
@@ -178,10 +212,11 @@ def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
     _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_BULK_KS=ks)
 
 
-@pytest.mark.parametrize("config", ["", "4-8-4"])
-@pytest.mark.parametrize("ks", ["auto", "1"])
-def test_bulk_rotary_matches_reference(monkeypatch, config, ks):
-    """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched)."""
+@pytest.mark.parametrize("config, ks, loop", [("", "auto", "auto"), ("", "1", "auto"), ("4-8-4", "auto", "auto"),
+                                              ("4-8-4", "1", "auto"), ("", "1", "3")])
+def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop):
+    """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched);
+    with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks."""
     from kernel_harness import run_on_gpu
 
     from atlasc.codegen import generate_module
@@ -190,6 +225,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks):
 
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_KS", ks)
+    monkeypatch.setenv("ATLAS_QUANT_BULK_LOOP", loop)
     if config:
         monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", config)
     builder = build_bulk_rotary(partial=True)

@@ -203,7 +203,8 @@ def test_builds_without_spills(monkeypatch, tmp_path):
                                         (quant_bulk.MIN_N_ENV, "16k"), (quant_bulk.EARLY_ENV, "2"),
                                         (quant_bulk.INFLIGHT_ENV, "-1"), (quant_bulk.INFLIGHT_ENV, "two"),
                                         (quant_bulk.HOLD_ENV, "yes"), (quant_bulk.MIN_RUN_ENV, "0"),
-                                        (quant_bulk.MIN_RUN_ENV, "two")])
+                                        (quant_bulk.MIN_RUN_ENV, "two"), (quant_bulk.LOOP_ENV, "-1"),
+                                        (quant_bulk.LOOP_ENV, "many")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)
@@ -300,6 +301,45 @@ def test_k_split_rule(monkeypatch):
     # plan: runs of ceil(steps / ks) stages, as many as that fills (16 forced over 20 stages: 10 runs of 2)
     monkeypatch.setenv(quant_bulk.KS_ENV, "16")
     assert quant_bulk.plan(4096, 20 * 128, 4) == (8, 6, 2, 32, 10, 2)
+
+
+def test_loop_rule(monkeypatch):
+    """ATLAS_QUANT_BULK_LOOP: auto gives a weight of more tiles than 132 x the configuration's blocks per SM and one K
+    run that many blocks (the LM head's 501 tiles: 132 at 16-11-1, 264 at 8-6-2), else a block an item; N: at most N
+    blocks; 0: never."""
+    assert quant_bulk.loop_grid(501, 1) == 132 and quant_bulk.loop_grid(132, 1) == 0
+    assert quant_bulk.loop_grid(501, 2) == 0 and quant_bulk.loop_grid(112, 1) == 0
+    monkeypatch.setenv(quant_bulk.CONFIG_ENV, "8-6-2")
+    assert quant_bulk.loop_grid(1002, 1) == 264
+    monkeypatch.setenv(quant_bulk.LOOP_ENV, "3")
+    assert quant_bulk.loop_grid(4, 1) == 3 and quant_bulk.loop_grid(3, 1) == 0 and quant_bulk.loop_grid(16, 4) == 0
+    monkeypatch.setenv(quant_bulk.LOOP_ENV, "0")
+    assert quant_bulk.loop_grid(1002, 1) == 0
+
+
+@pytest.mark.parametrize("loop", ["auto", "3"])
+def test_loop_reaches_the_launches(monkeypatch, tmp_path, loop):
+    """A looping kernel launches loop_grid's blocks with one counter (its claims) and records the grid: the LM
+    head's shape (K 2048 x N 128256, 501 tiles) at auto; at ATLAS_QUANT_BULK_LOOP=3 with the K split forced to one
+    run, the GPU test's weights of more than 3 tiles (int4 and int8: N 4096 and 1000), whose module builds for
+    sm_90a without spills; the rest keep their tiles x runs."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    monkeypatch.setenv(quant_bulk.LOOP_ENV, loop)
+    if loop == "auto":
+        _, mod = _module(_one(k=2048, n=128256))
+        (launch,) = mod.launches["run"]
+        (choice,) = mod.choices["kernels"].values()
+        assert launch.grid == (132, 1, 1) and choice["loop"] == 132 and choice["ks"] == 1
+        assert mod.choices["quant_bulk_loop"] == "auto"
+        return
+    monkeypatch.setenv(quant_bulk.KS_ENV, "1")
+    graph, mod = _module(build_bulk())
+    grids = [launch.grid[0] for launch in mod.launches["run"]]
+    tiles = [-(-n // 256) for _, n, _ in CASES for _ in BITS]
+    assert grids == [3 if t > 3 else t for t in tiles]
+    loops = [c.get("loop", 0) for c in mod.choices["kernels"].values()]
+    assert sorted(loops) == sorted(3 if t > 3 else 0 for t in tiles) and mod.choices["quant_bulk_loop"] == "3"
+    assert_builds_without_spills(mod, tmp_path)
 
 
 def test_manifest_and_driver_take_uint8_maps(monkeypatch):
