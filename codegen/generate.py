@@ -379,6 +379,8 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                         variants.append(Variant(value, kernel, *geometry))
                     continue
                 parts.append((name, node.name, vtext))
+                if vcode.choice:  # a kernel of its own: its choices too (e.g. the batch-1 copy-engine projections)
+                    kernel_choices[name] = vcode.choice
                 if step_batch and step_batch == symbol and value <= 1:
                     alone.add(name)
                 variants.append(Variant(value, name, *geometry))

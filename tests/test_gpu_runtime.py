@@ -433,17 +433,16 @@ def test_copy_engine_projections_keep_the_tokens(quant, early, loop, build_dir, 
     monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16")
     monkeypatch.setenv("ATLAS_INT8_PATH", "w8a16")
     art_path = f"{build_dir}/llama-h128-{quant}-bulk{early}-loop{loop}.atlas"
-    # the loop's compile serves batch 1 alone, so its bulk kernels are the entries' own (whose choices the artifact
-    # records), not batch-1 variants
-    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=1 if loop == "1" else 4,
-                                                                   max_seq=64, quant=quant, group_size=128))
+    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=4, max_seq=64,
+                                                                   quant=quant, group_size=128))
     art = open_artifact(art_path)
     flag = "true" if early == "1" else "false"
     calls = re.findall(r"atlas::linear_quant_bulk<\d+, \d, \d+, \d+, (?:true|false), (?:true|false), (\w+),",
                        art.source())
     assert calls == [flag] * 9  # 2 layers x (QKV + rotary, o, gate/up + SwiGLU, down) + the LM head
     loops = [c["loop"] for c in art.manifest.report["codegen"]["kernels"].values() if "loop" in c]
-    assert loops == ([1] * 5 if loop == "1" else [])  # 2 layers x (QKV + rotary, gate/up) + the LM head
+    # the batch-1 variants': 2 layers x (QKV + rotary, gate/up) + the LM head
+    assert loops == ([1] * 5 if loop == "1" else [])
     model = GpuModel(art, device=device())
     prompts = _prompts(1, 9, seed=23)
     want = generate(CpuModel(open_artifact(art_path)), prompts, 12, keep_logits=True)

@@ -342,6 +342,23 @@ def test_loop_reaches_the_launches(monkeypatch, tmp_path, loop):
     assert_builds_without_spills(mod, tmp_path)
 
 
+def test_bucket_variants_record_their_choices(monkeypatch):
+    """A projection compiled for up to 4 rows with a batch-1 bucket: the default kernel is quant.cu's (no bulk
+    choice), the batch-1 variant the copy engine's, and the module's kernel choices name the variant with its path,
+    K split and loop (the LM head's shape: 501 tiles on 132 blocks)."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    builder = _one(k=2048, n=128256, m=4)
+    graph = builder.done()
+    mod = generate_module({"run": (graph, plan_for(graph, builder.upper)[0])}, {"run": builder.upper}, None,
+                          buckets={"run": ("m", (1,))}, archs=("sm90",))
+    (launch,) = mod.launches["run"]
+    (variant,) = launch.variants
+    choices = mod.choices["kernels"]
+    assert variant.kernel != launch.kernel and choices.get(launch.kernel, {}).get("path") != "bulk"
+    assert choices[variant.kernel]["path"] == "bulk" and choices[variant.kernel]["loop"] == 132
+    assert variant.grid == (132, 1, 1)
+
+
 def test_manifest_and_driver_take_uint8_maps(monkeypatch):
     """The manifest accepts a uint8 map whose box is 64 bytes wide and refuses one wider than 128 bytes or of
     another dtype; the runtime asks the driver for UINT8 without swizzle (float16 keeps the 128-byte swizzle)."""
