@@ -10,7 +10,9 @@
 # loses its time, docs/perf.md v8). AB=ATLAS_SWITCH compiles atlasc's artifact twice, with that 0/1 switch 0
 # and 1 (e.g. AB=ATLAS_PREFETCH), AB=ATLAS_SWITCH=a,b once per value (e.g. AB=ATLAS_LINEAR_FT=1,auto), and
 # benches each (with PDL_AB=1: each with plain and programmatic graphs). JOBS=N compiles those artifacts up to N at
-# once before benching any (bench_vs_torch.py --compile-jobs; all on disk together: fine for int4 / int8 8B).
+# once before benching any (bench_vs_torch.py --compile-jobs; all on disk together: fine for int4 / int8 8B). It saves
+# little on the GPU machine: of two Llama-3-8B int4 compiles at once the first had not finished after ~380 s, where
+# one alone took 261 s (docs/perf.md v50, v51).
 #   bash examples/gpu_bench.sh [config] [batches]      e.g. bash examples/gpu_bench.sh llama-3.2-1b 1,8,32
 set -uo pipefail
 out="${OUT:-gpu-logs}"
