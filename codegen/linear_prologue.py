@@ -287,8 +287,8 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     if quant_bulk.eligible_norm(ctx, node, proj[0], m_upper, zp, group, k_static, n_upper, kind, s_v):
         # ATLAS_QUANT_BULK (quant_bulk.serves; float x): the copy engine streams the weights while the consumers stage
         # the norm
-        src = (f"atlas::QbNorm<{str(node.inputs[1] is not None).lower()}>{{xs, {float(node.attrs['epsilon'])!r}f, "
-               f"{'s.p' if s_v is not None else 'nullptr'}}}")
+        src = quant_bulk.norm_source(node.inputs[1] is not None, float(node.attrs["epsilon"]),
+                                     "s.p" if s_v is not None else "nullptr")
         return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, [], src=src, epi=epi, norm_k=k_static)
     xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
     for i in range(r - 1):

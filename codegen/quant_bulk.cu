@@ -3,7 +3,8 @@
 // (NormLinearQ, NormLinearRotary), with the copy engine streaming the weights into a ring of shared-memory stages
 // (sm_90a; quant_bulk.py says where it serves: the sm90 int4 default from K 4096). quant.cu's tensor-core path holds
 // each round of weights in registers and waits for it before dequantizing; here a producer warp keeps STAGES stages
-// in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only floor; docs/perf.md v43).
+// in flight whatever the consumer warps are doing (examples/w4_bulk_lab.py asks how close that comes to the read-only
+// floor; docs/perf.md v43).
 //
 // Weights in the compiler's layouts: int4 (BITS 4) wq uint8 [N, K/2] (low nibble = even k, value + 8, symmetric),
 // scale float16 [N, K/128]; int8 (BITS 8) wq int8 [N, K], scale float16 [N]. The copy engine reads wq by a 2-D
@@ -46,10 +47,13 @@ constexpr int QB_ROW_BYTES = 64;  // bytes of a weight row per stage
 template <int BITS> __host__ __device__ constexpr int qb_stage_k() { return BITS == 4 ? 128 : 64; }
 
 // The x sources of linear_quant_bulk: word(k) gives the 8 float16 values of x at k .. k + 7 (row 0), after prepare()
-// ran on the W consumer warps (named barrier 1 after it where it needs one).
+// ran on the W consumer warps (named barrier 1 after it where it needs one). preload(k0, words) runs on them before
+// the wait for the previous kernel: it may read constants only (the norm's scale g), for the thread's first staged
+// word, k0 + 8 threadIdx.x when threadIdx.x < words.
 // QbPlain: x a contiguous, 16-byte aligned row (the emitter checks).
 template <int R> struct QbPlain {
   View<__half, R> x;
+  __device__ __forceinline__ void preload(long long, int) {}
   template <int W> __device__ __forceinline__ void prepare(long long, unsigned char*) const {}
   __device__ __forceinline__ uint4 word(long long k) const { return __ldg(reinterpret_cast<const uint4*>(x.p + k)); }
 };
@@ -59,12 +63,22 @@ template <int R> struct QbPlain {
 // output s by block 0 when s is given), inv = 1 / sqrt(mean(h^2) + eps), x = T(h inv g). prepare() keeps h for all
 // of K in shared memory (hbuf, K halves) and finds inv; word() scales 8 of h. The sum of h^2 meets across the
 // consumer warps in warp order (a different order than lin_norm_stage's 8 warps: float rounding only).
-template <bool ADD> struct QbNorm {
+// G_EARLY (quant_bulk.py g_early_choice): preload() reads the thread's first 16 bytes of g before the wait, so that
+// the staging after the norm's reduction does not wait on a load of its own (the same values either way).
+template <bool ADD, bool G_EARLY = false> struct QbNorm {
   XNorm<__half, ADD> src;
   float eps;
   __half* s;  // the residual sum's row 0, or nullptr
   __half* hbuf = nullptr;
   float inv = 0.f;
+  long long g_k = -1;  // G_EARLY: the k of g_first (-1: none)
+  uint4 g_first = make_uint4(0u, 0u, 0u, 0u);
+  __device__ __forceinline__ void preload(long long k0, int words) {
+    if (G_EARLY && int(threadIdx.x) < words) {
+      g_k = k0 + 8LL * threadIdx.x;
+      g_first = __ldg(reinterpret_cast<const uint4*>(src.g + g_k));
+    }
+  }
   template <int W> __device__ __forceinline__ void prepare(long long K, unsigned char* buf) {
     hbuf = reinterpret_cast<__half*>(buf);
     float* red = reinterpret_cast<float*>(buf + 2 * K);  // W floats after h
@@ -89,7 +103,7 @@ template <bool ADD> struct QbNorm {
   __device__ __forceinline__ uint4 word(long long k) const {
     float v[8], gv[8];
     LinVec<__half>::unpack(*reinterpret_cast<const uint4*>(hbuf + k), v);
-    LinVec<__half>::unpack(__ldg(reinterpret_cast<const uint4*>(src.g + k)), gv);
+    LinVec<__half>::unpack(G_EARLY && k == g_k ? g_first : __ldg(reinterpret_cast<const uint4*>(src.g + k)), gv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = v[e] * inv * gv[e];
     return LinVec<__half>::pack(v);  // rounds to float16
@@ -227,6 +241,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
     __syncwarp();
     return;
   }
+  src.preload((long long)s0 * SK, iters * WPS);  // constants only: before the wait
   if constexpr (EARLY) pdl_enter();  // x (and the norm's operands) may come from the previous kernel
   src.template prepare<W>(K, src_buf);
   qb_stage_x<W, BITS, OFS>(src, s0, iters, xs, corr);

@@ -47,6 +47,8 @@ ATLAS_QUANT_BULK_LOOP=auto|0|N: a weight of more tiles than blocks (auto: 132 x 
 N: N blocks; 0: never) without a K split, e.g. the LM head's 501 tiles, runs on that many blocks, each looping over
 the tiles it claims, its ring kept full across tiles and x (or the norm) staged once (H100, docs/perf.md v51: the
 8-layer Llama-3-8B int4 step 662.5 -> 656.3 us, the Llama-3.2-1B LM head alone 54.4 -> 52.1 us);
+ATLAS_QUANT_BULK_G_EARLY=1 has a norm source's consumers read their first bytes of the norm's scale before the wait
+for the previous kernel (default 0, not yet timed);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
 flight per block at D (below the stages; default 2; 0: no cap) and ATLAS_QUANT_BULK_HOLD=1 (default) keeps the
 producer warp until the consumers took its last stage (quant_bulk.cu INFLIGHT, HOLD; with 0 it leaves once its last
@@ -106,6 +108,9 @@ MIN_RUN_ENV = "ATLAS_QUANT_BULK_MIN_RUN"
 # x and the norm staged once a block); =N: at most N blocks (tests: small N makes small weights loop); =0: a block a
 # tile, as before
 LOOP_ENV = "ATLAS_QUANT_BULK_LOOP"
+# =1: a norm source's consumer threads read their first 16 bytes of the norm's scale g before the wait for the
+# previous kernel (quant_bulk.cu QbNorm G_EARLY), not after the norm's reduction; default 0 until timed
+G_EARLY_ENV = "ATLAS_QUANT_BULK_G_EARLY"
 I32 = 1 << 31
 
 
@@ -179,6 +184,20 @@ def loop_choice() -> str:
     return value
 
 
+def g_early_choice() -> bool:
+    """ATLAS_QUANT_BULK_G_EARLY (default off); CodegenError unless 0 or 1. Recorded in the artifact's codegen
+    choices."""
+    return env_switch(G_EARLY_ENV, False, CodegenError)
+
+
+def norm_source(add: bool, eps: float, sum_ptr: str) -> str:
+    """The QbNorm expression of a NormLinearQ / NormLinearRotary kernel (linear_prologue binds xs, its XNorm):
+    with the residual add or not, its epsilon, the sum output's pointer (or nullptr), G_EARLY from
+    g_early_choice()."""
+    flags = f"{str(add).lower()}{', true' if g_early_choice() else ''}"
+    return f"atlas::QbNorm<{flags}>{{xs, {eps!r}f, {sum_ptr}}}"
+
+
 def loop_grid(tiles: int, ks: int) -> int:
     """The blocks of a launch whose blocks loop over tiles (quant_bulk.cu: more tiles than blocks, no K split), or 0
     for a block an item: with one K run and more tiles than loop_choice()'s blocks (auto: SMS x config()'s blocks
@@ -230,7 +249,7 @@ def record() -> dict:
     return {"quant_bulk": bulk_choice(), "quant_bulk_config": list(config()), "quant_bulk_ks": ks_choice(),
             "quant_bulk_min_run": min_run_choice(), "quant_bulk_min_n": min_n_choice(),
             "quant_bulk_early": early_choice(), "quant_bulk_inflight": inflight_choice(),
-            "quant_bulk_hold": hold_choice(), "quant_bulk_loop": loop_choice()}
+            "quant_bulk_hold": hold_choice(), "quant_bulk_loop": loop_choice(), "quant_bulk_g_early": g_early_choice()}
 
 
 def map_capacity(entries: dict, buckets: dict | None, archs: tuple[str, ...],
@@ -380,6 +399,8 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
               "inflight": inflight, "hold": hold}
     if norm_k:
         choice["norm"] = True
+        if g_early_choice():
+            choice["g_early"] = True
     if epi:
         choice["paired"] = True
     if node.op == "NormLinearRotary":

@@ -16,7 +16,8 @@ int4 with the residual add and full rotary, int8 with a bias and tables per batc
 partial rotary (64 of 128 dims: tiles of 32 pairs, 4 warps), at the default configuration and at 4-8-4; q, the sum,
 the new cache rows, nothing else of the cache touched. The loop over tiles (ATLAS_QUANT_BULK_LOOP): at N blocks with
 the K split at one run, for every kind above, and at auto on an LM-head-like NormLinearQ (K 2048 x N 40000: 157 tiles
-on 132 blocks, a partial last tile). float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's
+on 132 blocks, a partial last tile). The norm's scale read before the wait (ATLAS_QUANT_BULK_G_EARLY=1): NormLinearQ
+and NormLinearRotary. float16: 2e-2 of max |y| (tests/test_kernels_quant_gpu.py's
 bound).
 """
 
@@ -200,6 +201,13 @@ def test_bulk_loop_matches_reference(monkeypatch, loop, inflight, hold, build):
     _check(monkeypatch, build_bulk if build == "plain" else build_bulk_norm, **env)
 
 
+@pytest.mark.parametrize("ks", ["auto", "2"])
+def test_bulk_g_early_matches_reference(monkeypatch, ks):
+    """ATLAS_QUANT_BULK_G_EARLY=1: the norm sources read their first bytes of g before the wait (plain, with the
+    residual add and its sum, SwiGLU; int4 and int8), one K run or two (the second run's first word is not k 0)."""
+    _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_BULK_G_EARLY="1", ATLAS_QUANT_BULK_KS=ks)
+
+
 def test_bulk_loop_lm_head_shape(monkeypatch):
     """ATLAS_QUANT_BULK_LOOP=auto (the default) on build_lm_head's 157 tiles: 132 blocks, 25 tiles claimed."""
     _check(monkeypatch, build_lm_head)
@@ -212,11 +220,13 @@ def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
     _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_BULK_KS=ks)
 
 
-@pytest.mark.parametrize("config, ks, loop", [("", "auto", "auto"), ("", "1", "auto"), ("4-8-4", "auto", "auto"),
-                                              ("4-8-4", "1", "auto"), ("", "1", "3")])
-def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop):
+@pytest.mark.parametrize("config, ks, loop, g_early", [("", "auto", "auto", "0"), ("", "1", "auto", "0"),
+                                                       ("4-8-4", "auto", "auto", "0"), ("4-8-4", "1", "auto", "0"),
+                                                       ("", "1", "3", "0"), ("", "auto", "auto", "1")])
+def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
     """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched);
-    with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks."""
+    with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks; with ATLAS_QUANT_BULK_G_EARLY=1 the norm's scale
+    read before the wait."""
     from kernel_harness import run_on_gpu
 
     from atlasc.codegen import generate_module
@@ -226,6 +236,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop):
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_KS", ks)
     monkeypatch.setenv("ATLAS_QUANT_BULK_LOOP", loop)
+    monkeypatch.setenv("ATLAS_QUANT_BULK_G_EARLY", g_early)
     if config:
         monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", config)
     builder = build_bulk_rotary(partial=True)

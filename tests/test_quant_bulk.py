@@ -105,6 +105,24 @@ def test_int8_activations_keep_their_kernels(monkeypatch):
     assert CALL not in mod.source and "atlas::linear_w4a8" in mod.source
 
 
+def test_g_early_reaches_the_norm_sources(monkeypatch, tmp_path):
+    """ATLAS_QUANT_BULK_G_EARLY=1: every norm source of the GPU test's NormLinearQ and NormLinearRotary graphs is
+    QbNorm<ADD, true> and its choice says so, the plain projections' kernels are unchanged, and both modules build
+    for sm_90a without spills; off (the default), no kernel takes the flag."""
+    monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
+    _, default = _module(build_bulk_norm())
+    assert "QbNorm<true, true>" not in default.source and "QbNorm<false, true>" not in default.source
+    monkeypatch.setenv(quant_bulk.G_EARLY_ENV, "1")
+    for graph, mod in (_module(build_bulk_norm()), _rotary_module(partial=True)):
+        sources = re.findall(r"atlas::QbNorm<(true|false)(, true)?>\{", mod.source)
+        assert len(sources) == len(graph.nodes) and all(early for _, early in sources)
+        assert all(c.get("g_early") is True for c in mod.choices["kernels"].values())
+        assert mod.choices["quant_bulk_g_early"] is True
+        assert_builds_without_spills(mod, tmp_path)
+    _, plain = _module(build_bulk())
+    assert not any("g_early" in c for c in plain.choices["kernels"].values())
+
+
 def test_norm_kinds_build_without_spills(monkeypatch, tmp_path):
     """nvcc builds the norm test module for sm_90a, with and without OFS, no kernel spilling."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
@@ -204,7 +222,7 @@ def test_builds_without_spills(monkeypatch, tmp_path):
                                         (quant_bulk.INFLIGHT_ENV, "-1"), (quant_bulk.INFLIGHT_ENV, "two"),
                                         (quant_bulk.HOLD_ENV, "yes"), (quant_bulk.MIN_RUN_ENV, "0"),
                                         (quant_bulk.MIN_RUN_ENV, "two"), (quant_bulk.LOOP_ENV, "-1"),
-                                        (quant_bulk.LOOP_ENV, "many")])
+                                        (quant_bulk.LOOP_ENV, "many"), (quant_bulk.G_EARLY_ENV, "2")])
 def test_switches_are_checked(monkeypatch, env, value):
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
     monkeypatch.setenv(env, value)

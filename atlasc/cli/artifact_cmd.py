@@ -44,7 +44,8 @@ def _bulk_settings() -> tuple:
             ("quant_bulk_min_run", MIN_RUN, "ATLAS_QUANT_BULK_MIN_RUN"),
             ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"),
             ("quant_bulk_inflight", INFLIGHT, "ATLAS_QUANT_BULK_INFLIGHT"),
-            ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"), ("quant_bulk_loop", "auto", "ATLAS_QUANT_BULK_LOOP"))
+            ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"), ("quant_bulk_loop", "auto", "ATLAS_QUANT_BULK_LOOP"),
+            ("quant_bulk_g_early", False, "ATLAS_QUANT_BULK_G_EARLY"))
 
 
 def _opt_ins(choices: dict) -> str:
