@@ -50,7 +50,7 @@ PREFETCH_ENV = "ATLAS_PREFETCH"
 DIMS_EARLY = True
 DIMS_EARLY_ENV = "ATLAS_DIMS_EARLY"  # overrides DIMS_EARLY (0 / 1, A/B timing)
 # the scratch's counters, shared by every kernel (GeneratedModule): room for 16384 (an attention split's items,
-# a K-split Linear's feature blocks)
+# a K-split Linear's feature blocks, a looping copy-engine kernel's claims)
 COUNTER_BYTES = 64 << 10
 
 

@@ -287,9 +287,11 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     if quant_bulk.eligible_norm(ctx, node, proj[0], m_upper, zp, group, k_static, n_upper, kind, s_v):
         # ATLAS_QUANT_BULK (quant_bulk.serves; float x): the copy engine streams the weights while the consumers stage
         # the norm
+        early_g = quant_bulk.g_early(node)
         src = quant_bulk.norm_source(node.inputs[1] is not None, float(node.attrs["epsilon"]),
-                                     "s.p" if s_v is not None else "nullptr")
-        return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, [], src=src, epi=epi, norm_k=k_static)
+                                     "s.p" if s_v is not None else "nullptr", early_g)
+        return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, [], src=src, epi=epi, norm_k=k_static,
+                               early_g=early_g)
     xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
     for i in range(r - 1):
         xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")

@@ -30,8 +30,8 @@
 // EARLY (quant_bulk.py early_choice; the wrapper then leaves out its pdl_enter, KernelCode.waits_inside): the producer
 // issues its copies without waiting for the previous kernel (the weights are constants, and it writes only shared
 // memory), so a block's first STAGES stages are on their way while that kernel drains; the consumer warps wait
-// (atlas::pdl_enter) before they read x. The grid still completes only after its waits, so a kernel waiting on it
-// waits on everything before it.
+// (atlas::pdl_enter) before they read x, and a looping block's producer before its first claim (the counters). The
+// grid still completes only after its waits, so a kernel waiting on it waits on everything before it.
 // INFLIGHT D (quant_bulk.py inflight_choice; 0: no cap): the producer starts copy it only once copy it - D has landed,
 // so at most D copies per block are in flight while the ring still holds STAGES landed stages. With every stage of
 // every block in flight the memory system's queues hold microseconds of traffic that x's staging and the split's
@@ -103,7 +103,13 @@ template <bool ADD, bool G_EARLY = false> struct QbNorm {
   __device__ __forceinline__ uint4 word(long long k) const {
     float v[8], gv[8];
     LinVec<__half>::unpack(*reinterpret_cast<const uint4*>(hbuf + k), v);
-    LinVec<__half>::unpack(G_EARLY && k == g_k ? g_first : __ldg(reinterpret_cast<const uint4*>(src.g + k)), gv);
+    uint4 graw;
+    if (G_EARLY && k == g_k) {  // a branch, not a select: the load is skipped
+      graw = g_first;
+    } else {
+      graw = __ldg(reinterpret_cast<const uint4*>(src.g + k));
+    }
+    LinVec<__half>::unpack(graw, gv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = v[e] * inv * gv[e];
     return LinVec<__half>::pack(v);  // rounds to float16
@@ -140,7 +146,8 @@ __device__ __forceinline__ void qb_stage_x(const SRC& src, int s0, int iters, un
 }
 
 // tw: wq's tensor map; src: the x source (QbPlain / QbNorm); y: the output View (one row); M: the rows at run time (0
-// or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1). EPI: LinNoEpi (y[n] = the row's sum)
+// or 1); ws / cnt: the K split's work space and a counter per tile (ks_n > 1), or cnt[0] the loop's claims (ks_n == 1,
+// more tiles than blocks; nullptr: no loop). EPI: LinNoEpi (y[n] = the row's sum)
 // or a paired epilogue (pair j = rows epi.row_a(j) and epi.row_b(j), epi.put of both sums rounded to float16):
 // then a tile is P = 8 W pairs j0 .. j0 + P - 1, read as two boxes of P rows per stage from rows row_a(j0) and
 // row_b(j0), and warp w's A rows g / g + 8 are rows 8 w + g of the two boxes, so a lane holds both sums of its pair.
@@ -192,13 +199,15 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
   // completed (until then the counters are its own): tiles claims in all, one failing per block, and whoever makes
   // the last one sets the counter back to 0.
   const int tiles = (outs + OUTS - 1) / OUTS;
-  const bool loop = ks_n == 1 && int(gridDim.x) < tiles;
+  const bool loop = ks_n == 1 && cnt != nullptr && int(gridDim.x) < tiles;
   __shared__ int slot_tile[STAGES];
   if (warp == W) {  // the producer
     if (lane == 0) {
-      // the stage of an item at which its claim for the next item is made: after the copies in flight are issued
-      const int claim_at = iters - 1 < (INFLIGHT > 0 ? INFLIGHT : STAGES - 1) ? iters - 1
-                                                                             : (INFLIGHT > 0 ? INFLIGHT : STAGES - 1);
+      // the stage of an item before whose copy the claim for the next item is made: after the copies in flight are
+      // issued; the first item's after a ring of copies (its claim waits for the previous grid first, and the copy
+      // after a ring waits for the consumers, who wait for it too)
+      const int claim_at = int(imin(iters - 1, INFLIGHT > 0 ? INFLIGHT : STAGES - 1));
+      const int first_claim_at = int(imin(iters - 1, STAGES));
       int it = 0, claim = -1;
       for (int t = tile; t < tiles;) {
         int next = tiles;  // without the loop: one item
@@ -206,7 +215,7 @@ __device__ __forceinline__ void linear_quant_bulk(const void* tw, const __half* 
         for (int j = 0; j < iters; ++j, ++it) {
           const int s = it % STAGES;
           const unsigned f = tma_smem_u32(&full[s]);
-          if (loop && j == claim_at) {
+          if (loop && j == (it == j ? first_claim_at : claim_at)) {
             if (it == j) pdl_enter();  // the first item: the counters belong to the previous grid until it completes
             claim = int(atomicAdd(cnt, 1u));
             next = int(gridDim.x) + claim;  // tiles or more: none left

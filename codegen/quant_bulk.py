@@ -34,7 +34,8 @@ The producer warp stays until the consumers took its last stage (HOLD, below), s
 comes at the block's end as common.cuh's trigger expects; v44-v46's producer let its lanes leave at the start, which
 cost the path under programmatic launch (v46: 82 us in an 8-layer step; v49: the hold took 717.0 -> 693.0 us).
 ATLAS_QUANT_BULK_EARLY=1 (default) starts the copies before the wait for the previous kernel: only the consumer warps
-wait (atlas::pdl_enter, before they read x), so each block's first stages stream while that kernel drains, as the
+wait (atlas::pdl_enter, before they read x; and a looping block's producer, after a ring of copies, before its first
+claim), so each block's first stages stream while that kernel drains, as the
 default kernels' early weights do (linear.py early_pro). v44 run 2's step ran the kernels with the wait first (=0)
 and lost 12.5%. On the H200 (docs/perf.md v46 run 1) the early copies are correct inside programmatic graphs and
 gain nothing: the 8-layer int4 step with gate/up and the LM head on this path replays in 702.1 us (=1) and 702.3 (=0)
@@ -105,8 +106,8 @@ MIN_RUN = 4  # stages each K run keeps at least, unless ATLAS_QUANT_BULK_MIN_RUN
 MIN_RUN_ENV = "ATLAS_QUANT_BULK_MIN_RUN"
 # =auto (default): a weight of more tiles than SMS x config()'s blocks per SM without a K split (the LM head: 501
 # tiles) runs on that many blocks, each looping over tiles it claims (quant_bulk.cu: the ring kept full across tiles,
-# x and the norm staged once a block); =N: at most N blocks (tests: small N makes small weights loop); =0: a block a
-# tile, as before
+# x and the norm staged once a block); =N: at most N blocks (tests: with one K run, small N makes small weights
+# loop); =0: a block a tile, as before
 LOOP_ENV = "ATLAS_QUANT_BULK_LOOP"
 # =1: a norm source's consumer threads read their first 16 bytes of the norm's scale g before the wait for the
 # previous kernel (quant_bulk.cu QbNorm G_EARLY), not after the norm's reduction; default 0 until timed
@@ -190,11 +191,17 @@ def g_early_choice() -> bool:
     return env_switch(G_EARLY_ENV, False, CodegenError)
 
 
-def norm_source(add: bool, eps: float, sum_ptr: str) -> str:
+def g_early(node) -> bool:
+    """Whether a NormLinearQ / NormLinearRotary kernel reads its norm's scale before the wait: g_early_choice() and
+    the scale (input 2) a constant, which no earlier kernel writes."""
+    return g_early_choice() and node.inputs[2].is_constant
+
+
+def norm_source(add: bool, eps: float, sum_ptr: str, early_g: bool = False) -> str:
     """The QbNorm expression of a NormLinearQ / NormLinearRotary kernel (linear_prologue binds xs, its XNorm):
-    with the residual add or not, its epsilon, the sum output's pointer (or nullptr), G_EARLY from
-    g_early_choice()."""
-    flags = f"{str(add).lower()}{', true' if g_early_choice() else ''}"
+    with the residual add or not, its epsilon, the sum output's pointer (or nullptr), G_EARLY as early_g (g_early's
+    answer)."""
+    flags = f"{str(add).lower()}{', true' if early_g else ''}"
     return f"atlas::QbNorm<{flags}>{{xs, {eps!r}f, {sum_ptr}}}"
 
 
@@ -363,12 +370,13 @@ def plan(n: int, k: int, bits: int, gated: bool = False, norm_k: int = 0,
 
 
 def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str], src: str = "", epi: str = "",
-         norm_k: int = 0) -> KernelCode:
+         norm_k: int = 0, early_g: bool = False) -> KernelCode:
     """The kernel body calling linear_quant_bulk after the statements `head` (which declare M; the caller bound y,
     wq, wscale, bias and bias_stride, and x or the norm source; eligible() or eligible_norm() said yes), with its
     grid, block, shared memory, scratch and tensor map (uint8 for int8 codes too: the copy engine moves bytes).
     src: the x source expression (default: the View x, QbPlain); epi: the paired epilogue's name ("": plain);
-    norm_k: K for a norm source (its shared memory)."""
+    norm_k: K for a norm source (its shared memory); early_g: the norm source reads its scale before the wait
+    (recorded)."""
     from atlasc.codegen import quant
 
     bits = OPS[node.attrs.get("linear", node.op)]
@@ -399,7 +407,7 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
               "inflight": inflight, "hold": hold}
     if norm_k:
         choice["norm"] = True
-        if g_early_choice():
+        if early_g:
             choice["g_early"] = True
     if epi:
         choice["paired"] = True

@@ -63,13 +63,24 @@ def build_bulk():
     return b
 
 
-def build_bulk_norm():
-    """A Builder of one-row NormLinearQ nodes the copy-engine path serves (NORM_CASES x BITS, in that order)."""
+def _norm_scale(b, k: int, const_g: bool):
+    """The norm's scale g: a graph input, or (const_g) a constant of random values, as a compiled model's (only a
+    constant may be read before the wait: ATLAS_QUANT_BULK_G_EARLY)."""
+    from atlasc.ir.graph import constant
+
+    if not const_g:
+        return b.input("g", "float16", (k,))
+    return constant("g", np.random.default_rng(60).uniform(0.5, 1.5, k).astype(np.float16))
+
+
+def build_bulk_norm(const_g: bool = False):
+    """A Builder of one-row NormLinearQ nodes the copy-engine path serves (NORM_CASES x BITS, in that order); g a
+    constant with const_g."""
     from test_codegen_matmul_attention import Builder
 
     k = 4096
     b = Builder("quant_bulk_norm", {"m": (1, 1)})
-    a, res, g = b.input("a", "float16", ("m", k)), b.input("r", "float16", ("m", k)), b.input("g", "float16", (k,))
+    a, res, g = b.input("a", "float16", ("m", k)), b.input("r", "float16", ("m", k)), _norm_scale(b, k, const_g)
     for i, (n, add, swiglu, bias) in enumerate(NORM_CASES):
         w = (np.random.default_rng(40 + i).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
         for bits in BITS:
@@ -84,10 +95,11 @@ def build_bulk_norm():
     return b
 
 
-def build_bulk_rotary(partial: bool = False):
+def build_bulk_rotary(partial: bool = False, const_g: bool = False):
     """A Builder of one-row NormLinearRotary nodes over K = 4096 (layers 0-2; with `partial` a fourth, whose 64-dim
     rotary needs tiles of at most 32 pairs, i.e. at most 4 warps): int4 with the residual add, its sum and full
-    rotary; int8 with a bias and cos / sin per batch row; int4 without rotary (weights from the real packers)."""
+    rotary; int8 with a bias and cos / sin per batch row; int4 without rotary (weights from the real packers); g a
+    constant with const_g."""
     from atlasc.ir import symbolic as S
     from test_codegen_matmul_attention import Builder
 
@@ -95,7 +107,7 @@ def build_bulk_rotary(partial: bool = False):
     n = (ROT_HEADS["q_heads"] + 2 * ROT_HEADS["kv_heads"]) * d
     b = Builder("quant_bulk_rotary", {"batch": (1, 1), "seq": (1, 1), "past_seq": (0, 10)})
     a, res, g = (b.input("a", "float16", ("batch", "seq", k)), b.input("r", "float16", ("batch", "seq", k)),
-                 b.input("g", "float16", (k,)))
+                 _norm_scale(b, k, const_g))
     cos, sin = b.input("cos", "float16", (1, "seq", d)), b.input("sin", "float16", (1, "seq", d))
     cos_b, sin_b = b.input("cos_b", "float16", ("batch", "seq", d)), b.input("sin_b", "float16", ("batch", "seq", d))
     w = (np.random.default_rng(70).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
@@ -203,9 +215,10 @@ def test_bulk_loop_matches_reference(monkeypatch, loop, inflight, hold, build):
 
 @pytest.mark.parametrize("ks", ["auto", "2"])
 def test_bulk_g_early_matches_reference(monkeypatch, ks):
-    """ATLAS_QUANT_BULK_G_EARLY=1: the norm sources read their first bytes of g before the wait (plain, with the
-    residual add and its sum, SwiGLU; int4 and int8), one K run or two (the second run's first word is not k 0)."""
-    _check(monkeypatch, build_bulk_norm, ATLAS_QUANT_BULK_G_EARLY="1", ATLAS_QUANT_BULK_KS=ks)
+    """ATLAS_QUANT_BULK_G_EARLY=1 with g a constant: the norm sources read their first bytes of g before the wait
+    (plain, with the residual add and its sum, SwiGLU; int4 and int8), one K run or two (the second run's first word
+    is not k 0)."""
+    _check(monkeypatch, lambda: build_bulk_norm(const_g=True), ATLAS_QUANT_BULK_G_EARLY="1", ATLAS_QUANT_BULK_KS=ks)
 
 
 def test_bulk_loop_lm_head_shape(monkeypatch):
@@ -225,8 +238,8 @@ def test_bulk_norm_matches_reference(monkeypatch, ofs, ks):
                                                        ("", "1", "3", "0"), ("", "auto", "auto", "1")])
 def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
     """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched);
-    with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks; with ATLAS_QUANT_BULK_G_EARLY=1 the norm's scale
-    read before the wait."""
+    with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks; with ATLAS_QUANT_BULK_G_EARLY=1 (g a constant) the
+    norm's scale read before the wait."""
     from kernel_harness import run_on_gpu
 
     from atlasc.codegen import generate_module
@@ -239,7 +252,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
     monkeypatch.setenv("ATLAS_QUANT_BULK_G_EARLY", g_early)
     if config:
         monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", config)
-    builder = build_bulk_rotary(partial=True)
+    builder = build_bulk_rotary(partial=True, const_g=g_early == "1")
     graph = builder.done()
     rng = np.random.default_rng()
     shape = (ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"], ROT_KV["head_dim"])
@@ -248,6 +261,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
     mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
                           archs=ARCHS)
     assert mod.source.count(CALL) == len(graph.nodes)
+    assert mod.source.count(", true>{xs,") == (len(graph.nodes) if g_early == "1" else 0)  # QbNorm's G_EARLY
     for past in (0, 7):
         env = {"batch": 1, "seq": 1, "past_seq": past}
         cache = rng.uniform(-1, 1, shape).astype(np.float16)

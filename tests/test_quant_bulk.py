@@ -25,11 +25,11 @@ def _module(builder, archs=("sm90",)):
                                   archs=archs)
 
 
-def _rotary_module(partial=False):
+def _rotary_module(partial=False, const_g=False):
     """The GPU test's NormLinearRotary graph and its sm90 module (the cache views on their slots)."""
     from test_codegen_matmul_attention import kv_spec
 
-    builder = build_bulk_rotary(partial)
+    builder = build_bulk_rotary(partial, const_g)
     graph = builder.done()
     cache = np.zeros((ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"],
                       ROT_KV["head_dim"]), np.float16)
@@ -106,14 +106,18 @@ def test_int8_activations_keep_their_kernels(monkeypatch):
 
 
 def test_g_early_reaches_the_norm_sources(monkeypatch, tmp_path):
-    """ATLAS_QUANT_BULK_G_EARLY=1: every norm source of the GPU test's NormLinearQ and NormLinearRotary graphs is
-    QbNorm<ADD, true> and its choice says so, the plain projections' kernels are unchanged, and both modules build
-    for sm_90a without spills; off (the default), no kernel takes the flag."""
+    """ATLAS_QUANT_BULK_G_EARLY=1: every norm source of the GPU test's NormLinearQ and NormLinearRotary graphs with g
+    a constant is QbNorm<ADD, true> and its choice says so, the plain projections' kernels are unchanged, and both
+    modules build for sm_90a without spills; off (the default), or with g a graph input (which an earlier kernel
+    might write), no kernel takes the flag."""
     monkeypatch.setenv(quant_bulk.BULK_ENV, "1")
-    _, default = _module(build_bulk_norm())
+    _, default = _module(build_bulk_norm(const_g=True))
     assert "QbNorm<true, true>" not in default.source and "QbNorm<false, true>" not in default.source
     monkeypatch.setenv(quant_bulk.G_EARLY_ENV, "1")
-    for graph, mod in (_module(build_bulk_norm()), _rotary_module(partial=True)):
+    _, computed = _module(build_bulk_norm())
+    assert ", true>{xs," not in computed.source
+    assert not any("g_early" in c for c in computed.choices["kernels"].values())
+    for graph, mod in (_module(build_bulk_norm(const_g=True)), _rotary_module(partial=True, const_g=True)):
         sources = re.findall(r"atlas::QbNorm<(true|false)(, true)?>\{", mod.source)
         assert len(sources) == len(graph.nodes) and all(early for _, early in sources)
         assert all(c.get("g_early") is True for c in mod.choices["kernels"].values())
