@@ -38,13 +38,22 @@ def compile_options(arch: str, batches: list[int], prompt: int, gen: int, quant:
 
 def compile_one(onnx_path: Path, art_path: Path, options, switch: tuple[str, str] | None) -> str:
     """Compile onnx_path to art_path with `options`, the environment switch (NAME, value) set first (it stays set in
-    this process); the line saying how long it took and how many kernels each entry has."""
+    this process), printing a line as the compile enters each stage ("[compile NAME] 41 s: accuracy"), so that a
+    run cut by a time limit shows where each compile was; the line saying how long it took and how many kernels
+    each entry has."""
     from atlasc.compiler import compile_model
 
     if switch:
         os.environ[switch[0]] = switch[1]
     t = time.perf_counter()
-    result = compile_model(onnx_path, art_path, options)
+    stages = []
+
+    def progress(stage, detail, done=None):
+        if not stages or stages[-1] != stage:
+            stages.append(stage)
+            print(f"[compile {art_path.name}] {time.perf_counter() - t:.0f} s: {stage}", flush=True)
+
+    result = compile_model(onnx_path, art_path, options, progress=progress)
     kernels = {k: sum(1 for n in e.nodes if n.kernel) for k, e in result.manifest.entries.items()}
     return f"compiled in {time.perf_counter() - t:.1f} s: {kernels} kernels, stages {result.seconds}"
 

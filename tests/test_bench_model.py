@@ -376,6 +376,34 @@ def test_bench_vs_torch_compiles_in_parallel_then_benches_in_order(monkeypatch, 
     assert events == []
 
 
+def test_compile_one_prints_each_stage(monkeypatch, tmp_path, capsys):
+    """bench_vs_torch.compile_one prints a line, with the artifact's name, as the compile enters each stage (not at
+    each detail), so that a bench cut by a time limit shows where its compiles were."""
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import bench_vs_torch
+
+    import atlasc.compiler
+
+    class Result:
+        class manifest:  # noqa: N801 - stands in for the result's attribute
+            entries = {}
+
+        seconds = {}
+
+    def compile_model(onnx_path, art_path, options, progress):
+        for stage, detail in (("import", "m.onnx"), ("pass", "canonicalize"), ("pass", "dce"),
+                              ("accuracy", "prompt 1"), ("accuracy", "prompt 2"), ("nvcc", "sm90")):
+            progress(stage, detail)
+        return Result
+
+    monkeypatch.setattr(atlasc.compiler, "compile_model", compile_model)
+    assert bench_vs_torch.compile_one(tmp_path / "m.onnx", tmp_path / "m.atlas", None, None).startswith("compiled in")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[compile m.atlas]")]
+    assert [line.split(": ")[-1] for line in lines] == ["import", "pass", "accuracy", "nvcc"]
+
+
 def test_compile_in_child_sends_back_the_message(monkeypatch, tmp_path):
     """bench_vs_torch.compile_in_child turns a compile's error (the compiler's own classes need not survive the trip
     between processes) into a RuntimeError naming the artifact, the error's class and its message."""
