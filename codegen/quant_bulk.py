@@ -46,8 +46,9 @@ timing; default CONFIG); ATLAS_QUANT_BULK_KS=1|2|4|8|16 forces the K split (defa
 least ATLAS_QUANT_BULK_MIN_RUN stages, default MIN_RUN);
 ATLAS_QUANT_BULK_LOOP=auto|0|N: a weight of more tiles than blocks (auto: 132 x the configuration's blocks per SM;
 N: N blocks; 0: never) without a K split, e.g. the LM head's 501 tiles, runs on that many blocks, each looping over
-the tiles it claims, its ring kept full across tiles and x (or the norm) staged once (H100, docs/perf.md v51: the
-8-layer Llama-3-8B int4 step 662.5 -> 656.3 us, the Llama-3.2-1B LM head alone 54.4 -> 52.1 us);
+the tiles it claims, its ring kept full across tiles and x (or the norm) staged once (H100, docs/perf.md v51, its
+first form d8c2159: the 8-layer Llama-3-8B int4 step 662.5 -> 656.3 us, the Llama-3.2-1B LM head alone 54.4 -> 52.1
+us; the first claim's later place since a7d6358 is not yet timed);
 ATLAS_QUANT_BULK_G_EARLY=1 has a norm source's consumers read their first bytes of the norm's scale, where it is a
 constant, before the wait for the previous kernel (default 0, not yet timed);
 ATLAS_QUANT_BULK_MIN_N=N leaves weights of fewer than N rows to quant.cu; ATLAS_QUANT_BULK_INFLIGHT=D caps the copies in
