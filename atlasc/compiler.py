@@ -375,7 +375,7 @@ def _entry_spec(name: str, graph: Graph, plan: MemoryPlan, launches, bindings: d
                          for v in launch.variants)
         nodes.append(NodeSpec(n.name, n.op, ins, outs, encode_attrs(n.attrs), launch.kernel,
                               tuple(launch.grid), tuple(launch.block), launch.smem, launch.symbol, variants,
-                              launch.args))
+                              launch.args, launch.co_resident))
     wide, upper = narrows or ("", {})
     return EntrySpec(name, tuple(_io(v, plan) for v in graph.inputs), tuple(_io(v, plan) for v in graph.outputs),
                      dict(bindings), tuple(values), tuple(nodes), wide, dict(upper))

@@ -47,3 +47,5 @@ from atlasc.codegen import linear_epilogue  # noqa: E402, F401  (registers emitt
 TEMPLATES += ["linear_tma"]  # linear_tma.py's kernel (linear.py and linear_epilogue.py call it; uses linear.cu)
 
 TEMPLATES += ["quant_bulk"]  # quant_bulk.py's kernel (quant.py calls it; uses linear_tma.cu and quant.cu)
+
+TEMPLATES += ["quant_chain"]  # quant_chain.py's kernel (generate.py chains quant_bulk.py's kernels; uses quant_bulk.cu)

@@ -86,6 +86,7 @@ class Launch:
     symbol: str = ""
     variants: tuple[Variant, ...] = ()
     args: tuple[int, ...] = ()  # the arena offsets a kernel shared by several nodes takes (codegen/share.py)
+    co_resident: bool = False  # every block resident at once (a chain: codegen/quant_chain.py; NodeSpec.co_resident)
 
 
 @dataclass
@@ -169,6 +170,7 @@ class KernelContext:
         # the projection ops (LinearQ4 / LinearQ8) whose batch-1 kernels choose-decode-path gave the copy-engine path
         # (codegen/quant_bulk.py serves)
         self.bulk_ops = bulk_ops
+        self.chain_phase = None  # quant_chain.ChainPhase: emit the node as a chain's phase (quant_bulk.emit)
         self.node = node
         self.plan = plan
         self.upper_bounds = upper
@@ -386,6 +388,11 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                 variants.append(Variant(value, name, *geometry))
             launches[entry].append(Launch(node.name, node.op, kernel, code.grid, code.block, code.smem,
                                           symbol if variants else "", tuple(variants)))
+        batch = (decode_steps or {}).get(entry)
+        if batch and upper[entry].get(batch, 0) <= 1:  # a step of one row: its default kernels are batch-1 ones
+            chains = _chain(entry, graph, plan, upper[entry], launches[entry], parts, kernel_choices, kv_cache,
+                            scratch_offset, lower, archs, tensor_maps, bulk_ops)
+            scratch_bytes = max([scratch_bytes, *chains])
     scratch_bytes = align(scratch_bytes)
     texts, shared = share_kernels(parts, alone)
     launches = {entry: [_shared_launch(launch, shared) for launch in entry_launches]
@@ -402,8 +409,63 @@ def generate_module(entries: dict[str, tuple[Graph, MemoryPlan]], upper: dict[st
                            (arena_end, TENSOR_MAP_BYTES * map_slots) if maps else (0, 0))
 
 
+def _chain(entry: str, graph: Graph, plan: MemoryPlan, upper: dict[str, int], launches: list[Launch],
+           parts: list[tuple[str, str, str]], kernel_choices: dict, kv_cache, scratch_offset: int, lower, archs,
+           tensor_maps, bulk_ops) -> list[int]:
+    """ATLAS_QUANT_BULK_CHAIN (codegen/quant_chain.py): each run of the entry's launches that may form a chain becomes
+    one launch of a chain kernel (named after its first node's, its wrapper replacing that kernel's text in `parts`)
+    and launches of no kernel ("") for the others, whose texts and choices go. Edits launches, parts and
+    kernel_choices in place; returns the scratch bytes each chain needs."""
+    from atlasc.codegen import quant_bulk, quant_chain
+
+    if not quant_chain.chain_choice():
+        return []
+    nodes = {n.name: n for n in graph.nodes}
+    needs = []
+    for run in quant_chain.chain_runs([(launch.kernel, kernel_choices.get(launch.kernel)) for launch in launches]):
+        members = [launches[i] for i in run]
+        if any(launch.variants or launch.args for launch in members):  # a step of one row has neither
+            raise CodegenError(f"{entry}: a chain's launches may not have variants or shared-kernel offsets")
+        plain = [kernel_choices[launch.kernel] for launch in members]
+        stages = quant_chain.ring_stages([_plain_code(launch, choice) for launch, choice in zip(members, plain)],
+                                         quant_bulk.SMEM_LIMIT)
+        if not stages:
+            continue
+        head = members[0].kernel
+        phases = []
+        for j, launch in enumerate(members):
+            node = nodes[launch.node]
+            ctx = KernelContext(node, plan, upper, head, kv_cache, scratch_offset, (lower or {}).get(entry, {}),
+                                archs, tensor_maps, bulk_ops)
+            ctx.chain_phase = quant_chain.ChainPhase(j == 0, j == len(members) - 1, stages)
+            code = EMITTERS[node.op](ctx, node)
+            phases.append(replace(code, body="\n".join([*ctx.lines, code.body])))
+        head_ctx = KernelContext(nodes[members[0].node], plan, upper, head, kv_cache, scratch_offset,
+                                 (lower or {}).get(entry, {}), archs, tensor_maps, bulk_ops)
+        code = quant_chain.assemble([launch.node for launch in members], phases, stages,
+                                    head_ctx.counters_address(), quant_bulk.SMS, plain)
+        needs.append(_scratch_need(nodes[members[0].node], code))
+        text = _wrapper(head_ctx, nodes[members[0].node], code)
+        gone = {launch.kernel for launch in members[1:]}
+        parts[:] = [(k, n, text if k == head else t) for k, n, t in parts if k not in gone]
+        for k in gone:
+            kernel_choices.pop(k, None)
+        kernel_choices[head] = code.choice
+        for j, i in enumerate(run):
+            launches[i] = (replace(launches[i], grid=code.grid, block=code.block, smem=code.smem, co_resident=True)
+                           if j == 0 else Launch(launches[i].node, launches[i].op, "", (1, 1, 1), (1, 1, 1)))
+    return needs
+
+
+def _plain_code(launch: Launch, choice: dict) -> KernelCode:
+    """The geometry and choice of a launch's kernel as quant_chain.ring_stages reads them (smem, config)."""
+    return KernelCode("", launch.grid, launch.block, smem=launch.smem, choice=choice)
+
+
 def _shared_launch(launch: Launch, shared: dict[str, Shared]) -> Launch:
     """The launch with each kernel name replaced by the kernel that serves it and the offsets it passes."""
+    if not launch.kernel:  # a chain's later node: nothing to launch
+        return launch
     variants = tuple(replace(v, kernel=shared[v.kernel].kernel, args=shared[v.kernel].args) for v in launch.variants)
     return replace(launch, kernel=shared[launch.kernel].kernel, args=shared[launch.kernel].args, variants=variants)
 
@@ -463,7 +525,7 @@ def codegen_choices() -> dict:
     """The kernel paths this generation uses (defaults or ATLAS_*_PATH overrides): recorded in the
     artifact's report, so an artifact says which measured choices built it (docs/perf.md, docs/cli.md)."""
     from atlasc.codegen import (attention, flash_attention, gemm, linear, linear_prologue, linear_tma, quant,
-                                quant_bulk, reduce, sampling)
+                                quant_bulk, quant_chain, reduce, sampling)
 
     return {"linear_path": linear.path_choice(), "linear_ft": linear.ft_choice(),
             "linear_ksplit": linear.ks_choice(),
@@ -495,6 +557,7 @@ def codegen_choices() -> dict:
             "linear_tma": linear_tma.tma_choice(),  # ATLAS_LINEAR_TMA (linear_tma.py; sm90-only compiles)
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
             **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, auto|0|1)
+            "quant_bulk_chain": quant_chain.chain_choice(),  # ATLAS_QUANT_BULK_CHAIN (quant_chain.py)
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

@@ -215,6 +215,20 @@ def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | No
     return f"  atlas::lin_norm_stage<{targs}>(xs, M, K, {eps!r}f, lin_xbuf, {s_arg}, lin_scratch, lin_svec);"
 
 
+def _chain_norm_views(ctx: KernelContext, node: Node, r: int, s_v: Value | None) -> None:
+    """A chain phase's norm operands: the views a, b, g (and s) and quant_bulk.chain_norm_views's XNorm `xs`."""
+    from atlasc.codegen import quant_bulk
+
+    a_v, b_v, g_v = node.inputs[:3]
+    ctx.view(a_v, "a", rank=r)
+    if b_v is not None:
+        ctx.view(b_v, "b", rank=r)
+    ctx.view(g_v, "g", rank=1)
+    if s_v is not None:
+        ctx.view(s_v, "s", rank=r)
+    ctx.lines += quant_bulk.chain_norm_views(r, b_v is not None)
+
+
 def _parts(node: Node) -> tuple[list, Value | None, Value | None, str]:
     """(the projection's inputs after x, y or None, the residual sum s or None, the epilogue: "" / gated /
     rotary) of a NormLinear, NormLinearQ or NormLinearRotary."""
@@ -280,18 +294,24 @@ def _emit_quantized(ctx: KernelContext, node: Node) -> KernelCode:
     bits, f8, zp, group, has_bias, k_static, n_upper = bind_quant_weights(ctx, node, proj, t)
     ctx.lines.append("  long long M = 1;")
     ctx.lines += [f"  M *= y.shape[{i}];" for i in range(r - 1)]
-    stage = _norm_source(ctx, node, t, r, s_v)
-    epi = _epilogue(ctx, node, kind, dt)
     from atlasc.codegen import quant_bulk
 
+    chain = ctx.chain_phase is not None  # a chain's phase (quant_chain.py): one row, no block-wide barrier
+    if chain:
+        _chain_norm_views(ctx, node, r, s_v)
+    else:
+        stage = _norm_source(ctx, node, t, r, s_v)
+    epi = _epilogue(ctx, node, kind, dt)
     if quant_bulk.eligible_norm(ctx, node, proj[0], m_upper, zp, group, k_static, n_upper, kind, s_v):
         # ATLAS_QUANT_BULK (quant_bulk.serves; float x): the copy engine streams the weights while the consumers stage
         # the norm
         early_g = quant_bulk.g_early(node)
         src = quant_bulk.norm_source(node.inputs[1] is not None, float(node.attrs["epsilon"]),
-                                     "s.p" if s_v is not None else "nullptr", early_g)
+                                     "s.p" if s_v is not None else "nullptr", early_g, coherent=chain)
         return quant_bulk.emit(ctx, node, has_bias, k_static, n_upper, [], src=src, epi=epi, norm_k=k_static,
                                early_g=early_g)
+    if chain:
+        raise CodegenError(f"{node.name}: planned as a chain's phase, but the copy-engine path does not serve it")
     xv = [f"  atlas::View<{t}, {r}> xv;", "  xv.p = lin_xbuf;"]
     for i in range(r - 1):
         xv.append(f"  xv.shape[{i}] = {'M' if i == 0 else '1'}; xv.stride[{i}] = K;")

@@ -50,13 +50,22 @@ template <int BITS> __host__ __device__ constexpr int qb_stage_k() { return BITS
 // ran on the W consumer warps (named barrier 1 after it where it needs one). preload(k0, words) runs on them before
 // the wait for the previous kernel: it may read constants only (the norm's scale g), for the thread's first staged
 // word, k0 + 8 threadIdx.x when threadIdx.x < words.
+// CG (a chain's phases, qb_chain_phase): x and the norm's operands may have been written by this kernel's earlier
+// phases, so they are read with coherent loads (ld.global.cg), not through the non-coherent cache (__ldg).
 // QbPlain: x a contiguous, 16-byte aligned row (the emitter checks).
-template <int R> struct QbPlain {
+template <int R, bool CG = false> struct QbPlain {
   View<__half, R> x;
   __device__ __forceinline__ void preload(long long, int) {}
   template <int W> __device__ __forceinline__ void prepare(long long, unsigned char*) const {}
-  __device__ __forceinline__ uint4 word(long long k) const { return __ldg(reinterpret_cast<const uint4*>(x.p + k)); }
+  __device__ __forceinline__ uint4 word(long long k) const {
+    const uint4* p = reinterpret_cast<const uint4*>(x.p + k);
+    return CG ? __ldcg(p) : __ldg(p);
+  }
 };
+
+// row 0's offset, for an XNorm of one row built without linear_prologue's lin_offsets (a chain's phases: no block-wide
+// barrier before the phase call, which the producer warp would not reach in step)
+__device__ const long long qb_row0[1] = {0};
 
 // QbNorm: NormLinearQ's (Add)RMSNormalization of a (and b) with scale g (linear.cu XNorm: a, b, g contiguous and
 // 16-byte aligned, the emitter checks), the arithmetic of lin_norm_stage: h = a (ADD: T(a + b), stored to the sum
@@ -65,7 +74,7 @@ template <int R> struct QbPlain {
 // consumer warps in warp order (a different order than lin_norm_stage's 8 warps: float rounding only).
 // G_EARLY (quant_bulk.py g_early_choice): preload() reads the thread's first 16 bytes of g before the wait, so that
 // the staging after the norm's reduction does not wait on a load of its own (the same values either way).
-template <bool ADD, bool G_EARLY = false> struct QbNorm {
+template <bool ADD, bool G_EARLY = false, bool CG = false> struct QbNorm {
   XNorm<__half, ADD> src;
   float eps;
   __half* s;  // the residual sum's row 0, or nullptr
@@ -86,7 +95,16 @@ template <bool ADD, bool G_EARLY = false> struct QbNorm {
     float q = 0.f;
     for (long long k = (long long)threadIdx.x * 8; k < K; k += 32LL * W * 8) {
       float v[8];
-      src.h_vec(0, k, v);
+      if constexpr (CG) {  // src.h_vec's arithmetic, its loads coherent
+        LinVec<__half>::unpack(__ldcg(reinterpret_cast<const uint4*>(src.a + src.aoff[0] + k)), v);
+        if constexpr (ADD) {
+          float w[8];
+          LinVec<__half>::unpack(__ldcg(reinterpret_cast<const uint4*>(src.b + src.boff[0] + k)), w);
+          XNorm<__half, ADD>::add_b(v, w);
+        }
+      } else {
+        src.h_vec(0, k, v);
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) q += v[e] * v[e];
       const uint4 packed = LinVec<__half>::pack(v);  // exact: h is a float16 value

@@ -198,12 +198,25 @@ def g_early(node) -> bool:
     return g_early_choice() and node.inputs[2].is_constant
 
 
-def norm_source(add: bool, eps: float, sum_ptr: str, early_g: bool = False) -> str:
+def norm_source(add: bool, eps: float, sum_ptr: str, early_g: bool = False, coherent: bool = False) -> str:
     """The QbNorm expression of a NormLinearQ / NormLinearRotary kernel (linear_prologue binds xs, its XNorm):
     with the residual add or not, its epsilon, the sum output's pointer (or nullptr), G_EARLY as early_g (g_early's
-    answer)."""
-    flags = f"{str(add).lower()}{', true' if early_g else ''}"
+    answer); coherent: a chain's phase (its loads of a and b coherent: an earlier phase may have written them)."""
+    flags = str(add).lower()
+    if early_g or coherent:
+        flags += f", {str(early_g).lower()}"
+    if coherent:
+        flags += ", true"
     return f"atlas::QbNorm<{flags}>{{xs, {eps!r}f, {sum_ptr}}}"
+
+
+def chain_norm_views(r: int, add: bool) -> list[str]:
+    """A chain phase's XNorm `xs` of one row (a, b and g bound as Views; eligible_norm checked them contiguous and
+    aligned): row 0's offsets from the constant qb_row0, not linear_prologue's lin_offsets, whose block-wide barrier
+    the producer warp would not reach in step."""
+    b = "b" if add else "a"
+    return [f"  const atlas::XNorm<__half, {str(add).lower()}> xs{{a.p, {b}.p, g.p, atlas::qb_row0, atlas::qb_row0, "
+            f"a.stride[{r - 1}], {b}.stride[{r - 1}], g.stride[0]}};"]
 
 
 def loop_grid(tiles: int, ks: int) -> int:
@@ -383,6 +396,9 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     bits = OPS[node.attrs.get("linear", node.op)]
     warps = rotary_warps(node) if node.op == "NormLinearRotary" else 0
     w, stages, blocks, tiles, ks, run = plan(n, k, bits, bool(epi), norm_k, warps)
+    chain = ctx.chain_phase  # a chain's phase (quant_chain.py): its ring's stages, no loop (a static schedule)
+    if chain is not None:
+        stages = chain.stages
     rows = 16 * w
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
@@ -390,20 +406,21 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     inflight = inflight_choice() if inflight_choice() < stages else 0
     hold = hold_choice()
     r = len(node.inputs[0].shape)
-    src = src or f"atlas::QbPlain<{r}>{{x}}"
+    src = src or f"atlas::QbPlain<{r}{', true' if chain is not None else ''}>{{x}}"
     wq_v = node.inputs[WEIGHT_INPUT.get(node.op, 1)]
     tw = ctx.tensor_map_address(wq_v, n, 8 * w if epi else rows, "uint8")
     ws = f"reinterpret_cast<float*>({ctx.scratch_address(0)})" if ks > 1 else "nullptr"
-    grid = loop_grid(tiles, ks)
+    grid = loop_grid(tiles, ks) if chain is None else 0
     counters, scratch = (tiles, tiles * ks * rows * 4) if ks > 1 else (1, 0) if grid else (0, 0)
     cnt = f"reinterpret_cast<unsigned int*>({ctx.counters_address()})" if counters else "nullptr"
-    body = "\n".join([
-        *head,
-        f"  {SM90A_MARKER}",
-        f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
-        f"{str(early).lower()}, {inflight}, {str(hold).lower()}>({tw}, wscale, {src}, "
-        f"bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks}{', ' + epi if epi else ''});",
-    ])
+    args = f"{tw}, wscale, {src}, bias, bias_stride, y, M, {n}, {k}, {ws}, {cnt}, {ks}{', ' + epi if epi else ''}"
+    if chain is None:
+        call = (f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
+                f"{str(early).lower()}, {inflight}, {str(hold).lower()}>({args});")
+    else:
+        call = (f"  atlas::qb_chain_phase<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, {inflight}, "
+                f"{str(hold).lower()}, {str(chain.first).lower()}, {str(chain.last).lower()}>(qb_ring, {args});")
+    body = "\n".join([*head, f"  {SM90A_MARKER}", call])
     choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs, "early": early,
               "inflight": inflight, "hold": hold}
     if norm_k:

@@ -216,13 +216,20 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
             events[-1][1].synchronize()
             for n, (start, end) in zip(launched, events):
                 times[n.name].append(end.time_since(start) * 1e3)
-    rows = []
-    for n, (kernel, *_) in zip(launched, launches):
+    def moved_by(n) -> int:
         moved = sum(nbytes(i) for i in n.inputs if i) + sum(nbytes(o) for o in n.outputs)
         if n.op == "Gather" and n.inputs[0] in weights:  # an embedding lookup reads rows, not the table
             moved -= weights[n.inputs[0]].nbytes - nbytes(n.outputs[0])
-        rows.append(KernelRow(kernel, n.op, n.name, statistics.median(times[n.name]), moved,
-                              _flops(n, values, weights, env), method))
+        return moved
+
+    # a chain kernel (codegen/quant_chain.py) computes the nodes it names; the ones after its first launch nothing
+    chains = {k: c["chain"] for k, c in m.report.get("codegen", {}).get("kernels", {}).items() if c.get("chain")}
+    by_name = {n.name: n for n in e.nodes}
+    rows = []
+    for n, (kernel, *_) in zip(launched, launches):
+        nodes = [by_name[name] for name in chains.get(kernel, [n.name])]
+        rows.append(KernelRow(kernel, n.op, n.name, statistics.median(times[n.name]), sum(map(moved_by, nodes)),
+                              sum(_flops(x, values, weights, env) for x in nodes), method))
     return sorted(rows, key=lambda r: -r.us)
 
 

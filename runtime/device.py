@@ -53,6 +53,7 @@ class Device:
         major, minor = self.device.compute_capability()
         self.arch = f"sm{major}{minor}"
         self.name = self.device.name()
+        self.sms = int(self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
         self.stream = cuda.Stream()
         atexit.register(self.close)  # pycuda aborts at exit if a context is still on the stack
 
@@ -127,10 +128,16 @@ class KernelTable:
         self.static_smem = {name: int(getattr(f, "shared_size_bytes", 0) or 0) for name, f in self.funcs.items()}
         self.dynamic_opt_in: dict[str, int] = {}  # name -> dynamic bytes already allowed
         self.formats: dict[str, str] = {}  # name -> the argument format it is prepared for
+        # name -> the most blocks its launch may have: a kernel whose blocks must all be resident at once (a chain's
+        # grid barrier, codegen/quant_chain.py) gets at most one block per SM of this GPU (set by the model)
+        self.grid_cap: dict[str, int] = {}
 
     def launch(self, name: str, grid, block, smem: int, arena, stream=None, node: str = "",
                args: tuple[int, ...] = ()) -> None:
         """Launch `name` on the stream with the arena pointer and `args` (int64 arena offsets) as arguments."""
+        cap = self.grid_cap.get(name)
+        if cap is not None and grid[0] > cap:
+            grid = (cap, *tuple(grid)[1:])
         try:
             fmt = "P" + "q" * len(args)
             if self.formats.get(name) != fmt:

@@ -83,6 +83,13 @@ def pdl_setting() -> bool:
     return value == "1"
 
 
+def co_resident_caps(manifest, sms: int) -> dict[str, int]:
+    """kernel -> the most blocks a launch of it may have on a GPU of `sms` SMs: the kernels whose blocks must all be
+    resident at once (NodeSpec.co_resident: a chain's grid barrier, codegen/quant_chain.py) run one block per SM at
+    most; the others are absent. sms 0 (unknown): no cap."""
+    return {n.kernel: sms for e in manifest.entries.values() for n in e.nodes if sms > 0 and n.co_resident}
+
+
 class GpuModel:
     """An artifact loaded on the GPU; same interface as CpuModel (`run`, `reset`, `manifest`)."""
 
@@ -130,6 +137,7 @@ class GpuModel:
         kernels = sorted({k for e in m.entries.values() for n in e.nodes if n.kernel  # "": an aliased reshape
                           for k in (n.kernel, *(v.kernel for v in n.variants))})
         self.kernels = KernelTable(self.dev, self.modules, kernels)
+        self.kernels.grid_cap = co_resident_caps(m, getattr(self.dev, "sms", 0))
         self.dims_host = self.dev.cuda.pagelocked_zeros(max(len(self.symbols), 1), np.int64)
         self.cuda_graphs = cuda_graphs
         # programmatic dependent launch inside the captured graphs (ATLAS_PDL=0: plain edges; measured in

@@ -72,10 +72,14 @@ def device():
 def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | None = None,
                state: dict | None = None, symbols: dict | None = None, arch: str | None = None,
                plan_fn=None, repeat: int = 1, archs: tuple[str, ...] = (),
-               lower: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+               lower: dict[str, int] | None = None, decode_steps: dict[str, str] | None = None,
+               grid_cap: int = 0) -> dict[str, np.ndarray]:
     """Generate, compile and run `graph` on the GPU (its launches `repeat` times over, in one arena:
-    kernels must leave their scratch ready for the next launch); return its outputs by name. `archs` and
-    `lower` go to generate_module (the compile's targets; symbol values the kernels run only above)."""
+    kernels must leave their scratch ready for the next launch); return its outputs by name. `archs`, `lower` and
+    `decode_steps` go to generate_module (the compile's targets; symbol values the kernels run only above; {"run":
+    batch symbol} to treat the graph as a decode step, e.g. for quant_chain.py's chains). The kernels whose blocks
+    must all be resident (a chain's) launch on at most grid_cap blocks (as on a GPU of that many SMs), by default
+    the device's SM count (runtime/gpu.py co_resident_caps)."""
     from atlasc.runtime.device import KernelTable
 
     dev = device()
@@ -88,10 +92,12 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
         kv_spec = {"offset": kv_offset, "layers": kv.shape[0], "max_batch": kv.shape[2], "kv_heads": kv.shape[3],
                    "max_seq": kv.shape[4], "head_dim": kv.shape[5], "dtype": str(kv.dtype)}
     mod = generate_module({"run": (graph, plan)}, {"run": upper}, kv_spec, archs=archs,
-                          lower={"run": lower} if lower else None)
+                          lower={"run": lower} if lower else None, decode_steps=decode_steps)
     cubin = compile_cubins(mod.source, (arch or dev.arch,))[arch or dev.arch]
     module = dev.load_module(cubin)
-    table = KernelTable(dev, module, [launch.kernel for launch in mod.launches["run"]])
+    launches = [launch for launch in mod.launches["run"] if launch.kernel]  # "": a chain's later node
+    table = KernelTable(dev, module, [launch.kernel for launch in launches])
+    table.grid_cap = {launch.kernel: grid_cap or dev.sms for launch in launches if launch.co_resident}
     arena = dev.alloc_arena(mod.arena_bytes)
     dev.upload(arena, 0, np.full(mod.arena_bytes, 0xFF, np.uint8))  # poison everything but the scratch
     if mod.scratch_bytes:  # kernels' counters start at 0 (GeneratedModule)
@@ -108,7 +114,7 @@ def run_on_gpu(graph, inputs: dict[str, np.ndarray], upper: dict[str, int] | Non
 
         write_tensor_maps(dev, arena, mod.tensor_maps)
     for _ in range(repeat):
-        for launch in mod.launches["run"]:
+        for launch in launches:
             table.launch(launch.kernel, launch.grid, launch.block, launch.smem, arena, node=launch.node,
                          args=launch.args)
     dev.synchronize()

@@ -411,6 +411,51 @@ def test_int4_groups_of_128_match_the_cpu_runtime(path, build_dir, monkeypatch):
     model.close()
 
 
+@pytest.mark.parametrize("quant, graphs, cap, config", [("int4", True, 0, ""), ("int4", False, 5, ""),
+                                                       ("int8", True, 0, ""), ("int4", True, 3, ""),
+                                                       ("int4", True, 0, "2-11-1")])
+def test_chained_projections_keep_the_tokens(quant, graphs, cap, config, build_dir, monkeypatch):
+    """ATLAS_QUANT_BULK_CHAIN=1 (codegen/quant_chain.py) on the hidden-128 Llama compiled for one row with every
+    quantized projection on the copy-engine path: each layer's o, gate/up + SwiGLU and down (and the LM head after the
+    last) run as one chain kernel per layer, inside CUDA graphs with programmatic edges or launched one by one, on
+    every SM or capped at 5 / 3 blocks (co_resident_caps: as on a GPU of fewer SMs); with 2 consumer warps everywhere
+    (ATLAS_QUANT_BULK_CONFIG=2-11-1) the next layer's QKV with its rotary and cache append joins the first chain.
+    Greedy tokens and logits equal the reference runtime's on the same artifact, 12 steps (the grid barrier's words
+    back at 0 each launch)."""
+    import atlasc.runtime.gpu as gpu
+    from atlasc.runtime.cpu import CpuModel
+    from atlasc.runtime.gpu import GpuModel
+
+    if device().arch != "sm90":
+        pytest.skip("the copy-engine projections are built for sm_90a")
+    monkeypatch.delenv("ATLAS_PDL", raising=False)
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
+    monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN", "1")
+    monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16")
+    monkeypatch.setenv("ATLAS_INT8_PATH", "w8a16")
+    if config:
+        monkeypatch.setenv("ATLAS_QUANT_BULK_CONFIG", config)
+    art_path = f"{build_dir}/llama-h128-{quant}-chain{config}.atlas"
+    compile_model(_llama_h128(build_dir), art_path, CompileOptions(archs=("sm90",), max_batch=1, max_seq=64,
+                                                                   quant=quant, group_size=128))
+    art = open_artifact(art_path)
+    chains = [c["chain"] for c in art.manifest.report["codegen"]["kernels"].values() if c.get("chain")]
+    assert sorted(map(len, chains)) == ([4, 4] if config else [3, 4])
+    if cap:
+        caps = gpu.co_resident_caps
+        monkeypatch.setattr(gpu, "co_resident_caps", lambda m, sms: {k: cap for k in caps(m, sms)})
+    model = GpuModel(art, device=device(), cuda_graphs=graphs)
+    assert len(model.kernels.grid_cap) == 2
+    prompts = _prompts(1, 9, seed=29)
+    want = generate(CpuModel(open_artifact(art_path)), prompts, 12, keep_logits=True)
+    got = generate(model, prompts, 12, keep_logits=True)
+    if graphs:
+        assert model.pdl and all(g.programmatic > 0 for g in model.graphs.values()), model.pdl_error
+    model.close()
+    steps = [want.prefill_logits[:, -1]] + list(want.step_logits)
+    assert_same_greedy(got.tokens, want.tokens, steps, TOL["fp16"]["atol"])
+
+
 @pytest.mark.parametrize("quant, early, loop", [("int4", "1", "auto"), ("int4", "0", "auto"), ("int8", "1", "auto"),
                                                ("int4", "1", "1")])
 def test_copy_engine_projections_keep_the_tokens(quant, early, loop, build_dir, monkeypatch):

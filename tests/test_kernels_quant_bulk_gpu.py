@@ -147,6 +147,36 @@ def build_lm_head():
     return b
 
 
+def build_chain(bits: int = 4):
+    """A Builder of a Llama layer's projections after the attention, one row, hidden 2048, each reading the one before
+    (codegen/quant_chain.py's chain): o (2048 x 2048), the residual add and RMSNorm with gate/up and SwiGLU (2 x 2048
+    rows, its sum output), down (2048 x 2048), and the residual add and RMSNorm of that sum with an LM-head-like
+    projection (1000 rows: a partial tile); int4 g128 or int8 weights from the real packers, the scales g constants."""
+    from atlasc.ir.graph import constant
+    from test_codegen_matmul_attention import Builder
+
+    k = 2048
+    b = Builder("quant_chain", {"m": (1, 1)})
+    x, res = b.input("x", "float16", ("m", k)), b.input("r", "float16", ("m", k))
+    rng = np.random.default_rng(80)
+    g1, g2 = (constant(f"g{i}", rng.uniform(0.5, 1.5, k).astype(np.float16)) for i in (1, 2))
+    group = {"group_size": 128} if bits == 4 else {}
+
+    def weights(name: str, n: int, seed: int):
+        w = (np.random.default_rng(seed).uniform(-1, 1, (n, k)) / np.sqrt(k)).astype(np.float32)
+        wq, scale = quantize_int4(w, 128) if bits == 4 else quantize_int8(w)
+        return [b.input(f"{name}_w", str(wq.dtype), wq.shape, gen=lambda rng, shape, q=wq: q),
+                b.input(f"{name}_s", "float16", scale.shape, gen=lambda rng, shape, q=scale: q)]
+
+    norm = {"epsilon": 1e-5, "linear": f"LinearQ{bits}", **group}
+    (o,) = b.node(f"LinearQ{bits}", [x, *weights("o", k, 81)], group)
+    h, s1 = b.node("NormLinearQ", [res, o, g1, *weights("gu", 2 * k, 82)],
+                   {**norm, "epilogue": SWIGLU, "gate_input": 0}, outputs=2)
+    (d,) = b.node(f"LinearQ{bits}", [h, *weights("d", k, 83)], group)
+    b.node("NormLinearQ", [s1, d, g2, *weights("lm", 1000, 84)], norm, outputs=2)
+    return b
+
+
 def rotary_plan(graph, upper, kv_cache=None):
     """plan_for with build_bulk_rotary's cache geometry."""
     from test_codegen_matmul_attention import plan_for
@@ -278,3 +308,62 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
         untouched = np.ones(shape, bool)
         untouched[:, :, :1, :, past] = False
         np.testing.assert_array_equal(state["kv_cache"][untouched], cache[untouched])
+
+
+CHAIN_CALL = "atlas::qb_chain_phase<"
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("ks, cap", [("auto", 0), ("1", 0), ("auto", 5), ("2", 3)])
+def test_chain_matches_reference(monkeypatch, bits, ks, cap):
+    """ATLAS_QUANT_BULK_CHAIN=1 on build_chain's layer as a decode step of one row: its four projections, each reading
+    the one before, run as the phases of one kernel (one launch) on 132 blocks, or on 5 or 3 (grid_cap: a GPU of
+    fewer SMs, so that blocks take several items, and with the K split forced to 2 runs, items of both runs, x
+    staged again), the K split by the rule or off; every output (each phase's, the sums) against the reference, run
+    twice in one arena (the grid barrier's words and the split's counters back at 0)."""
+    from kernel_harness import run_on_gpu
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.codegen import generate_module
+    from atlasc.ir import interpret
+
+    for name, value in {"ATLAS_QUANT_BULK": "1", "ATLAS_QUANT_BULK_CHAIN": "1", "ATLAS_QUANT_BULK_KS": ks}.items():
+        monkeypatch.setenv(name, value)
+    builder = build_chain(bits)
+    graph = builder.done()
+    mod = generate_module({"run": (graph, plan_for(graph, builder.upper)[0])}, {"run": builder.upper}, None,
+                          archs=ARCHS, decode_steps={"run": "m"})
+    assert [bool(launch.kernel) for launch in mod.launches["run"]] == [True, False, False, False]
+    assert mod.source.count(CHAIN_CALL) == 4 and CALL not in mod.source
+    feeds = builder.inputs(np.random.default_rng(), {"m": 1})
+    want = interpret(graph, feeds)
+    got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_for, archs=ARCHS, repeat=2,
+                     decode_steps={"run": "m"}, grid_cap=cap)
+    for name, w in want.items():
+        g, w = got[name].astype(np.float64), w.astype(np.float64)
+        err = np.abs(g - w).max() if np.all(np.isfinite(g)) else np.inf
+        assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} ks {ks} cap {cap}: err {err}"
+
+
+@pytest.mark.parametrize("build", ["plain", "norm"])
+def test_chain_of_independent_projections(monkeypatch, build):
+    """The GPU test graphs of the single kernels (plain: int4 and int8 in turn, K up to 14336, partial tiles, biases;
+    norm: the norm sources, int4 and int8) as one chain on a decode step of one row, run twice in one arena: the same
+    results as the reference."""
+    from kernel_harness import run_on_gpu
+    from test_codegen_matmul_attention import plan_for
+
+    from atlasc.ir import interpret
+
+    monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
+    monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN", "1")
+    builder = build_bulk() if build == "plain" else build_bulk_norm(const_g=True)
+    graph = builder.done()
+    feeds = builder.inputs(np.random.default_rng(), {"m": 1})
+    want = interpret(graph, feeds)
+    got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=plan_for, archs=ARCHS, repeat=2,
+                     decode_steps={"run": "m"})
+    for name, w in want.items():
+        g, w = got[name].astype(np.float64), w.astype(np.float64)
+        err = np.abs(g - w).max() if np.all(np.isfinite(g)) else np.inf
+        assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name}: err {err}"

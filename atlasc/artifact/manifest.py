@@ -28,10 +28,12 @@ from atlasc.errors import ArtifactError
 MAGIC = "ATLAS"
 ARCH_RE = re.compile(r"sm\d+[a-z]?")  # a target arch as the manifest names it: sm80, sm90, sm90a
 CUBIN_RE = re.compile(rf"cubin/({ARCH_RE.pattern})(?:\.([1-9]\d*))?\.cubin")  # cubin/<arch>[.<part>].cubin
-FORMAT_VERSION = 6  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
+FORMAT_VERSION = 7  # 2: NodeSpec.symbol / variants (kernels specialized per batch bucket); 3: EntrySpec.narrows;
 # 4: a chunked build's cubins as parts cubin/<arch>.<i>.cubin (modules loaded side by side, no nvlink);
 # 5: NodeSpec.args / VariantSpec.args (the arena offsets a kernel shared by several nodes takes);
-# 6: MemorySpec.tensor_maps (the runtime must write them before any launch)
+# 6: MemorySpec.tensor_maps (the runtime must write them before any launch);
+# 7: NodeSpec.co_resident (the runtime must launch such a kernel on at most one block per SM: an older one would not,
+# and a chain's grid barrier would never complete on a GPU of fewer SMs than its grid)
 KV_LAYOUT = "[layers, 2, max_batch, kv_heads, max_seq, head_dim]"
 
 
@@ -128,6 +130,10 @@ def _decode(tp: Any, v: Any, where: str) -> Any:
         return v
     if tp is str:
         if not isinstance(v, str):
+            raise bad
+        return v
+    if tp is bool:
+        if not isinstance(v, bool):
             raise bad
         return v
     if tp is type(None):
@@ -386,6 +392,9 @@ class NodeSpec(_Spec):
     # the arena offsets passed after the arena pointer: a kernel shared by nodes whose code differs only in
     # them (a model's layers) takes them as a parameter; () for a kernel of one node (offsets in its code)
     args: tuple[int, ...] = ()
+    # every block of the launch must be resident at once (a chain's grid barrier, codegen/quant_chain.py): the
+    # runtime launches at most one block per SM of the GPU (runtime/gpu.py co_resident_caps)
+    co_resident: bool = False
 
     def __post_init__(self):
         _set(self, "variants", _tuple(self.variants, f"{self.name}.variants"))
@@ -484,6 +493,9 @@ class Manifest(_Spec):
                 if n.variants and (n.symbol not in names or uptos != sorted(set(uptos)) or not n.kernel):
                     raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].variants: need a known symbol "
                                         f"(got {n.symbol!r}) and strictly increasing upto values (got {uptos})")
+                if n.co_resident and (not n.kernel or n.variants):
+                    raise ArtifactError(f"manifest field entries.{key}.nodes[{i}].co_resident: only a kernel "
+                                        "without variants may need its blocks resident at once")
         self._check_args()
         region = self.memory.regions.get("tensor_maps")
         for i, t in enumerate(self.memory.tensor_maps):

@@ -45,13 +45,15 @@ def _bulk_settings() -> tuple:
             ("quant_bulk_early", True, "ATLAS_QUANT_BULK_EARLY"),
             ("quant_bulk_inflight", INFLIGHT, "ATLAS_QUANT_BULK_INFLIGHT"),
             ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"), ("quant_bulk_loop", "auto", "ATLAS_QUANT_BULK_LOOP"),
-            ("quant_bulk_g_early", False, "ATLAS_QUANT_BULK_G_EARLY"))
+            ("quant_bulk_g_early", False, "ATLAS_QUANT_BULK_G_EARLY"),
+            ("quant_bulk_chain", False, "ATLAS_QUANT_BULK_CHAIN"))
 
 
 def _opt_ins(choices: dict) -> str:
     """'ATLAS_X=value, ...' for the opt-in codegen choices in `choices` that differ from their default, each as the
     variable's value would set it (a switch 0 / 1, a configuration W-S-B); where the copy-engine path served a
-    kernel (ATLAS_QUANT_BULK=1, or a kernel choice with path "bulk"), also its settings away from their defaults."""
+    kernel (ATLAS_QUANT_BULK=1, or a kernel choice with path "bulk" or "bulk-chain"), also its settings away from their
+    defaults."""
 
     def text(value) -> str:
         if isinstance(value, bool):
@@ -62,7 +64,7 @@ def _opt_ins(choices: dict) -> str:
     # ("auto" the default); its settings are named where the path served a kernel
     raw = choices.get("quant_bulk", "auto")
     choices = {**choices, "quant_bulk": "1" if raw is True else "auto" if raw is False else raw}
-    served = raw is True or raw == "1" or any(isinstance(c, dict) and c.get("path") == "bulk"
+    served = raw is True or raw == "1" or any(isinstance(c, dict) and c.get("path") in ("bulk", "bulk-chain")
                                               for c in choices.get("kernels", {}).values())
     table = OPT_INS + (_bulk_settings() if served else ())
     return ", ".join(f"{env}={text(choices[key])}" for key, default, env in table
