@@ -427,17 +427,18 @@ def _chain(entry: str, graph: Graph, plan: MemoryPlan, upper: dict[str, int], la
         if any(launch.variants or launch.args for launch in members):  # a step of one row has neither
             raise CodegenError(f"{entry}: a chain's launches may not have variants or shared-kernel offsets")
         plain = [kernel_choices[launch.kernel] for launch in members]
-        stages = quant_chain.ring_stages([_plain_code(launch, choice) for launch, choice in zip(members, plain)],
-                                         quant_bulk.SMEM_LIMIT)
+        codes = [_plain_code(launch, choice) for launch, choice in zip(members, plain)]
+        stages = quant_chain.ring_stages(codes, quant_bulk.SMEM_LIMIT)
         if not stages:
             continue
+        warps = quant_chain.block_warps(codes)
         head = members[0].kernel
         phases = []
         for j, launch in enumerate(members):
             node = nodes[launch.node]
             ctx = KernelContext(node, plan, upper, head, kv_cache, scratch_offset, (lower or {}).get(entry, {}),
                                 archs, tensor_maps, bulk_ops)
-            ctx.chain_phase = quant_chain.ChainPhase(j == 0, j == len(members) - 1, stages)
+            ctx.chain_phase = quant_chain.ChainPhase(j == 0, j == len(members) - 1, stages, warps)
             code = EMITTERS[node.op](ctx, node)
             phases.append(replace(code, body="\n".join([*ctx.lines, code.body])))
         head_ctx = KernelContext(nodes[members[0].node], plan, upper, head, kv_cache, scratch_offset,

@@ -418,8 +418,9 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
         call = (f"  atlas::linear_quant_bulk<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
                 f"{str(early).lower()}, {inflight}, {str(hold).lower()}>({args});")
     else:
-        call = (f"  atlas::qb_chain_phase<{r}, {bits}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, {inflight}, "
-                f"{str(hold).lower()}, {str(chain.first).lower()}, {str(chain.last).lower()}>(qb_ring, {args});")
+        call = (f"  atlas::qb_chain_phase<{r}, {bits}, {chain.warps}, {w}, {stages}, {has_bias}, {str(ofs).lower()}, "
+                f"{inflight}, {str(hold).lower()}, {str(chain.first).lower()}, {str(chain.last).lower()}>(qb_ring, "
+                f"{args});")
     body = "\n".join([*head, f"  {SM90A_MARKER}", call])
     choice = {"path": "bulk", "config": [w, stages, blocks], "ks": ks, "ofs": ofs, "early": early,
               "inflight": inflight, "hold": hold}

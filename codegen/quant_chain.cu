@@ -133,9 +133,12 @@ template <int W, int STAGES> __device__ __forceinline__ void qb_chain_end(QbRing
 // one phase of a chain: linear_quant_bulk's projection (the same arguments; ws / cnt: the K split's, shared by the
 // phases, which the grid barrier keeps apart) on the ring. FIRST: the consumers wait for the previous kernel
 // (atlas::pdl_enter) before they read x; later phases pass the grid barrier first. LAST: HOLD applies (the producer
-// stays until its last stage is taken). Every thread of the block calls every phase in order.
-template <int R, int BITS, int W, int STAGES, bool HAS_BIAS, bool OFS, int INFLIGHT, bool HOLD, bool FIRST, bool LAST,
-          typename SRC, typename EPI = LinNoEpi>
+// stays until its last stage is taken). WP: the phase's warps (its tiles of 16 WP rows, or 8 WP pairs), at most the
+// block's W: a rotary QKV projection whose heads allow fewer (quant_bulk.py rotary_warps: 8 for 128-dim heads) uses
+// WP x 1 KB of each ring slot, and warps WP .. W - 1 only take its stages (their arrivals release the slot) and
+// stage x with the others. Every thread of the block calls every phase in order.
+template <int R, int BITS, int W, int WP, int STAGES, bool HAS_BIAS, bool OFS, int INFLIGHT, bool HOLD, bool FIRST,
+          bool LAST, typename SRC, typename EPI = LinNoEpi>
 __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const void* tw,
                                                const __half* __restrict__ scale, SRC src,
                                                const __half* __restrict__ bias, long long bias_stride,
@@ -144,18 +147,20 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert((BITS == 4 || BITS == 8) && (BITS == 4 || !OFS), "int4 (with or without OFS) or int8");
   static_assert(INFLIGHT >= 0 && INFLIGHT < STAGES, "INFLIGHT: fewer copies in flight than stages (0: no cap)");
+  static_assert(WP >= 1 && WP <= W, "a phase's warps are some of the block's");
   constexpr bool GATED = lin_gated<EPI>();
   constexpr int SK = qb_stage_k<BITS>(), WPS = SK / 8;
-  constexpr int ROWS = 16 * W;                  // weight rows per stage
-  constexpr int OUTS = GATED ? 8 * W : 16 * W;  // outputs per tile
-  constexpr int W_STAGE = ROWS * QB_ROW_BYTES;
+  constexpr int ROWS = 16 * WP;                   // weight rows per stage
+  constexpr int OUTS = GATED ? 8 * WP : 16 * WP;  // outputs per tile
+  constexpr int W_STAGE = ROWS * QB_ROW_BYTES;    // the phase's bytes of a ring slot
+  constexpr int SLOT = 16 * W * QB_ROW_BYTES;     // a ring slot
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int steps = K / SK, run = (steps + ks_n - 1) / ks_n;
   const int H = N / 2, outs = GATED ? H : N;
   const int tiles = (outs + OUTS - 1) / OUTS, items = M < 1 ? 0 : tiles * ks_n;
   unsigned char* sm = ring.sm;
-  unsigned char* xs = sm + STAGES * W_STAGE;
+  unsigned char* xs = sm + STAGES * SLOT;
   float* corr = reinterpret_cast<float*>(xs + run * SK * 2);
   unsigned char* src_buf = xs + ((run * (SK * 2 + 4) + 15) & ~15);  // QbNorm: h (K halves) and W floats
   if (warp == W) {  // the producer: this block's items' stages, in the consumers' order
@@ -174,10 +179,10 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
           tma_bar_wait(tma_smem_u32(&ring.empty[s]), ((it / STAGES) & 1) ^ 1);
           tma_bar_expect(f, W_STAGE);
           if constexpr (GATED) {
-            tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, s_k * QB_ROW_BYTES, row0);
-            tma_load_2d(tma_smem_u32(sm + s * W_STAGE + W_STAGE / 2), tw, f, s_k * QB_ROW_BYTES, row1);
+            tma_load_2d(tma_smem_u32(sm + s * SLOT), tw, f, s_k * QB_ROW_BYTES, row0);
+            tma_load_2d(tma_smem_u32(sm + s * SLOT + W_STAGE / 2), tw, f, s_k * QB_ROW_BYTES, row1);
           } else {
-            tma_load_2d(tma_smem_u32(sm + s * W_STAGE), tw, f, s_k * QB_ROW_BYTES, row0);
+            tma_load_2d(tma_smem_u32(sm + s * SLOT), tw, f, s_k * QB_ROW_BYTES, row0);
           }
         }
       }
@@ -197,6 +202,7 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
     qb_grid_barrier(ring);  // every block's outputs of the phases before are in
   }
   const int g = lane >> 2, c = lane & 3;
+  const bool active = warp < WP;  // a warp of the phase's tiles (the others only take its stages)
   const int r_lo = GATED ? 8 * warp + g : 16 * warp + g, r_hi = GATED ? OUTS + r_lo : r_lo + 8;
   const int groups = BITS == 4 ? K / SK : 1;
   const unsigned char* wrow_lo = sm + r_lo * QB_ROW_BYTES + 16 * c;
@@ -235,11 +241,17 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
     float acc_lo = 0.f, acc_hi = 0.f;
     for (int j = 0; j < iters; ++j, ++it) {
       const int s = it % STAGES;
+      if (WP < W && !active) {  // warp-uniform: take the stage, release it
+        tma_bar_wait(tma_smem_u32(&ring.full[s]), (it / STAGES) & 1);
+        __syncwarp();
+        if (lane == 0) tma_bar_arrive(tma_smem_u32(&ring.empty[s]));
+        continue;
+      }
       const float slo = BITS == 4 ? __half2float(sc_lo[s0 + j]) : 1.f;
       const float shi = BITS == 4 ? __half2float(sc_hi[s0 + j]) : 1.f;
       tma_bar_wait(tma_smem_u32(&ring.full[s]), (it / STAGES) & 1);
-      const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * W_STAGE);
-      const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * W_STAGE);
+      const uint4 wlo = *reinterpret_cast<const uint4*>(wrow_lo + s * SLOT);
+      const uint4 whi = *reinterpret_cast<const uint4*>(wrow_hi + s * SLOT);
       __syncwarp();
       if (lane == 0) tma_bar_arrive(tma_smem_u32(&ring.empty[s]));
       float part[4];
@@ -252,7 +264,7 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
       acc_hi *= __half2float(sc_hi[0]);
     }
     if (ks_n == 1) {
-      if (c == 0) {
+      if (active && c == 0) {
         if constexpr (GATED) {
           put_pair(t * OUTS + r_lo, acc_lo, acc_hi);
         } else {
@@ -263,7 +275,7 @@ __device__ __forceinline__ void qb_chain_phase(QbRing<W, STAGES>& ring, const vo
       continue;
     }
     // the K split: the runs' sums meet in ws (slot i: the item), the tile's last run stores them
-    if (c == 0) {
+    if (active && c == 0) {
       ws[(long long)i * ROWS + r_lo] = acc_lo;
       ws[(long long)i * ROWS + r_hi] = acc_hi;
     }

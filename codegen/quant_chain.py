@@ -13,12 +13,14 @@ are those of the kernels it replaces.
 
 ATLAS_QUANT_BULK_CHAIN=1 (default 0: not yet run on a GPU) chains every run of at least two consecutive launches of a
 decode step compiled for one row (--max-batch 1: the step's default kernels are its batch-1 ones; a bucket variant is
-not chained) that quant_bulk.py serves with the same consumer warps, when the copies start before the wait
-(ATLAS_QUANT_BULK_EARLY=1, the default) and a ring of at least 2 stages fits beside every phase's x. A rotary QKV
-projection whose heads give it fewer warps (rotary_warps: 8 for 128-dim heads against 16) stays its own kernel, so a
-Llama layer runs as QKV + rotary, attention, and one chain. The chain is recorded per kernel (`chain`: its nodes in
-order; `co_resident`: its blocks must all be resident, so the runtime launches at most one per SM) and its nodes
-after the first launch nothing (their manifest kernel is "").
+not chained) that quant_bulk.py serves, when the copies start before the wait (ATLAS_QUANT_BULK_EARLY=1, the
+default) and a ring of at least 2 stages fits beside every phase's x. The block has the most consumer warps of its
+phases; a phase of fewer (a rotary QKV projection, rotary_warps: 8 for 128-dim heads against 16) uses that many of
+them and part of each ring slot, as its own kernel would. So a Llama layer after the first runs as attention and one
+chain (o, gate/up, down, the next layer's QKV + rotary + cache append), the LM head closing the last. The chain's
+launch is marked co_resident (its blocks must all be resident: the runtime launches at most one per SM), recorded
+per kernel (`chain`: its nodes in order), and its nodes after the first launch nothing (their manifest kernel is
+"").
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class ChainPhase:
     first: bool  # the phase that waits for the previous kernel (the others wait at the grid barrier)
     last: bool  # the phase whose producer holds to the end (HOLD)
     stages: int  # the chain's ring
+    warps: int  # the block's consumer warps (the most of its phases')
 
 
 def chain_choice() -> bool:
@@ -50,32 +53,40 @@ def chain_choice() -> bool:
 def chain_runs(kernels: list[tuple[str, dict | None]]) -> list[list[int]]:
     """Index runs (at least 2 long) of consecutive launches that may form a chain: an entry's launches in order as
     (kernel, its recorded choice or None), a launch chaining with the one before it when both are copy-engine
-    projections (choice path "bulk") with early copies and the same consumer warps. Aliased reshapes have no launch
-    and so break nothing."""
+    projections (choice path "bulk") with early copies. Aliased reshapes have no launch and so break nothing."""
     runs: list[list[int]] = []
     current: list[int] = []
-    warps = None
     for i, (_, choice) in enumerate(kernels):
-        ok = bool(choice) and choice.get("path") == "bulk" and bool(choice.get("early"))
-        w = choice["config"][0] if ok else None
-        if ok and current and w == warps:
+        if choice and choice.get("path") == "bulk" and choice.get("early"):
             current.append(i)
             continue
         if len(current) >= 2:
             runs.append(current)
-        current, warps = ([i], w) if ok else ([], None)
+        current = []
     if len(current) >= 2:
         runs.append(current)
     return runs
+
+
+def block_warps(codes: list[KernelCode]) -> int:
+    """The chain's consumer warps: the most of its phases'."""
+    return max(c.choice["config"][0] for c in codes)
+
+
+def _x_area(code: KernelCode, warps: int) -> int:
+    """A phase's shared memory past the ring in a block of `warps` consumer warps: its kernel's less its stages, and a
+    norm source's float per warp for the block's extra warps (all of them stage the norm)."""
+    w, stages = code.choice["config"][:2]
+    return code.smem - stages * 16 * w * 64 + (4 * (warps - w) if code.choice.get("norm") else 0)
 
 
 def ring_stages(codes: list[KernelCode], limit: int) -> int:
     """The chain's stages: the most, up to the phases' own (each kernel's configured or fitted count), with which the
     ring and the largest phase's x area (a kernel's shared memory less its stages) fit `limit` bytes; 0 where not even
     2 stages do."""
-    w = codes[0].choice["config"][0]
+    w = block_warps(codes)
     stage = 16 * w * 64
-    x_area = max(c.smem - c.choice["config"][1] * stage for c in codes)
+    x_area = max(_x_area(c, w) for c in codes)
     stages = min(c.choice["config"][1] for c in codes)
     while stages >= 2 and stages * stage + x_area > limit:
         stages -= 1
@@ -84,8 +95,8 @@ def ring_stages(codes: list[KernelCode], limit: int) -> int:
 
 def smem(codes: list[KernelCode], stages: int) -> int:
     """Dynamic shared memory of a chain of these phases (as ring_stages counts it)."""
-    stage = 16 * codes[0].choice["config"][0] * 64
-    return stages * stage + max(c.smem - c.choice["config"][1] * stage for c in codes)
+    w = block_warps(codes)
+    return stages * 16 * w * 64 + max(_x_area(c, w) for c in codes)
 
 
 def barrier_index(codes: list[KernelCode]) -> int:
@@ -106,7 +117,7 @@ def assemble(names: list[str], phases: list[KernelCode], stages: int, counters_a
             raise CodegenError(f"{name}: planned as a chain's phase, but not emitted as one")
         if code.preamble or code.prefetch or code.dims_late:
             raise CodegenError(f"{name}: a chain phase has code outside its body (a preamble, a prefetch, late dims)")
-    w = phases[0].choice["config"][0]
+    w = block_warps(phases)
     base = barrier_index(phases)
     lines = [f"  // a chain of {len(phases)} projections (quant_chain.py): {', '.join(names)}",
              f"  auto qb_ring = atlas::qb_chain_begin<{w}, {stages}>(reinterpret_cast<unsigned int*>("

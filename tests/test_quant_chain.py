@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_codegen_matmul_attention import plan_for
 from test_kernels_quant_bulk_gpu import CALL, CHAIN_CALL, build_bulk, build_bulk_norm, build_chain
@@ -34,23 +35,30 @@ def chain_on(monkeypatch):
 
 
 def test_runs_rule():
-    """Runs of at least two consecutive copy-engine launches with early copies and one warp count; anything else
-    (another kernel, copies after the wait, other warps) ends a run."""
+    """Runs of at least two consecutive copy-engine launches with early copies, whatever their warps; anything else
+    (another kernel, copies after the wait) ends a run. The block takes the most warps of a run's phases."""
     other = {"path": "bulk", "early": True, "config": [8, 11, 1]}
     late = {**BULK, "early": False}
     kernels = [("a", BULK), ("b", BULK), ("c", {"attention": "fast"}), ("d", BULK), ("e", other), ("f", other),
                ("g", BULK), ("h", None), ("i", BULK), ("j", late), ("k", BULK), ("l", BULK), ("m", BULK)]
-    assert quant_chain.chain_runs(kernels) == [[0, 1], [4, 5], [10, 11, 12]]
+    assert quant_chain.chain_runs(kernels) == [[0, 1], [3, 4, 5, 6], [10, 11, 12]]
     assert quant_chain.chain_runs([("a", BULK)]) == []
+    codes = [KernelCode("", (1, 1, 1), smem=1000, choice=c) for c in (other, BULK, other)]
+    assert quant_chain.block_warps(codes) == 16
 
 
 def test_ring_stages():
     """The chain's ring: the phases' fewest stages, fewer where the largest phase's x area leaves no room, none where
-    not even 2 stages fit."""
+    not even 2 stages fit; slots of the block's warps (a phase of 8 warps among 16-warp ones: its x area as its kernel
+    had it, plus a float per extra warp for a norm source)."""
     stage = 16 * 16 * 64
 
-    def code(stages, x_area):
-        return KernelCode("", (1, 1, 1), smem=stages * stage + x_area, choice={**BULK, "config": [16, stages, 1]})
+    def code(stages, x_area, w=16, norm=False):
+        choice = {**BULK, "config": [w, stages, 1], **({"norm": True} if norm else {})}
+        return KernelCode("", (1, 1, 1), smem=stages * 16 * w * 64 + x_area, choice=choice)
+
+    assert quant_chain.smem([code(11, 1000), code(11, 3000, w=8, norm=True)], 11) == 11 * stage + 3000 + 4 * 8
+    assert quant_chain.smem([code(11, 1000), code(11, 3000, w=8)], 11) == 11 * stage + 3000
 
     assert quant_chain.ring_stages([code(11, 1000), code(9, 2000)], 227 * 1024) == 9
     assert quant_chain.ring_stages([code(11, 1000), code(11, 60000)], 227 * 1024) == (227 * 1024 - 60000) // stage
@@ -69,7 +77,7 @@ def test_layer_chains_into_one_launch(chain_on, tmp_path):
     launches = mod.launches["run"]
     assert [launch.kernel for launch in launches[1:]] == ["", "", ""] and launches[0].kernel
     assert launches[0].grid == (quant_bulk.SMS, 1, 1) and launches[0].block == (16 * 32 + 32, 1, 1)
-    phases = re.findall(r"atlas::qb_chain_phase<3?\d, \d, 16, (\d+), \w+, \w+, \d, \w+, (\w+), (\w+)>", mod.source)
+    phases = re.findall(r"atlas::qb_chain_phase<\d, \d, 16, 16, (\d+), \w+, \w+, \d, \w+, (\w+), (\w+)>", mod.source)
     assert [(first, last) for _, first, last in phases] == [("true", "false"), ("false", "false"),
                                                             ("false", "false"), ("false", "true")]
     assert len({stages for stages, _, _ in phases}) == 1 and CALL not in mod.source
@@ -97,6 +105,26 @@ def test_other_graphs_chain_and_build(chain_on, tmp_path, build):
     graph, mod = _module(builder[build]())
     assert [bool(launch.kernel) for launch in mod.launches["run"]] == [True] + [False] * (len(graph.nodes) - 1)
     assert mod.source.count(CHAIN_CALL) == len(graph.nodes)
+    _builds_without_spills(mod, tmp_path, kernels=1)
+
+
+def test_rotary_phases_chain_and_build(chain_on, tmp_path):
+    """The single kernels' rotary GPU test graph (three NormLinearRotary of 8 warps for 128-dim heads, a fourth of 4
+    for a 64-dim rotary) as one chain on a decode step of one row: blocks of 8 warps, the partial-rotary phase on 4
+    of them; it builds for sm_90a without spills."""
+    from test_codegen_matmul_attention import kv_spec
+    from test_kernels_quant_bulk_gpu import ROT_KV, build_bulk_rotary, rotary_plan
+
+    builder = build_bulk_rotary(partial=True)
+    graph = builder.done()
+    cache = np.zeros((ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"],
+                      ROT_KV["head_dim"]), np.float16)
+    plan, kv_offset = rotary_plan(graph, builder.upper, cache)
+    mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
+                          archs=("sm90",), decode_steps={"run": "batch"})
+    assert [bool(launch.kernel) for launch in mod.launches["run"]] == [True, False, False, False]
+    warps = re.findall(r"atlas::qb_chain_phase<3, \d, (\d+), (\d+), ", mod.source)
+    assert warps == [("8", "8"), ("8", "8"), ("8", "8"), ("8", "4")]
     _builds_without_spills(mod, tmp_path, kernels=1)
 
 
@@ -144,10 +172,11 @@ def test_assemble_refuses_what_a_phase_cannot_be():
 
 def test_llama_artifact_chains(monkeypatch, tmp_path):
     """A hidden-128 Llama (2 layers) compiled for one row with every int4 projection on the copy-engine path: the
-    decode step's o, gate/up and down of each layer (and the LM head after the last) run as two chains, 18 -> 13
-    launches; the chained nodes after each chain's first keep their manifest entries with no kernel; the prefill is
-    unchanged; the manifest marks the chains co_resident and the runtime caps their grids at a GPU's SMs
-    (co_resident_caps); with 2 consumer warps everywhere the rotary QKV projection chains too."""
+    decode step's o, gate/up, down and the next layer's QKV + rotary (its 32-dim heads: 2 of the block's 16 warps),
+    and the last layer's o, gate/up, down and LM head, run as two chains, 18 -> 12 launches; the chained nodes after
+    each chain's first keep their manifest entries with no kernel; the prefill is unchanged; the manifest marks the
+    chains co_resident and the runtime caps their grids at a GPU's SMs (co_resident_caps); with 2 consumer warps
+    everywhere (ATLAS_QUANT_BULK_CONFIG=2-11-1) the chains are the same, on blocks of 2."""
     sys.path.insert(0, str(__import__("conftest").REPO / "tests"))
     from test_gpu_runtime import _llama_h128
 
@@ -164,20 +193,21 @@ def test_llama_artifact_chains(monkeypatch, tmp_path):
                                                                    quant="int4", group_size=128))
         arts[chain] = art = open_artifact(path)
         counts[chain] = {name: sum(1 for n in e.nodes if n.kernel) for name, e in art.manifest.entries.items()}
-    assert counts["0"]["decode"] - counts["1"]["decode"] == 5 and counts["0"]["prefill"] == counts["1"]["prefill"]
+    assert counts["0"]["decode"] - counts["1"]["decode"] == 6 and counts["0"]["prefill"] == counts["1"]["prefill"]
     m = arts["1"].manifest
     kernels = m.report["codegen"]["kernels"]
     chains = {k: c["chain"] for k, c in kernels.items() if c.get("chain")}
-    assert sorted(len(c) for c in chains.values()) == [3, 4]
     nodes = {n.name: n for n in m.entries["decode"].nodes}
+    assert [[nodes[name].op for name in c] for c in chains.values()] == [
+        ["LinearQ4", "NormLinearQ", "LinearQ4", "NormLinearRotary"], ["LinearQ4", "NormLinearQ", "LinearQ4",
+                                                                      "NormLinearQ"]]
     for kernel, names in chains.items():
         assert nodes[names[0]].kernel == kernel and all(nodes[name].kernel == "" for name in names[1:])
-        assert [nodes[name].op for name in names[:3]] == ["LinearQ4", "NormLinearQ", "LinearQ4"]
+    rotary_phase = r"atlas::qb_chain_phase<3, 4, 16, 2, \d+, false, false, \d, true, false, true>"  # 2 of 16 warps
+    assert re.search(rotary_phase, arts["1"].source())
     assert co_resident_caps(m, 114) == {k: 114 for k in chains} and co_resident_caps(m, 0) == {}
     assert co_resident_caps(arts["0"].manifest, 114) == {}
     assert {n.kernel for n in m.entries["decode"].nodes if n.co_resident} == set(chains)
-    # 2 consumer warps everywhere (ATLAS_QUANT_BULK_CONFIG=2-11-1): the next layer's QKV + rotary, whose 32-dim heads
-    # allow 2, joins the first chain
     monkeypatch.setenv(quant_bulk.CONFIG_ENV, "2-11-1")
     path = tmp_path / "h2.atlas"
     compile_model(_llama_h128(tmp_path), path, CompileOptions(archs=("sm90",), max_batch=1, max_seq=64,
