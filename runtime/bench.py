@@ -228,7 +228,8 @@ def profile(model, batch: int = 1, context: int = 128, entry: str = "decode", re
     rows = []
     for n, (kernel, *_) in zip(launched, launches):
         nodes = [by_name[name] for name in chains.get(kernel, [n.name])]
-        rows.append(KernelRow(kernel, n.op, n.name, statistics.median(times[n.name]), sum(map(moved_by, nodes)),
+        op = "+".join(x.op for x in nodes)  # a chain's row names its phases' ops
+        rows.append(KernelRow(kernel, op, n.name, statistics.median(times[n.name]), sum(map(moved_by, nodes)),
                               sum(_flops(x, values, weights, env) for x in nodes), method))
     return sorted(rows, key=lambda r: -r.us)
 

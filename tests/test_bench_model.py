@@ -139,6 +139,49 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_profile_counts_a_chains_nodes_in_its_row(tmp_path, monkeypatch, no_nvcc):
+    """A chain kernel (ATLAS_QUANT_BULK_CHAIN=1, codegen/quant_chain.py) is one row of `atlasc profile`: the nodes it
+    computes named by their ops, their bytes and FLOPs summed; the nodes after its first get no row."""
+    from types import SimpleNamespace
+
+    from test_gpu_runtime import _llama_h128
+
+    from atlasc.runtime import bench, cudagraph
+    from atlasc.runtime.launches import node_launch
+
+    monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN", "1")
+    monkeypatch.setenv("ATLAS_INT4_PATH", "w4a16-bulk")
+    path = tmp_path / "h.atlas"
+    compile_model(_llama_h128(tmp_path), path, CompileOptions(archs=("sm90",), max_batch=1, max_seq=64,
+                                                               quant="int4", group_size=128))
+    art = open_artifact(path)
+    m = art.manifest
+    chains = {k: c["chain"] for k, c in m.report["codegen"]["kernels"].items() if c.get("chain")}
+    env = {"batch": 1, "past_seq": 15, **m.entries["decode"].bindings}
+    launched = [n for n in m.entries["decode"].nodes if n.kernel]
+    driver = _FakeGraphDriver({(node_launch(n, env)[0], node_launch(n, env)[4]): 1.0 for n in launched})
+    monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
+
+    def launch(kernel, grid, block, smem, arena, node="", args=()):
+        driver.capturing.append(("kernel", (kernel, args)))
+
+    model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
+                            dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
+                            write_inputs=lambda entry, feeds, symbols: None, routed={})
+    rows = {r.kernel: r for r in bench.profile(model, batch=1, context=16, repeats=1)}
+    assert len(rows) == len(launched) and len(chains) == 2
+    weights = {w.name: w.nbytes for w in m.weights}
+    nodes = {n.name: n for n in m.entries["decode"].nodes}
+    for kernel, names in chains.items():
+        members = [nodes[name] for name in names]
+        assert rows[kernel].op == "+".join(n.op for n in members) and rows[kernel].op.startswith("LinearQ4+NormLinearQ")
+        # at least every member's weights (packed codes and scales) are counted
+        assert rows[kernel].bytes > sum(weights[i] for n in members for i in n.inputs if i in weights) > 0
+        assert rows[kernel].flops > 0
+    art.close()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_step_times_replay_the_decode_step_between_two_events(tmp_path, monkeypatch, no_nvcc):
     """bench.step_times with a simulated driver: one graph holds `steps` copies of the batch's decode launches
     between two events; each replay gives their summed duration / steps."""
