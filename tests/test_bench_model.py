@@ -103,11 +103,22 @@ class _FakeGraphDriver:
         return 0
 
 
+def _fake_model(manifest, driver):
+    """A stand-in GpuModel for bench.profile: its launches recorded into the simulated driver's capture."""
+    from types import SimpleNamespace
+
+    def launch(kernel, grid, block, smem, arena, node="", args=()):
+        driver.capturing.append(("kernel", (kernel, args)))
+
+    return SimpleNamespace(manifest=manifest, arena=0, kernels=SimpleNamespace(launch=launch),
+                           dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
+                           write_inputs=lambda entry, feeds, symbols: None, routed={})
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatch, no_nvcc):
     """`atlasc profile`'s graph timing, with a simulated driver: every launched decode kernel gets exactly
     the time between the events around it (the batch-1 variants at batch 1), method "graph"."""
-    from types import SimpleNamespace
 
     from atlasc.runtime import bench, cudagraph
     from atlasc.runtime.launches import node_launch
@@ -124,12 +135,7 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
     driver = _FakeGraphDriver(durations)
     monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
 
-    def launch(kernel, grid, block, smem, arena, node="", args=()):
-        driver.capturing.append(("kernel", (kernel, args)))
-
-    model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
-                            dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
-                            write_inputs=lambda entry, feeds, symbols: None, routed={})
+    model = _fake_model(m, driver)
     rows = bench.profile(model, batch=1, context=16, repeats=3)
     assert len(rows) == len(launched) and {r.method for r in rows} == {"graph"}
     by_node = {r.node: r for r in rows}
@@ -142,7 +148,6 @@ def test_profile_times_each_kernel_between_its_graph_events(tmp_path, monkeypatc
 def test_profile_counts_a_chains_nodes_in_its_row(tmp_path, monkeypatch, no_nvcc):
     """A chain kernel (ATLAS_QUANT_BULK_CHAIN=1, codegen/quant_chain.py) is one row of `atlasc profile`: the nodes it
     computes named by their ops, their bytes and FLOPs summed; the nodes after its first get no row."""
-    from types import SimpleNamespace
 
     from test_gpu_runtime import _llama_h128
 
@@ -162,12 +167,7 @@ def test_profile_counts_a_chains_nodes_in_its_row(tmp_path, monkeypatch, no_nvcc
     driver = _FakeGraphDriver({(node_launch(n, env)[0], node_launch(n, env)[4]): 1.0 for n in launched})
     monkeypatch.setattr(cudagraph, "_libcuda", lambda: driver)
 
-    def launch(kernel, grid, block, smem, arena, node="", args=()):
-        driver.capturing.append(("kernel", (kernel, args)))
-
-    model = SimpleNamespace(manifest=m, arena=0, kernels=SimpleNamespace(launch=launch),
-                            dev=SimpleNamespace(stream=SimpleNamespace(handle=1), cuda=None),
-                            write_inputs=lambda entry, feeds, symbols: None, routed={})
+    model = _fake_model(m, driver)
     rows = {r.kernel: r for r in bench.profile(model, batch=1, context=16, repeats=1)}
     assert len(rows) == len(launched) and len(chains) == 2
     weights = {w.name: w.nbytes for w in m.weights}

@@ -270,10 +270,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
     """NormLinearRotary: q, the sum and the whole cache after each run (the new row written, nothing else touched);
     with ATLAS_QUANT_BULK_LOOP=3 the 8 and 16 tiles on 3 blocks; with ATLAS_QUANT_BULK_G_EARLY=1 (g a constant) the
     norm's scale read before the wait."""
-    from kernel_harness import run_on_gpu
-
     from atlasc.codegen import generate_module
-    from atlasc.ir import interpret
     from test_codegen_matmul_attention import kv_spec
 
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
@@ -292,6 +289,17 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
                           archs=ARCHS)
     assert mod.source.count(CALL) == len(graph.nodes)
     assert mod.source.count(", true>{xs,") == (len(graph.nodes) if g_early == "1" else 0)  # QbNorm's G_EARLY
+    _check_rotary_runs(builder, graph, rng)
+
+
+def _check_rotary_runs(builder, graph, rng, **run_args) -> None:
+    """Run build_bulk_rotary's graph on the GPU at past 0 and 7 (run_on_gpu's run_args, twice in one arena) from a
+    random cache: q, the sums and the new cache rows against the reference's, nothing else of the cache touched."""
+    from kernel_harness import run_on_gpu
+
+    from atlasc.ir import interpret
+
+    shape = (ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"], ROT_KV["head_dim"])
     for past in (0, 7):
         env = {"batch": 1, "seq": 1, "past_seq": past}
         cache = rng.uniform(-1, 1, shape).astype(np.float16)
@@ -299,7 +307,7 @@ def test_bulk_rotary_matches_reference(monkeypatch, config, ks, loop, g_early):
         state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}
         want = interpret(graph, feeds, state=state_ref, symbols={"past_seq": past})
         got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=rotary_plan, archs=ARCHS, repeat=2, state=state,
-                         symbols={"past_seq": past})
+                         symbols={"past_seq": past}, **run_args)
         new_rows = (state["kv_cache"][:, :, 0, :, past], state_ref["kv_cache"][:, :, 0, :, past])
         for name, (g, w) in [*((n, (got[n], w)) for n, w in want.items()), ("cache rows", new_rows)]:
             g, w = g.astype(np.float64), w.astype(np.float64)
@@ -349,32 +357,10 @@ def test_chain_rotary_matches_reference(monkeypatch):
     """build_bulk_rotary's graph (with the partial rotary: three phases of 8 warps, one of 4 on blocks of 8) as one
     chain on a decode step of one row, at past 0 and 7: q, the sums and the new cache rows against the reference,
     nothing else of the cache touched, run twice in one arena."""
-    from kernel_harness import run_on_gpu
-
-    from atlasc.ir import interpret
-
     monkeypatch.setenv("ATLAS_QUANT_BULK", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN", "1")
     builder = build_bulk_rotary(partial=True)
-    graph = builder.done()
-    rng = np.random.default_rng()
-    shape = (ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"], ROT_KV["head_dim"])
-    for past in (0, 7):
-        env = {"batch": 1, "seq": 1, "past_seq": past}
-        cache = rng.uniform(-1, 1, shape).astype(np.float16)
-        feeds = builder.inputs(rng, env)
-        state, state_ref = {"kv_cache": cache.copy()}, {"kv_cache": cache.copy()}
-        want = interpret(graph, feeds, state=state_ref, symbols={"past_seq": past})
-        got = run_on_gpu(graph, feeds, upper=builder.upper, plan_fn=rotary_plan, archs=ARCHS, repeat=2, state=state,
-                         symbols={"past_seq": past}, decode_steps={"run": "batch"})
-        new_rows = (state["kv_cache"][:, :, 0, :, past], state_ref["kv_cache"][:, :, 0, :, past])
-        for name, (g, w) in [*((n, (got[n], w)) for n, w in want.items()), ("cache rows", new_rows)]:
-            g, w = g.astype(np.float64), w.astype(np.float64)
-            err = np.abs(g - w).max() if np.all(np.isfinite(g)) else np.inf
-            assert err <= 2e-2 * max(np.abs(w).max(), 1e-3), f"{name} past {past}: err {err}"
-        untouched = np.ones(shape, bool)
-        untouched[:, :, :1, :, past] = False
-        np.testing.assert_array_equal(state["kv_cache"][untouched], cache[untouched])
+    _check_rotary_runs(builder, builder.done(), np.random.default_rng(), decode_steps={"run": "batch"})
 
 
 @pytest.mark.parametrize("build", ["plain", "norm"])
