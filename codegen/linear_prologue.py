@@ -216,17 +216,20 @@ def _norm_source(ctx: KernelContext, node: Node, t: str, r: int, s_v: Value | No
 
 
 def _chain_norm_views(ctx: KernelContext, node: Node, r: int, s_v: Value | None) -> None:
-    """A chain phase's norm operands: the views a, b, g (and s) and quant_bulk.chain_norm_views's XNorm `xs`."""
-    from atlasc.codegen import quant_bulk
-
+    """A chain phase's norm operands: the views a, b, g (and s) and the XNorm `xs` of one row (eligible_norm checks
+    them contiguous and aligned), its row offsets the constant atlas::qb_row0, not _norm_source's lin_offsets, whose
+    block-wide barrier the producer warp would not reach in step."""
     a_v, b_v, g_v = node.inputs[:3]
     ctx.view(a_v, "a", rank=r)
+    b = "b" if b_v is not None else "a"
     if b_v is not None:
         ctx.view(b_v, "b", rank=r)
     ctx.view(g_v, "g", rank=1)
     if s_v is not None:
         ctx.view(s_v, "s", rank=r)
-    ctx.lines += quant_bulk.chain_norm_views(r, b_v is not None)
+    add = str(b_v is not None).lower()
+    ctx.lines.append(f"  const atlas::XNorm<__half, {add}> xs{{a.p, {b}.p, g.p, atlas::qb_row0, atlas::qb_row0, "
+                     f"a.stride[{r - 1}], {b}.stride[{r - 1}], g.stride[0]}};")
 
 
 def _parts(node: Node) -> tuple[list, Value | None, Value | None, str]:

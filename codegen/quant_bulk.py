@@ -210,15 +210,6 @@ def norm_source(add: bool, eps: float, sum_ptr: str, early_g: bool = False, cohe
     return f"atlas::QbNorm<{flags}>{{xs, {eps!r}f, {sum_ptr}}}"
 
 
-def chain_norm_views(r: int, add: bool) -> list[str]:
-    """A chain phase's XNorm `xs` of one row (a, b and g bound as Views; eligible_norm checked them contiguous and
-    aligned): row 0's offsets from the constant qb_row0, not linear_prologue's lin_offsets, whose block-wide barrier
-    the producer warp would not reach in step."""
-    b = "b" if add else "a"
-    return [f"  const atlas::XNorm<__half, {str(add).lower()}> xs{{a.p, {b}.p, g.p, atlas::qb_row0, atlas::qb_row0, "
-            f"a.stride[{r - 1}], {b}.stride[{r - 1}], g.stride[0]}};"]
-
-
 def loop_grid(tiles: int, ks: int) -> int:
     """The blocks of a launch whose blocks loop over tiles (quant_bulk.cu: more tiles than blocks, no K split), or 0
     for a block an item: with one K run and more tiles than loop_choice()'s blocks (auto: SMS x config()'s blocks

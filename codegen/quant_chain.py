@@ -125,7 +125,7 @@ def assemble(names: list[str], phases: list[KernelCode], stages: int, counters_a
     for name, code in zip(names, phases):
         lines += [f"  {{  // {name}", *("  " + line for line in code.body.split("\n")), "  }"]
     lines.append(f"  atlas::qb_chain_end(qb_ring, threadIdx.x < {32 * w});")
-    choice = {"path": "bulk-chain", "chain": list(names), "config": [w, stages, 1], "co_resident": True,
+    choice = {"path": "bulk-chain", "chain": list(names), "config": [w, stages, 1],
               "phases": [{**p, **{k: v for k, v in c.choice.items() if k in ("ks", "inflight")}}
                          for p, c in zip(plain, phases)]}
     return KernelCode("\n".join(lines), (grid, 1, 1), (32 * w + 32, 1, 1), smem=smem(phases, stages),

@@ -71,8 +71,8 @@ def test_layer_chains_into_one_launch(chain_on, tmp_path):
     """build_chain's layer as a decode step of one row: one launch of a chain kernel whose four phases are the four
     projections in order (the first waits for the previous kernel, the last holds), on 132 blocks of 16 + 1 warps
     with one block per SM, no launch for the other three; coherent sources (the phases read what earlier ones wrote),
-    row offsets without a block-wide barrier; recorded with its nodes, phases and co_resident; it builds for sm_90a
-    without spills."""
+    row offsets without a block-wide barrier; the launch co_resident; recorded with its nodes and phases; it builds
+    for sm_90a without spills."""
     graph, mod = _module(build_chain(4))
     launches = mod.launches["run"]
     assert [launch.kernel for launch in launches[1:]] == ["", "", ""] and launches[0].kernel
@@ -86,7 +86,8 @@ def test_layer_chains_into_one_launch(chain_on, tmp_path):
     assert body.count("atlas::QbPlain<2, true>{x}") == 2 and body.count("atlas::QbNorm<true, false, true>") == 2
     assert "atlas::qb_row0" in body and "lin_offsets" not in body and "__syncthreads" not in body
     (choice,) = mod.choices["kernels"].values()
-    assert choice["chain"] == [n.name for n in graph.nodes] and choice["co_resident"] is True
+    assert choice["chain"] == [n.name for n in graph.nodes] and launches[0].co_resident
+    assert not any(launch.co_resident for launch in launches[1:])
     assert choice["path"] == "bulk-chain" and len(choice["phases"]) == 4
     assert all(p["path"] == "bulk" for p in choice["phases"]) and mod.choices["quant_bulk_chain"] is True
     # the ring and the largest x area of the four (o, gate/up with the norm, down, the LM head with the norm)
