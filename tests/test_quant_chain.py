@@ -109,10 +109,9 @@ def test_other_graphs_chain_and_build(chain_on, tmp_path, build):
     _builds_without_spills(mod, tmp_path, kernels=1)
 
 
-def test_rotary_phases_chain_and_build(chain_on, tmp_path):
+def _rotary_chain_module():
     """The single kernels' rotary GPU test graph (three NormLinearRotary of 8 warps for 128-dim heads, a fourth of 4
-    for a 64-dim rotary) as one chain on a decode step of one row: blocks of 8 warps, the partial-rotary phase on 4
-    of them; it builds for sm_90a without spills."""
+    for a 64-dim rotary) compiled as a decode step of one row."""
     from test_codegen_matmul_attention import kv_spec
     from test_kernels_quant_bulk_gpu import ROT_KV, build_bulk_rotary, rotary_plan
 
@@ -121,12 +120,42 @@ def test_rotary_phases_chain_and_build(chain_on, tmp_path):
     cache = np.zeros((ROT_KV["layers"], 2, ROT_KV["max_batch"], ROT_KV["kv_heads"], ROT_KV["max_seq"],
                       ROT_KV["head_dim"]), np.float16)
     plan, kv_offset = rotary_plan(graph, builder.upper, cache)
-    mod = generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
-                          archs=("sm90",), decode_steps={"run": "batch"})
+    return generate_module({"run": (graph, plan)}, {"run": builder.upper}, kv_spec("float16", kv_offset, ROT_KV),
+                           archs=("sm90",), decode_steps={"run": "batch"})
+
+
+def test_rotary_phases_chain_and_build(chain_on, tmp_path):
+    """The rotary graph (_rotary_chain_module) as one chain: blocks of 8 warps, the partial-rotary phase on 4 of them;
+    it builds for sm_90a without spills."""
+    mod = _rotary_chain_module()
     assert [bool(launch.kernel) for launch in mod.launches["run"]] == [True, False, False, False]
     warps = re.findall(r"atlas::qb_chain_phase<3, \d, (\d+), (\d+), ", mod.source)
     assert warps == [("8", "8"), ("8", "8"), ("8", "8"), ("8", "4")]
     _builds_without_spills(mod, tmp_path, kernels=1)
+
+
+def test_narrow_phase_keeps_the_bytes_in_flight(chain_on, monkeypatch):
+    """ATLAS_QUANT_BULK_CHAIN_NARROW=1: the rotary chain's phase of 4 of the block's 8 warps caps its copies in flight
+    at twice the others' (2 -> 4, below the ring's stages); off (the default) every phase keeps the kernel's cap; a
+    cap of 0 (no cap) stays 0; with a ring too short the cap stops below its stages; other values are refused."""
+
+    def caps():
+        mod = _rotary_chain_module()
+        phases = re.findall(r"atlas::qb_chain_phase<3, \d, \d+, \d+, (\d+), \w+, \w+, (\d+), ", mod.source)
+        return [(int(s), int(i)) for s, i in phases], mod.choices["quant_bulk_chain_narrow"]
+
+    plain, narrow_off = caps()
+    stages = plain[0][0]
+    assert stages > 4 and plain == [(stages, 2)] * 4 and narrow_off is False
+    monkeypatch.setenv(quant_chain.NARROW_ENV, "1")
+    assert caps() == ([(stages, 2)] * 3 + [(stages, 4)], True)
+    monkeypatch.setenv(quant_bulk.INFLIGHT_ENV, "0")
+    assert caps()[0] == [(stages, 0)] * 4
+    chain = quant_chain.ChainPhase(first=False, last=False, stages=4, warps=16)
+    assert quant_chain.narrow_inflight(2, 8, chain) == 3 and quant_chain.narrow_inflight(2, 16, chain) == 2
+    monkeypatch.setenv(quant_chain.NARROW_ENV, "2")
+    with pytest.raises(CodegenError, match="ATLAS_QUANT_BULK_CHAIN_NARROW"):
+        quant_chain.narrow_choice()
 
 
 def test_no_chain_without_the_switch_or_outside_a_one_row_step(monkeypatch, chain_on):
