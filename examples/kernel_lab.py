@@ -120,14 +120,15 @@ def reference(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
     return y
 
 
-def generate_with_env(built, env: dict[str, str]):
+def generate_with_env(built, env: dict[str, str], archs: tuple[str, ...] = ()):
     """(graph, plan, module) of a built (graph, plan, upper), generated with the environment variables
-    `env` set (the codegen reads its path choices from them), restored afterwards."""
+    `env` set (the codegen reads its path choices from them), restored afterwards; archs: the compile's target
+    archs (() = unknown, as for every arch; ("sm90",) allows the sm90-only copy-engine paths)."""
     g, plan, upper = built
     saved = {var: os.environ.get(var) for var in env}
     os.environ.update(env)
     try:
-        return g, plan, generate_module({"run": (g, plan)}, {"run": upper})
+        return g, plan, generate_module({"run": (g, plan)}, {"run": upper}, archs=archs)
     finally:
         for var, value in saved.items():
             if value is None:

@@ -10,6 +10,7 @@
     python examples/quant_lab.py --quant int4 --min-blocks 0,4   # launch bound of the one-row kernels
     python examples/quant_lab.py --ptxas sm80,sm90     # no GPU: ptxas registers / spills of each kernel
     python examples/quant_lab.py --variant table,norm,gated --quant int4 --shapes "8B gate_up"   # fused prologue cost
+    python examples/quant_lab.py --quant int4,int8 --variant table,bulk,gated-bulk   # sm90: the copy-engine kernels
 
 For each (shape, M, mode) it builds a one-node graph `LinearQ4(x[m, K], wq, scale)` (or LinearQ8 /
 LinearF8 for --quant fp8) with
@@ -23,7 +24,10 @@ GB/s counts the bytes a decode step must read: packed weights + scales (+ x and 
 RMSNorm staged by every block, b = 0 and g = 1; "gated" with the SwiGLU epilogue) on the table path; "a8" =
 activations quantized per row to int8 in the kernel, W4A8 / W8A8 at decode (int4 g128: tensor cores; else
 dp4a): its timings are passes/decode_paths.yaml's table; "norm-a8" / "gated-a8": the fused kinds with int8
-activations (what a decode step runs when choose-decode-path takes W4A8 / W8A8). --ptxas compiles the same
+activations (what a decode step runs when choose-decode-path takes W4A8 / W8A8); "bulk" / "norm-bulk" /
+"gated-bulk": the same kinds with float x on the copy-engine path (codegen/quant_bulk.py, ATLAS_QUANT_BULK=1, an
+sm90-only compile: the batch-1 default of an sm90 compile at K >= 4096), their tensor maps written into every arena
+copy; sm90 GPUs only. --ptxas compiles the same
 kernels for the given archs with `-Xptxas -v` and prints registers and spill bytes per kernel instead (exit
 1 on any spill).
 """
@@ -46,7 +50,7 @@ from lab_floor import spread_windows
 from kernel_lab import (FUSED, PEAK, SHAPES, SWIGLU, arena_count, check_output, generate_with_env, reference,
                         split_variant, time_launches, with_options)
 
-from atlasc.codegen import quant
+from atlasc.codegen import quant, quant_bulk
 from atlasc.codegen.nvcc import compile_cubins, flags, nvcc_path
 from atlasc.ir import Graph, Node, SymbolInfo, Value
 from atlasc.ir import symbolic as S
@@ -55,6 +59,7 @@ from atlasc.ir.ops.prologue import PROLOGUE_SMEM_BYTES, staging_bytes
 from atlasc.ir.ops.quant import ACT8_MAX_M, dequant_f8
 from atlasc.passes.quantize import dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 from atlasc.runtime.device import Device, KernelTable
+from atlasc.runtime.tensor_maps import write_tensor_maps
 
 GROUP = 128
 
@@ -102,19 +107,24 @@ def generate(k: int, n: int, m: int, mode: str, variant: str = "table", split: s
              act: str = "", ks: str = "", ofs: str = "", mb: str = ""):
     """(graph, plan, module) of build(k, n, m, mode, act) generated with ATLAS_QUANT_PATH=variant (and
     ATLAS_QUANT_SPLIT=split, ATLAS_QUANT_U=u, ATLAS_QUANT_KSPLIT=ks, ATLAS_QUANT_OFS=ofs, ATLAS_QUANT_MIN_BLOCKS=mb
-    when given); variant "norm" / "gated": that fused kind with the default path table."""
-    kind = variant.removesuffix("-a8") if variant.removesuffix("-a8") in FUSED else "linear"
-    return generate_with_env(build(k, n, m, mode, act, kind), {quant.PATH_ENV: "table" if kind != "linear" else variant,
-                                                              quant.SPLIT_ENV: split, quant.U_ENV: u,
-                                                              quant.KS_ENV: ks, quant.OFS_ENV: ofs,
-                                                              quant.MIN_BLOCKS_ENV: mb})
+    when given); variant "norm" / "gated": that fused kind with the default path table; a "-bulk" suffix (or
+    "bulk" alone, the plain kind): on the copy-engine path in an sm90-only compile, SystemExit where it declined."""
+    bulk = variant == "bulk" or variant.endswith("-bulk")
+    base = variant.removesuffix("-a8").removesuffix("-bulk")
+    kind = base if base in FUSED else "linear"
+    env = {quant.PATH_ENV: "table" if kind != "linear" or bulk else variant, quant.SPLIT_ENV: split, quant.U_ENV: u,
+           quant.KS_ENV: ks, quant.OFS_ENV: ofs, quant.MIN_BLOCKS_ENV: mb, quant_bulk.BULK_ENV: "1" if bulk else "0"}
+    g, plan, mod = generate_with_env(build(k, n, m, mode, act, kind), env, ("sm90",) if bulk else ())
+    if bulk and "atlas::linear_quant_bulk<" not in mod.source:
+        sys.exit(f"quant_lab: {mode} {variant} {k}x{n} M={m}: the copy-engine path declined this kernel")
+    return g, plan, mod
 
 
 def ptxas_report(source: str, arch: str) -> dict[str, tuple[int, int, int]]:
     """kernel -> (registers, spill store bytes, spill load bytes): nvcc with the compiler's flags + -Xptxas -v."""
     with tempfile.TemporaryDirectory(prefix="atlasc-ptxas-") as tmp:
         (Path(tmp) / "k.cu").write_text(source)
-        proc = subprocess.run([nvcc_path(), *flags(arch), "-Xptxas=-v", "k.cu", "-o", "k.cubin"], cwd=tmp,
+        proc = subprocess.run([nvcc_path(), *flags(arch, source), "-Xptxas=-v", "k.cu", "-o", "k.cubin"], cwd=tmp,
                               capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-3000:]}")
@@ -165,11 +175,13 @@ def main(argv=None) -> int:
     if [q for q in modes if q not in ("int4", "int8", "fp8")]:
         ap.error(f"--quant takes int4, int8, fp8: {args.quant}")
     variants = tuple(v for v in args.variant.split(",") if v)
-    known = (*quant.PATHS, "a8", *FUSED, *(f"{f}-a8" for f in FUSED))
+    known = (*quant.PATHS, "a8", *FUSED, *(f"{f}-a8" for f in FUSED), "bulk", *(f"{f}-bulk" for f in FUSED))
     bad = [v for v in variants if v not in known]
     if bad:
         ap.error(f"unknown --variant {', '.join(bad)} (expected: {', '.join(known)})")
-    if any(v.removesuffix("-a8") in FUSED for v in variants) and max(ms) > 8:
+    if any(v.endswith("bulk") for v in variants) and (max(ms) > 1 or "fp8" in modes):
+        ap.error("the copy-engine variants (bulk, norm-bulk, gated-bulk) run at M = 1, int4 / int8 only")
+    if any(v.removesuffix("-a8").removesuffix("-bulk") in FUSED for v in variants) and max(ms) > 8:
         ap.error("the fused variants (norm, gated) run at M <= 8 only")
     if any(v.endswith("a8") for v in variants) and (max(ms) > ACT8_MAX_M or "fp8" in modes):
         ap.error(f"--variant a8 needs --ms <= {ACT8_MAX_M} and int4 / int8 only (no int8 activations for fp8)")
@@ -182,7 +194,8 @@ def main(argv=None) -> int:
             for mode in modes:
                 for variant in variants:
                     path, opts = split_variant(variant)
-                    if path.removesuffix("-a8") in FUSED and staging_bytes(m, k, "float16") > PROLOGUE_SMEM_BYTES:
+                    fused = path.removesuffix("-a8").removesuffix("-bulk") in FUSED
+                    if fused and not path.endswith("bulk") and staging_bytes(m, k, "float16") > PROLOGUE_SMEM_BYTES:
                         continue  # fuse-linear-prologue leaves such a norm unfused: nothing to time
                     a8 = path.endswith("a8")
                     mods[(name, m, mode, variant)] = generate(k, n, m, mode, "table" if path == "a8" else
@@ -193,6 +206,8 @@ def main(argv=None) -> int:
     if args.ptxas:
         return ptxas_main(mods, tuple(a.strip() for a in args.ptxas.split(",")))
     dev = Device()
+    if dev.arch != "sm90" and any(v.endswith("bulk") for v in variants):
+        sys.exit(f"quant_lab: the copy-engine variants need an sm90 GPU, not {dev.arch}")
     with ThreadPoolExecutor(16) as pool:
         cubins = dict(zip(mods, pool.map(lambda key: compile_cubins(mods[key][2].source, (dev.arch,))[dev.arch],
                                          mods)))
@@ -214,7 +229,7 @@ def main(argv=None) -> int:
                     print(f"  {name:11s} M={m:<3d} {mode} {variant:10s} skipped: staging x needs more than "
                           f"{PROLOGUE_SMEM_BYTES // 1024} KB of shared memory", flush=True)
                     continue
-                path = split_variant(variant)[0].removesuffix("-a8")
+                path = split_variant(variant)[0].removesuffix("-a8").removesuffix("-bulk")
                 ref = reference(x[:m], deq, path if path in FUSED else "linear")
                 g, plan, mod = mods[(name, m, mode, variant)]
                 module = dev.load_module(cubins[(name, m, mode, variant)])
@@ -233,6 +248,8 @@ def main(argv=None) -> int:
                     if path in FUSED:  # b = 0, g = 1: x / rms(x) feeds the projection
                         dev.upload(a, plan.placement("b").offset, np.zeros(m * k, np.float16))
                         dev.upload(a, plan.placement("g").offset, np.ones(k, np.float16))
+                    if mod.tensor_maps:  # the copy engine's maps of this copy (runtime/tensor_maps.py)
+                        write_tensor_maps(dev, a, mod.tensor_maps)
                 dev.synchronize()
 
                 def go(a):

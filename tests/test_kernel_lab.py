@@ -195,3 +195,30 @@ def test_quant_lab_fused_variants(kind):
     want = kernel_lab.reference(x, dequantize_int4(wq, scale, quant_lab.GROUP), kind)
     assert got.shape == want.shape == (m, n // 2 if kind == "gated" else n)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quant_lab_copy_engine_variants(mode):
+    """quant_lab --variant bulk / norm-bulk / gated-bulk: the one-row kernel on the copy-engine path of an sm90-only
+    compile (linear_quant_bulk, its weight's tensor map for the lab to write into each arena copy; the fused kinds as
+    NormLinearQ, gated with the paired epilogue); the plain table variant stays off it; a kernel the path declines
+    (two rows) stops the lab with a message instead of timing another kernel; ptxas sees the sm_90a build."""
+    import quant_lab
+
+    from atlasc.codegen.nvcc import NvccNotFoundError
+
+    k, n = 4096, 512
+    for variant, op in (("bulk", f"LinearQ{mode[-1]}"), ("norm-bulk", "NormLinearQ"), ("gated-bulk", "NormLinearQ")):
+        g, plan, mod = quant_lab.generate(k, n, 1, mode, variant)
+        (launch,) = mod.launches["run"]
+        assert launch.op == op and "atlas::linear_quant_bulk<" in mod.source and mod.tensor_maps
+        assert ("epilogue" in g.nodes[0].attrs) == (variant == "gated-bulk")
+    assert "linear_quant_bulk<" not in quant_lab.generate(k, n, 1, mode, "table")[2].source
+    with pytest.raises(SystemExit, match="declined"):
+        quant_lab.generate(k, n, 2, mode, "bulk")
+    try:
+        report = quant_lab.ptxas_report(quant_lab.generate(k, n, 1, mode, "bulk")[2].source, "sm90")
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    ((regs, st, ld),) = report.values()
+    assert regs > 16 and st == ld == 0  # sm_90 (not 90a) compiles the copy-engine body away: a handful of registers
