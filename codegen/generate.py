@@ -560,7 +560,6 @@ def codegen_choices() -> dict:
             **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, auto|0|1)
             "quant_bulk_chain": quant_chain.chain_choice(),  # ATLAS_QUANT_BULK_CHAIN (quant_chain.py)
             "quant_bulk_chain_narrow": quant_chain.narrow_choice(),  # ATLAS_QUANT_BULK_CHAIN_NARROW
-            "quant_bulk_chain_ks": quant_chain.ks_choice(),  # ATLAS_QUANT_BULK_CHAIN_KS
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

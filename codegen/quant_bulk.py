@@ -389,18 +389,15 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     w, stages, blocks, tiles, ks, run = plan(n, k, bits, bool(epi), norm_k, warps)
     chain = ctx.chain_phase  # a chain's phase (quant_chain.py): its ring's stages, no loop (a static schedule)
     if chain is not None:
-        from atlasc.codegen.quant_chain import chain_ks, narrow_inflight
-
-        stages, steps = chain.stages, k // STAGE_K[bits]
-        if ks_choice() == "auto":  # a forced split stays
-            run = -(-steps // chain_ks(tiles, steps, SMS, ks))
-            ks = -(-steps // run)
+        stages = chain.stages
     rows = 16 * w
     mode = quant.ofs_choice()
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
     early = early_choice()
     inflight = inflight_choice() if inflight_choice() < stages else 0
     if chain is not None:
+        from atlasc.codegen.quant_chain import narrow_inflight
+
         inflight = narrow_inflight(inflight, w, chain)
     hold = hold_choice()
     r = len(node.inputs[0].shape)

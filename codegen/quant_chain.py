@@ -33,9 +33,6 @@ from atlasc.errors import env_switch
 CHAIN_ENV = "ATLAS_QUANT_BULK_CHAIN"
 # =1: a phase of fewer warps than the block keeps a full phase's bytes in flight (narrow_inflight); default 0
 NARROW_ENV = "ATLAS_QUANT_BULK_CHAIN_NARROW"
-# =balance (default): a phase's K runs even out the stages each block takes (chain_ks); =plain: its kernel's K runs
-KS_ENV = "ATLAS_QUANT_BULK_CHAIN_KS"
-ITEM_COST = 0.25  # chain_ks: an item of a K split costs about a quarter stage more (its partial sums' round trip)
 LINE = 32  # counters per 128-byte line: the grid barrier's words each get one
 
 
@@ -69,36 +66,6 @@ def narrow_inflight(inflight: int, phase_warps: int, chain: ChainPhase) -> int:
     if not inflight or phase_warps >= chain.warps or not narrow_choice():
         return inflight
     return min(chain.stages - 1, inflight * chain.warps // phase_warps)
-
-
-def ks_choice() -> str:
-    """ATLAS_QUANT_BULK_CHAIN_KS (default balance); CodegenError unless balance or plain. Recorded in the artifact's
-    codegen choices."""
-    import os
-
-    value = os.environ.get(KS_ENV, "") or "balance"
-    if value not in ("balance", "plain"):
-        raise CodegenError(f"{KS_ENV}={value!r} is not balance or plain")
-    return value
-
-
-def chain_ks(tiles: int, steps: int, grid: int, plain_ks: int) -> int:
-    """A chain phase's K runs. Its items (tile, K run) go to the blocks in turn (item i to block i mod grid), so a
-    phase takes as long as its busiest block: ceil(tiles x ks / grid) items of ceil(steps / ks) stages. A kernel's
-    own rule (quant_bulk.ks_split) only fills the grid once, e.g. Llama-3-8B's gate/up: 112 tiles of 32 stages on
-    132 blocks, 20 of them idle. With ATLAS_QUANT_BULK_CHAIN_KS=balance (the default) this picks the K runs, up to
-    32 and never more than the stages, with the fewest stages on the busiest block, an item of a K split counted
-    ITEM_COST of a stage more (ties: fewer runs); gate/up 112 x 8 items, 28 stages a block instead of 32.
-    plain_ks (the kernel's) where that is as good, or with =plain."""
-    if ks_choice() == "plain":
-        return plain_ks
-
-    def cost(ks: int) -> float:
-        waves = -(-tiles * ks // grid)
-        return waves * -(-steps // ks) + (waves * ITEM_COST if ks > 1 else 0.0)
-
-    best = min(range(1, min(32, steps) + 1), key=lambda ks: (cost(ks), ks))
-    return best if cost(best) < cost(plain_ks) else plain_ks
 
 
 def chain_runs(kernels: list[tuple[str, dict | None]]) -> list[list[int]]:

@@ -90,13 +90,9 @@ def test_layer_chains_into_one_launch(chain_on, tmp_path):
     assert not any(launch.co_resident for launch in launches[1:])
     assert choice["path"] == "bulk-chain" and len(choice["phases"]) == 4
     assert all(p["path"] == "bulk" for p in choice["phases"]) and mod.choices["quant_bulk_chain"] is True
-    # the ring and the largest x area of the four (o, gate/up with the norm, down, the LM head with the norm), each
-    # with the K runs that even out its blocks' stages (chain_ks; recorded)
-    plans = [quant_bulk.plan(n, 2048, 4, gated, norm) + (norm,)
-             for n, gated, norm in ((2048, False, 0), (4096, True, 2048), (2048, False, 0), (1000, False, 2048))]
-    runs = [(-(-16 // quant_chain.chain_ks(tiles, 16, quant_bulk.SMS, ks)), norm)
-            for _, _, _, tiles, ks, _, norm in plans]
-    assert [p["ks"] for p in choice["phases"]] == [-(-16 // run) for run, _ in runs]
+    # the ring and the largest x area of the four (o, gate/up with the norm, down, the LM head with the norm)
+    runs = [(quant_bulk.plan(n, 2048, 4, gated, norm)[5], norm)
+            for n, gated, norm in ((2048, False, 0), (4096, True, 2048), (2048, False, 0), (1000, False, 2048))]
     x_area = max(quant_bulk.smem_bytes(16, 0, run, 4, norm) for run, norm in runs)
     assert launches[0].smem == int(phases[0][0]) * 16 * 16 * 64 + x_area <= quant_bulk.SMEM_LIMIT
     _builds_without_spills(mod, tmp_path, kernels=1)
@@ -136,23 +132,6 @@ def test_rotary_phases_chain_and_build(chain_on, tmp_path):
     warps = re.findall(r"atlas::qb_chain_phase<3, \d, (\d+), (\d+), ", mod.source)
     assert warps == [("8", "8"), ("8", "8"), ("8", "8"), ("8", "4")]
     _builds_without_spills(mod, tmp_path, kernels=1)
-
-
-def test_balanced_k_runs(monkeypatch):
-    """chain_ks on Llama-3-8B's phases on 132 blocks: gate/up (112 tiles of 32 stages, 1 run as a kernel) and the
-    rotary QKV (48 tiles at 8 warps, 2 runs) take 8 runs (28 and 12 stages on the busiest block instead of 32 and 16);
-    o and down keep their kernel's 8; the LM head (501 tiles) keeps 1 run, a split's partial sums costing more than
-    its 6 stages; never more runs than stages; =plain keeps the kernel's; other values are refused. In the compiled
-    chain the runs count is the phase's K split (test_layer_chains_into_one_launch)."""
-    cases = {"o": (16, 32, 8, 8), "gate_up": (112, 32, 1, 8), "down": (16, 112, 8, 8), "qkv": (48, 32, 2, 8),
-             "lm_head": (501, 32, 1, 1), "short": (4, 2, 1, 2)}
-    for name, (tiles, steps, plain, want) in cases.items():
-        assert quant_chain.chain_ks(tiles, steps, 132, plain) == want, name
-    monkeypatch.setenv(quant_chain.KS_ENV, "plain")
-    assert quant_chain.chain_ks(112, 32, 132, 1) == 1
-    monkeypatch.setenv(quant_chain.KS_ENV, "even")
-    with pytest.raises(CodegenError, match="ATLAS_QUANT_BULK_CHAIN_KS"):
-        quant_chain.ks_choice()
 
 
 def test_narrow_phase_keeps_the_bytes_in_flight(chain_on, monkeypatch):
