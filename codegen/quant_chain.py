@@ -11,7 +11,8 @@ stages that the producer warp fills across the phases (the weights are constants
 for the consumers. Each phase keeps its kernel's weights, source, epilogue, K split and arithmetic, so the results
 are those of the kernels it replaces.
 
-ATLAS_QUANT_BULK_CHAIN=1 (default 0: not yet run on a GPU) chains every run of at least two consecutive launches of a
+ATLAS_QUANT_BULK_CHAIN=1 (default 0: correct on an H200 but 2.3% slower than one launch each, docs/perf.md v53)
+chains every run of at least two consecutive launches of a
 decode step compiled for one row (--max-batch 1: the step's default kernels are its batch-1 ones; a bucket variant is
 not chained) that quant_bulk.py serves, when the copies start before the wait (ATLAS_QUANT_BULK_EARLY=1, the
 default) and a ring of at least 2 stages fits beside every phase's x. The block has the most consumer warps of its
@@ -31,7 +32,7 @@ from atlasc.codegen.generate import CodegenError, KernelCode
 from atlasc.errors import env_switch
 
 CHAIN_ENV = "ATLAS_QUANT_BULK_CHAIN"
-# =1: a phase of fewer warps than the block keeps a full phase's bytes in flight (narrow_inflight); default 0
+# =1: a phase of fewer warps than the block keeps a full phase's bytes in flight (narrow_inflight); default 0 (v53)
 NARROW_ENV = "ATLAS_QUANT_BULK_CHAIN_NARROW"
 LINE = 32  # counters per 128-byte line: the grid barrier's words each get one
 
@@ -47,14 +48,14 @@ class ChainPhase:
 
 
 def chain_choice() -> bool:
-    """ATLAS_QUANT_BULK_CHAIN (default off until timed); CodegenError unless 0 or 1. Recorded in the artifact's codegen
-    choices."""
+    """ATLAS_QUANT_BULK_CHAIN (default off: slower, docs/perf.md v53); CodegenError unless 0 or 1. Recorded in the
+    artifact's codegen choices."""
     return env_switch(CHAIN_ENV, False, CodegenError)
 
 
 def narrow_choice() -> bool:
-    """ATLAS_QUANT_BULK_CHAIN_NARROW (default off until timed); CodegenError unless 0 or 1. Recorded in the artifact's
-    codegen choices."""
+    """ATLAS_QUANT_BULK_CHAIN_NARROW (default off: no gain, docs/perf.md v53); CodegenError unless 0 or 1. Recorded in
+    the artifact's codegen choices."""
     return env_switch(NARROW_ENV, False, CodegenError)
 
 
