@@ -5,7 +5,8 @@
 # (PROFILE=1, CUDA events, graphs off). Run on the GPU machine after the install line; logs under $OUT.
 #   VARIANTS='default: ; bulk: ATLAS_QUANT_BULK=1 ATLAS_INT4_PATH=w4a16' bash examples/variants_ab.sh
 # Settings: VARIANTS (required: 'name: ENV=v ENV=v ; name: ...'), CONFIG (llama-3-8b), LAYERS (8), QUANT (int4),
-# BATCH (1), CONTEXT (256), REPLAY_ROUNDS (5), PDL (1: programmatic graphs; 0,1 replays both), PROFILE (0).
+# BATCH (1), CONTEXT (256), REPLAY_ROUNDS (5), PDL (1: programmatic graphs; 0,1 replays both), PROFILE (0),
+# THREADS (numpy threads per compile; default: the cores over the variants).
 set -uo pipefail
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
@@ -19,6 +20,11 @@ python3 examples/build_llama.py "${CONFIG:-llama-3-8b}" "$work/m.onnx" --layers 
 status=0
 names=()
 IFS=';' read -ra specs <<<"$VARIANTS"
+# The compiles run at once, each one's numpy (the accuracy report) with the machine's cores to itself unless told:
+# four 8-layer compiles were still in their accuracy reports after 180 s on the 16-core GPU machine where three had
+# finished inside 200 s (docs/perf.md v53 runs 1, 3). So each gets its share of the cores (untimed; THREADS overrides).
+threads="${THREADS:-$(( $(nproc) / ${#specs[@]} > 0 ? $(nproc) / ${#specs[@]} : 1 ))}"
+export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 for spec in "${specs[@]}"; do
     name="$(echo "${spec%%:*}" | xargs)"
     vars="${spec#*:}"
