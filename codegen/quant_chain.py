@@ -12,17 +12,15 @@ for the consumers. Each phase keeps its kernel's weights, source, epilogue, K sp
 are those of the kernels it replaces.
 
 ATLAS_QUANT_BULK_CHAIN=1 (default 0: correct on an H200 but 2.3% slower than one launch each, docs/perf.md v53)
-chains every run of at least two consecutive launches of a
-decode step compiled for one row (--max-batch 1: the step's default kernels are its batch-1 ones; a bucket variant is
-not chained) that quant_bulk.py serves, when the copies start before the wait (ATLAS_QUANT_BULK_EARLY=1, the
-default) and a ring of at least 2 stages fits beside every phase's x. The block has the most consumer warps of its
-phases; a phase of fewer (a rotary QKV projection, rotary_warps: 8 for 128-dim heads against 16) uses that many of
-them and part of each ring slot, as its own kernel would. So a Llama layer after the first runs as attention and one
-chain (o, gate/up, down, the next layer's QKV + rotary + cache append), the LM head closing the last. The chain's
-launch is marked co_resident (its blocks must all be resident: the runtime launches at most one per SM), recorded
-per kernel (`chain`: its nodes in order), and its nodes after the first launch nothing (their manifest kernel is
-"").
-"""
+chains every run of at least two consecutive launches of a decode step compiled for one row (--max-batch 1: the
+step's default kernels are its batch-1 ones; a bucket variant is not chained) that quant_bulk.py serves, when the
+copies start before the wait (ATLAS_QUANT_BULK_EARLY=1, the default) and a ring of at least 2 stages fits beside
+every phase's x. The block has the most consumer warps of its phases; a phase of fewer (a rotary QKV projection,
+rotary_warps: 8 for 128-dim heads against 16) uses that many of them and part of each ring slot, as its own kernel
+would. So a Llama layer after the first runs as attention and one chain (o, gate/up, down, the next layer's QKV +
+rotary + cache append), the LM head closing the last. The chain's launch is marked co_resident (its blocks must all
+be resident: the runtime launches at most one per SM), recorded per kernel (`chain`: its nodes in order), and its
+nodes after the first launch nothing (their manifest kernel is "")."""
 
 from __future__ import annotations
 
