@@ -21,6 +21,11 @@
 // item to finish adds them in run order (deterministic) and stores y. Arena layout (offsets are arguments): the
 // weight tensor maps (128 bytes each: one per configuration, fenced before use), wq, scale, x [K], y [N] float16,
 // ws, counters (zero, left zero).
+// CHUNK (w4_bulk_lab.py --layout chunks): the weights repacked so that each stage is one contiguous chunk, the
+// stage's ROWS rows x 64 bytes exactly as the stage lies in shared memory (gated: the P gate rows, then the P up
+// rows), chunk (tile, step) at (tile * steps + step) * W_STAGE from o_tw, and copied by one 1-D bulk copy instead of
+// the tensor map's box(es): the layout the chain lab streams (examples/chain_lab.cu, without its scales), against the
+// compiler's 2-D boxes of the [N, K/2] rows (docs/perf.md v53 Next 2).
 // Compiled after examples/lab_bulk.cuh (w4_bulk_lab.py prepends it): the mbarrier, MMA and dequantization helpers.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -54,7 +59,7 @@ constexpr int ROW_BYTES = 64;  // bytes of a row per stage: 128 k of int4 (one g
 // loads, dequantization and MMAs is what bounds a block, docs/perf.md v44 run 1); the lanes' sums meet in shared
 // memory in lane order at the end. STAGES % KW == 0 keeps each slot with one lane (whose parity waits then never run
 // two phases ahead).
-template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false, int BITS = 4, int KW = 1>
+template <int W, int STAGES, bool GATED, bool OFS, bool COPY = false, int BITS = 4, int KW = 1, bool CHUNK = false>
 __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, long long o_scale, long long o_x,
                                         long long o_y, long long o_ws, long long o_cnt, long long N_, long long K_,
                                         long long ks_n_) {
@@ -92,17 +97,20 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
     if (lane == 0) {
       const void* tw = arena + o_tw;
       // the host rewrites the map between configurations: the copy engine must not use a stale copy of it
-      asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tw) : "memory");
+      if constexpr (!CHUNK) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tw) : "memory");
       for (int it = 0; it < iters; ++it) {
         const int s = it % STAGES;
         bar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         bar_expect(&full[s], W_STAGE);
-        const int kb = (s0 + it) * ROW_BYTES;
-        if constexpr (GATED) {
+        if constexpr (CHUNK) {
+          bulk_load(dyn + s * W_STAGE, arena + o_tw + ((long long)tile * steps + s0 + it) * W_STAGE, W_STAGE,
+                    &full[s]);
+        } else if constexpr (GATED) {
+          const int kb = (s0 + it) * ROW_BYTES;
           tma_load(dyn + s * W_STAGE, tw, &full[s], kb, tile * OUTS);
           tma_load(dyn + s * W_STAGE + W_STAGE / 2, tw, &full[s], kb, H + tile * OUTS);
         } else {
-          tma_load(dyn + s * W_STAGE, tw, &full[s], kb, tile * OUTS);
+          tma_load(dyn + s * W_STAGE, tw, &full[s], (s0 + it) * ROW_BYTES, tile * OUTS);
         }
       }
     }
@@ -264,12 +272,12 @@ __device__ __forceinline__ void w4_bulk(unsigned char* arena, long long o_tw, lo
 
 }  // namespace
 
-// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY>_<BITS>_<KW> (B: the launch bound's
-// blocks per SM)
-#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY, BITS, KW)                                                      \
+// one kernel per configuration: w4_bulk_<W>_<STAGES>_<B>_<GATED>_<OFS>_<COPY>_<BITS>_<KW>_<CHUNK> (B: the launch
+// bound's blocks per SM)
+#define W4_BULK_LAB(W, ST, B, GATED, OFS, COPY, BITS, KW, CHUNK)                                               \
   extern "C" __global__ void __launch_bounds__(32 * W + 32, B)                                                  \
-      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY##_##BITS##_##KW(                                      \
+      w4_bulk_##W##_##ST##_##B##_##GATED##_##OFS##_##COPY##_##BITS##_##KW##_##CHUNK(                            \
           unsigned char* arena, long long o_tw, long long o_scale, long long o_x, long long o_y, long long o_ws,  \
           long long o_cnt, long long N, long long K, long long ks_n) {                                          \
-    w4_bulk<W, ST, GATED, OFS, COPY, BITS, KW>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n);        \
+    w4_bulk<W, ST, GATED, OFS, COPY, BITS, KW, CHUNK>(arena, o_tw, o_scale, o_x, o_y, o_ws, o_cnt, N, K, ks_n); \
   }

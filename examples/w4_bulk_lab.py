@@ -25,7 +25,9 @@ Weights are random packed nibbles with random float16 group scales (the compiler
 float16 [N, K/128]); each (shape, configuration, ks) is checked once against numpy
 (float32; tolerance 1e-2 of max |y|), then timed as kernel_lab.py times (a captured graph of launches rotating
 among arena copies, so the weights come from DRAM). GB/s counts packed weights + scales + x + y; % of 4.30 TB/s.
---floor also times lab_floor.py's read-only kernel on the same bytes.
+--floor also times lab_floor.py's read-only kernel on the same bytes. --layout chunks: the weights repacked so that
+each stage is one contiguous chunk copied by one 1-D bulk copy (the chain lab's layout, scales kept apart; chunked()),
+instead of the compiler's rows read by 2-D tensor-map boxes (rows, the default); rows,chunks times both.
 """
 
 from __future__ import annotations
@@ -75,6 +77,24 @@ def compile_cubin(configs, ptxas: bool = False) -> bytes:
     return nvcc_sm90a(source(configs), ptxas)
 
 
+def chunked(wq: np.ndarray, box: int, gated: bool) -> np.ndarray:
+    """wq (uint8 [N, K/2] int4 codes or int8 [N, K]) as the CHUNK kernels stream it: for each tile, then each stage
+    of 64 bytes a row, the stage's rows exactly as they lie in shared memory: `box` rows (plain: rows t box ..), or
+    gated the `box` gate rows t box .. then the `box` up rows N/2 + t box .. (rows past the end zero); uint8, flat."""
+    codes = wq.view(np.uint8)
+    n, row_bytes = codes.shape
+    steps = row_bytes // 64
+    halves = (codes[:n // 2], codes[n // 2:]) if gated else (codes,)
+    tiles = -(-halves[0].shape[0] // box)
+    parts = []
+    for h in halves:
+        padded = np.zeros((tiles * box, row_bytes), np.uint8)
+        padded[:h.shape[0]] = h
+        parts.append(padded.reshape(tiles, box, steps, 64))
+    stacked = np.stack(parts, axis=1)  # [tiles, 1 or 2, box, steps, 64]
+    return np.ascontiguousarray(stacked.transpose(0, 3, 1, 2, 4)).ravel()
+
+
 def encode_map(lib, buf, addr: int, rows: int, row_bytes: int, box_rows: int) -> bytes:
     """cuTensorMapEncodeTiled for a row-major uint8 [rows, row_bytes] matrix, box {64 bytes, box_rows}, no swizzle."""
     aligned = (ctypes.addressof(buf) + 63) // 64 * 64
@@ -118,19 +138,25 @@ def main(argv=None) -> int:
     ap.add_argument("--ofs", default="0", help="offset dequantization off / on: 0, 1 or 0,1 (int4 only)")
     ap.add_argument("--quant", default="int4", help="int4 (g128) and / or int8 (a scale per row), comma-separated")
     ap.add_argument("--floor", action="store_true", help="also time the read-only kernel on the same bytes")
+    ap.add_argument("--layout", default="rows",
+                    help="rows (2-D tensor-map boxes of the compiler's rows) and / or chunks (1-D copies of repacked "
+                         "stages), comma-separated")
     ap.add_argument("--ptxas", action="store_true", help="compile only; print ptxas registers and spills")
     args = ap.parse_args(argv)
     layouts = [parse_config(c) for c in args.configs.split(",")]
     variants = [v.strip() for v in args.variant.split(",")]
     ofs_list = args.ofs.split(",")
     quants = [q.strip() for q in args.quant.split(",")]
+    chunks = [{"rows": 0, "chunks": 1}.get(v.strip(), -1) for v in args.layout.split(",")]
     if [v for v in variants if v not in ("plain", "gated", "copy")] or [o for o in ofs_list if o not in ("0", "1")] \
-            or [q for q in quants if q not in ("int4", "int8")]:
-        ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1; --quant takes int4, int8")
-    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8, kw)
+            or [q for q in quants if q not in ("int4", "int8")] or -1 in chunks:
+        ap.error("--variant takes plain, gated, copy; --ofs takes 0, 1; --quant takes int4, int8; --layout takes rows, "
+                 "chunks")
+    configs = [(w, st, b, int(v == "gated"), int(o), int(v == "copy"), 4 if q == "int4" else 8, kw, chunk)
                for q in quants for v in variants
-               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b, kw in layouts]
-    for w, st, *_, kw in configs:
+               for o in (ofs_list if v != "copy" and q == "int4" else ["0"]) for w, st, b, kw in layouts
+               for chunk in chunks]
+    for w, st, *_, kw, _ in configs:
         if 16 * w > 256 or w % kw or st % kw or smem_bytes(w, st, 14336, kw) > SMEM_LIMIT:
             sys.exit(f"configuration {w}-{st} ({kw} lanes): a tile over 256 rows, lanes that do not divide the warps "
                      f"and stages, or shared memory {smem_bytes(w, st, 14336, kw)} B")
@@ -171,19 +197,21 @@ def main(argv=None) -> int:
         floor_bytes.append(wq.nbytes + scale.nbytes)
         # one set of arena copies per shape (the configurations rewrite only the tensor map and the counters):
         # tensor map at 0, wq, scale, x, y, ws (room for every tile x split), counters
-        max_ks, max_tiles = max(ks_list), max(-(-n // (16 * (w // kw))) for w, *_, kw in configs)
+        max_ks, max_tiles = max(ks_list), max(-(-n // (16 * (w // kw))) for w, *_, kw, _ in configs)
         o_w = (TM_BYTES * len(configs) + 255) // 256 * 256  # a tensor map slot per configuration, then wq
         o_s = o_w + wq.nbytes
         o_x = (o_s + scale.nbytes + 255) // 256 * 256
         o_y = (o_x + 2 * k + 255) // 256 * 256
         o_ws = (o_y + 2 * n + 255) // 256 * 256
         o_cnt = (o_ws + max_tiles * 256 * max_ks * 4 + 255) // 256 * 256
-        arenas = [dev.alloc_arena(o_cnt + max_tiles * 4 + 256) for _ in range(arena_count(nbytes))]
+        o_c = (o_cnt + max_tiles * 4 + 255) // 256 * 256  # --layout chunks: the configuration's repacked weights
+        chunk_bytes = max_tiles * 256 * wq.view(np.uint8).shape[1] if 1 in chunks else 0
+        arenas = [dev.alloc_arena(o_c + chunk_bytes + 256) for _ in range(arena_count(nbytes))]
         for a in arenas:
             dev.upload(a, o_w, wq)
             dev.upload(a, o_s, scale)
             dev.upload(a, o_x, x)
-        for slot, ((w, st, b, gated, ofs, copy, cbits, kw), name) in enumerate(zip(configs, names)):
+        for slot, ((w, st, b, gated, ofs, copy, cbits, kw, chunk), name) in enumerate(zip(configs, names)):
             if cbits != bits:
                 continue
             rg = w // kw  # warps of a stage lane: a tile's row groups
@@ -193,11 +221,15 @@ def main(argv=None) -> int:
             steps = k // sk
             want = ref_gated if gated else ref
             label = (f"int{bits} {w}-{st}-{b}{f'-{kw}' if kw > 1 else ''}{' gated' if gated else ''}"
-                     f"{' ofs' if ofs else ''}{' copy' if copy else ''}")
-            o_tw = TM_BYTES * slot
+                     f"{' ofs' if ofs else ''}{' copy' if copy else ''}{' chunks' if chunk else ''}")
+            o_tw = o_c if chunk else TM_BYTES * slot
+            packed = chunked(wq, box, bool(gated)) if chunk else None
             for a in arenas:
-                dev.upload(a, o_tw, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
-                                                  dtype=np.uint8))
+                if chunk:
+                    dev.upload(a, o_c, packed)
+                else:
+                    dev.upload(a, o_tw, np.frombuffer(encode_map(lib, buf, int(a) + o_w, n, wq.shape[1], box),
+                                                      dtype=np.uint8))
                 dev.upload(a, o_cnt, np.zeros(tiles, dtype=np.uint32))
             for ks in ks_list:
                 run = -(-steps // ks)
@@ -227,11 +259,12 @@ def main(argv=None) -> int:
     for r in rows:
         if "copy" in r[1]:
             continue
-        key = (r[0], r[1].split()[0], "gated" in r[1])
+        key = (r[0], r[1].split()[0], "gated" in r[1], "chunks" in r[1])
         if r[5] < 1e-2 and (key not in best or r[3] < best[key][3]):
             best[key] = r
-    for (shape, quant, gated), r in best.items():
-        print(f"  {shape} {quant}{' gated' if gated else ''}: {r[3]:.2f} us ({r[4]:.1f}%), config {r[1]}, ks {r[2]}")
+    for (shape, quant, gated, chunk), r in best.items():
+        kind = f"{quant}{' gated' if gated else ''}{' chunks' if chunk else ''}"
+        print(f"  {shape} {kind}: {r[3]:.2f} us ({r[4]:.1f}%), config {r[1]}, ks {r[2]}")
     if args.floor:
         from lab_floor import floor_rows, print_floor
 

@@ -44,15 +44,43 @@ def test_kernels_compile_without_spills(capsys):
         nvcc_path()
     except NvccNotFoundError:
         pytest.skip("nvcc not found")
-    assert w4_bulk_lab.main(["--ptxas", "--variant", "plain,gated,copy", "--ofs", "0,1", "--quant", "int4,int8"]) == 0
+    assert w4_bulk_lab.main(["--ptxas", "--variant", "plain,gated,copy", "--ofs", "0,1", "--quant", "int4,int8",
+                             "--layout", "rows,chunks"]) == 0
     out = capsys.readouterr().out
     entries = re.findall(r"Compiling entry function '(w4_bulk_\w+)'", out)
-    assert len(entries) == (5 + 3) * len(w4_bulk_lab.CONFIGS)  # int4: plain / gated x OFS 0 / 1, copy; int8: three
+    # int4: plain / gated x OFS 0 / 1, copy; int8: three; each from rows and from chunks
+    assert len(entries) == (5 + 3) * 2 * len(w4_bulk_lab.CONFIGS)
     assert "spill" in out and not re.search(r"[1-9]\d* bytes spill", out)
 
 
-@pytest.mark.parametrize("argv", [["--variant", "fused"], ["--ofs", "2"], ["--quant", "fp8"], ["--configs", "32-4-1"],
-                                  ["--configs", "16-16-1"]])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_chunks_hold_each_stage_as_shared_memory_does(gated, dtype):
+    """--layout chunks: chunk (tile, step) of chunked() is the stage the 2-D boxes would copy for it, byte for byte:
+    the box's rows' 64 bytes of that step in row order (gated: the gate rows, then the up rows N/2 + ..), rows past
+    the weight's end zero; on fresh random codes, int4 (uint8 [N, K/2]) and int8 ([N, K]), N not a multiple of a
+    tile."""
+    rng = np.random.default_rng()
+    n, row_bytes, box = 2 * 200, 256, 64  # gated: 200 pairs, tiles of 64 pairs (the last one short)
+    wq = rng.integers(0, 256, (n, row_bytes), dtype=np.uint8).view(dtype)
+    flat = w4_bulk_lab.chunked(wq, box, gated)
+    codes, steps = wq.view(np.uint8), row_bytes // 64
+    halves = (codes[:n // 2], codes[n // 2:]) if gated else (codes,)
+    tiles = -(-halves[0].shape[0] // box)
+    stage = len(halves) * box * 64
+    assert flat.dtype == np.uint8 and flat.size == tiles * steps * stage
+    for t in range(tiles):
+        for s in range(steps):
+            got = flat[(t * steps + s) * stage:(t * steps + s + 1) * stage].reshape(len(halves) * box, 64)
+            want = np.zeros_like(got)
+            for i, h in enumerate(halves):
+                rows = h[t * box:(t + 1) * box, s * 64:(s + 1) * 64]
+                want[i * box:i * box + rows.shape[0]] = rows
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("argv", [["--variant", "fused"], ["--layout", "tiles"], ["--ofs", "2"], ["--quant", "fp8"],
+                                  ["--configs", "32-4-1"], ["--configs", "16-16-1"]])
 def test_bad_options_exit_before_the_device(argv):
     with pytest.raises(SystemExit) as e:
         w4_bulk_lab.main(argv)
