@@ -37,19 +37,23 @@ def test_reference_is_the_compilers_dequantization():
 
 def test_kernels_compile_without_spills(capsys):
     """Every default configuration, int4 (plain and gated with and without the offset dequantization, copy) and
-    int8 (plain, gated, copy): nvcc for sm_90a succeeds and ptxas reports no spill."""
+    int8 (plain, gated, copy), and the same kinds with --layout chunks in the compiler's 16-11-1: nvcc for sm_90a
+    succeeds and ptxas reports no spill."""
     from atlasc.codegen.nvcc import NvccNotFoundError, nvcc_path
 
     try:
         nvcc_path()
     except NvccNotFoundError:
         pytest.skip("nvcc not found")
+    assert w4_bulk_lab.main(["--ptxas", "--variant", "plain,gated,copy", "--ofs", "0,1", "--quant", "int4,int8"]) == 0
+    # --layout chunks (the producer's 1-D copies) in the configuration the compiler runs
     assert w4_bulk_lab.main(["--ptxas", "--variant", "plain,gated,copy", "--ofs", "0,1", "--quant", "int4,int8",
-                             "--layout", "rows,chunks"]) == 0
+                             "--layout", "chunks", "--configs", "16-11-1"]) == 0
     out = capsys.readouterr().out
     entries = re.findall(r"Compiling entry function '(w4_bulk_\w+)'", out)
-    # int4: plain / gated x OFS 0 / 1, copy; int8: three; each from rows and from chunks
-    assert len(entries) == (5 + 3) * 2 * len(w4_bulk_lab.CONFIGS)
+    # int4: plain / gated x OFS 0 / 1, copy; int8: three; from rows in every configuration, from chunks in one
+    assert len(entries) == (5 + 3) * (len(w4_bulk_lab.CONFIGS) + 1)
+    assert sum(name.endswith("_1") for name in entries) == 5 + 3  # the CHUNK kernels
     assert "spill" in out and not re.search(r"[1-9]\d* bytes spill", out)
 
 
