@@ -559,7 +559,6 @@ def codegen_choices() -> dict:
             "linear_tma_config": linear_tma.config_choice(),  # ATLAS_LINEAR_TMA_PLAIN / _GATED / _HEADS
             **quant_bulk.record(),  # ATLAS_QUANT_BULK (quant_bulk.py; sm90-only compiles, auto|0|1)
             "quant_bulk_chain": quant_chain.chain_choice(),  # ATLAS_QUANT_BULK_CHAIN (quant_chain.py)
-            "quant_bulk_chain_narrow": quant_chain.narrow_choice(),  # ATLAS_QUANT_BULK_CHAIN_NARROW
             **flash_attention.record(),  # ATLAS_ATTENTION_PREFILL (fa2 by default)
             **gemm.record()}  # ATLAS_LINEAR_PREFILL=tc only
 

@@ -395,10 +395,6 @@ def emit(ctx: KernelContext, node, has_bias: str, k: int, n: int, head: list[str
     ofs = bits == 4 and (mode == "1" or (mode == "auto" and n >= quant.OFS_MIN_N))
     early = early_choice()
     inflight = inflight_choice() if inflight_choice() < stages else 0
-    if chain is not None:
-        from atlasc.codegen.quant_chain import narrow_inflight
-
-        inflight = narrow_inflight(inflight, w, chain)
     hold = hold_choice()
     r = len(node.inputs[0].shape)
     src = src or f"atlas::QbPlain<{r}{', true' if chain is not None else ''}>{{x}}"

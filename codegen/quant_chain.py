@@ -30,8 +30,6 @@ from atlasc.codegen.generate import CodegenError, KernelCode
 from atlasc.errors import env_switch
 
 CHAIN_ENV = "ATLAS_QUANT_BULK_CHAIN"
-# =1: a phase of fewer warps than the block keeps a full phase's bytes in flight (narrow_inflight); default 0 (v53)
-NARROW_ENV = "ATLAS_QUANT_BULK_CHAIN_NARROW"
 LINE = 32  # counters per 128-byte line: the grid barrier's words each get one
 
 
@@ -49,22 +47,6 @@ def chain_choice() -> bool:
     """ATLAS_QUANT_BULK_CHAIN (default off: slower, docs/perf.md v53); CodegenError unless 0 or 1. Recorded in the
     artifact's codegen choices."""
     return env_switch(CHAIN_ENV, False, CodegenError)
-
-
-def narrow_choice() -> bool:
-    """ATLAS_QUANT_BULK_CHAIN_NARROW (default off: no gain, docs/perf.md v53); CodegenError unless 0 or 1. Recorded in
-    the artifact's codegen choices."""
-    return env_switch(NARROW_ENV, False, CodegenError)
-
-
-def narrow_inflight(inflight: int, phase_warps: int, chain: ChainPhase) -> int:
-    """A phase's cap on copies in flight (quant_bulk.cu INFLIGHT; 0: none). A phase of fewer warps than the block
-    fills that share of each ring slot, so at its kernel's cap it has that share of a full phase's bytes in flight
-    while its block holds the SM; with ATLAS_QUANT_BULK_CHAIN_NARROW=1 its cap grows by the block's warps over its
-    own, below the ring's stages (the kernel's static_assert)."""
-    if not inflight or phase_warps >= chain.warps or not narrow_choice():
-        return inflight
-    return min(chain.stages - 1, inflight * chain.warps // phase_warps)
 
 
 def chain_runs(kernels: list[tuple[str, dict | None]]) -> list[list[int]]:

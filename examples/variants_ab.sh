@@ -21,8 +21,9 @@ status=0
 names=()
 IFS=';' read -ra specs <<<"$VARIANTS"
 # The compiles run at once, each one's numpy (the accuracy report) with the machine's cores to itself unless told:
-# four 8-layer compiles were still in their accuracy reports after 180 s on the 16-core GPU machine where three had
-# finished inside 200 s (docs/perf.md v53 runs 1, 3). So each gets its share of the cores (untimed; THREADS overrides).
+# four 8-layer compiles had not finished after 200 s (three still in their accuracy reports at 180 s) on the 16-core
+# GPU machine, where three had finished inside 200 s (docs/perf.md v53 runs 1, 3). So each gets its share of the
+# cores (untimed; THREADS overrides).
 threads="${THREADS:-$(( $(nproc) / ${#specs[@]} > 0 ? $(nproc) / ${#specs[@]} : 1 ))}"
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 for spec in "${specs[@]}"; do

@@ -147,7 +147,7 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                  "quant_bulk_ks": "auto", "quant_bulk_min_run": 4, "quant_bulk_min_n": 0, "quant_bulk_early": True,
                  "quant_bulk_inflight": 2,
                  "quant_bulk_hold": True, "quant_bulk_loop": "auto", "quant_bulk_g_early": False,
-                 "quant_bulk_chain": False, "quant_bulk_chain_narrow": False,
+                 "quant_bulk_chain": False,
                  "attention_prefill": "fa2",
                  "attention_fa2": {"bc": 64, "min_rows": 16, "warps": "auto"},
                  "linear_prefill": "auto", "linear_gemm_tc": {"tile": [128, 128, 32], "stages": 3, "min_tiles": 96},
@@ -192,7 +192,6 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
     monkeypatch.setenv("ATLAS_QUANT_BULK_LOOP", "0")
     monkeypatch.setenv("ATLAS_QUANT_BULK_G_EARLY", "1")
     monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN", "1")
-    monkeypatch.setenv("ATLAS_QUANT_BULK_CHAIN_NARROW", "1")
     assert codegen_choices() == {"linear_path": "table", "linear_ft": "2", "linear_ksplit": "2",
                                  "quant_path": "simt",
                                  "quant_ksplit": "4", "quant_ofs": "1", "quant_min_blocks": 4, "quant_staged_u": 2,
@@ -213,7 +212,6 @@ def test_artifact_records_the_kernel_choices(llama32, monkeypatch):
                                  "quant_bulk_min_run": 2, "quant_bulk_min_n": 16384, "quant_bulk_early": False,
                                  "quant_bulk_inflight": 3, "quant_bulk_hold": False, "quant_bulk_loop": "0",
                                  "quant_bulk_g_early": True, "quant_bulk_chain": True,
-                                 "quant_bulk_chain_narrow": True,
                                  "attention_prefill": "off",
                                  "linear_prefill": "mma"}
 

@@ -134,30 +134,6 @@ def test_rotary_phases_chain_and_build(chain_on, tmp_path):
     _builds_without_spills(mod, tmp_path, kernels=1)
 
 
-def test_narrow_phase_keeps_the_bytes_in_flight(chain_on, monkeypatch):
-    """ATLAS_QUANT_BULK_CHAIN_NARROW=1: the rotary chain's phase of 4 of the block's 8 warps caps its copies in flight
-    at twice the others' (2 -> 4, below the ring's stages); off (the default) every phase keeps the kernel's cap; a
-    cap of 0 (no cap) stays 0; with a ring too short the cap stops below its stages; other values are refused."""
-
-    def caps():
-        mod = _rotary_chain_module()
-        phases = re.findall(r"atlas::qb_chain_phase<3, \d, \d+, \d+, (\d+), \w+, \w+, (\d+), ", mod.source)
-        return [(int(s), int(i)) for s, i in phases], mod.choices["quant_bulk_chain_narrow"]
-
-    plain, narrow_off = caps()
-    stages = plain[0][0]
-    assert stages > 4 and plain == [(stages, 2)] * 4 and narrow_off is False
-    monkeypatch.setenv(quant_chain.NARROW_ENV, "1")
-    assert caps() == ([(stages, 2)] * 3 + [(stages, 4)], True)
-    monkeypatch.setenv(quant_bulk.INFLIGHT_ENV, "0")
-    assert caps()[0] == [(stages, 0)] * 4
-    chain = quant_chain.ChainPhase(first=False, last=False, stages=4, warps=16)
-    assert quant_chain.narrow_inflight(2, 8, chain) == 3 and quant_chain.narrow_inflight(2, 16, chain) == 2
-    monkeypatch.setenv(quant_chain.NARROW_ENV, "2")
-    with pytest.raises(CodegenError, match="ATLAS_QUANT_BULK_CHAIN_NARROW"):
-        quant_chain.narrow_choice()
-
-
 def test_no_chain_without_the_switch_or_outside_a_one_row_step(monkeypatch, chain_on):
     """No chain: with ATLAS_QUANT_BULK_CHAIN unset (the default) or 0, outside a decode step, for a step of up to 4
     rows (its batch-1 kernels are bucket variants), or with the copies after the wait (ATLAS_QUANT_BULK_EARLY=0)."""

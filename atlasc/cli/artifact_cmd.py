@@ -46,8 +46,7 @@ def _bulk_settings() -> tuple:
             ("quant_bulk_inflight", INFLIGHT, "ATLAS_QUANT_BULK_INFLIGHT"),
             ("quant_bulk_hold", True, "ATLAS_QUANT_BULK_HOLD"), ("quant_bulk_loop", "auto", "ATLAS_QUANT_BULK_LOOP"),
             ("quant_bulk_g_early", False, "ATLAS_QUANT_BULK_G_EARLY"),
-            ("quant_bulk_chain", False, "ATLAS_QUANT_BULK_CHAIN"),
-            ("quant_bulk_chain_narrow", False, "ATLAS_QUANT_BULK_CHAIN_NARROW"))
+            ("quant_bulk_chain", False, "ATLAS_QUANT_BULK_CHAIN"))
 
 
 def _opt_ins(choices: dict) -> str:
